@@ -1,0 +1,16 @@
+#pragma once
+
+#include <cstdint>
+
+namespace fairring {
+
+// Engine settings, parsed and validated from the environment in Python
+// (fairring/config.py), which documents each one.
+struct Config {
+  // Upper bound on staging memory per device (FAIRRING_TOTAL_MEMORY).
+  int64_t totalMemoryBytes = 50 * 1024 * 1024;
+  // Largest slice an all-reduce is cut into (FAIRRING_SLICE_SIZE).
+  int64_t sliceSizeBytes = 25 * 1024 * 1024;
+};
+
+} // namespace fairring

@@ -1,0 +1,46 @@
+#include "cuda_support.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+
+namespace fairring::cuda {
+
+bool isBuilt() {
+  return true;
+}
+
+std::optional<std::string> runtimeVersion() {
+  return std::to_string(CUDART_VERSION / 1000) + "." +
+      std::to_string(CUDART_VERSION % 1000 / 10);
+}
+
+std::optional<std::string> ncclVersion() {
+  return std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "." +
+      std::to_string(NCCL_PATCH);
+}
+
+bool devicesPresent() {
+  return c10::cuda::device_count() > 0;
+}
+
+c10::intrusive_ptr<c10d::Backend> makeNcclBackend(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    int rank,
+    int size,
+    std::chrono::milliseconds timeout) {
+  TORCH_CHECK(
+      devicesPresent(),
+      "fairring: a CUDA tensor was passed but this process sees no CUDA device");
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  // Own key space: the CPU group shares the parent store.
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("nccl", store);
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(
+      prefixed, rank, size, std::move(options));
+}
+
+} // namespace fairring::cuda

@@ -1,0 +1,62 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace fairring {
+
+// How the ranks of one process group map onto machines.
+//
+// Discovery (environment, store exchange, validation) happens in Python
+// (fairring/topology.py); this is the validated result, as plain data. Ranks
+// are the group's ranks. Machines are ordered the same way on every rank, and
+// ranks within a machine by their local index, which is also their rail: rail
+// i connects local rank i of every machine.
+class Topology {
+ public:
+  // machines[m] lists the group ranks on machine m, in local-rank order. All
+  // machines must hold the same number of ranks; throws otherwise.
+  Topology(int rank, std::vector<std::vector<int>> machines);
+
+  int rank() const {
+    return rank_;
+  }
+  int worldSize() const {
+    return worldSize_;
+  }
+  int numMachines() const {
+    return static_cast<int>(machines_.size());
+  }
+  int localSize() const {
+    return static_cast<int>(machines_.front().size());
+  }
+  int machine() const {
+    return machine_;
+  }
+  int localRank() const {
+    return localRank_;
+  }
+  // Group ranks that share this rank's machine, in local-rank order.
+  const std::vector<int>& localRanks() const {
+    return machines_[machine_];
+  }
+  // The group rank with this rank's local index on each machine, by machine.
+  const std::vector<int>& railPeers() const {
+    return railPeers_;
+  }
+  const std::vector<std::vector<int>>& machines() const {
+    return machines_;
+  }
+
+  std::string describe() const;
+
+ private:
+  int rank_;
+  int worldSize_ = 0;
+  int machine_ = -1;
+  int localRank_ = -1;
+  std::vector<std::vector<int>> machines_;
+  std::vector<int> railPeers_;
+};
+
+} // namespace fairring

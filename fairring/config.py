@@ -1,0 +1,136 @@
+"""Every environment variable fairring reads, parsed and validated in one place.
+
+A bad value raises ConfigError at init, naming the variable, the value and
+what is accepted, rather than failing later inside a collective.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+TOTAL_MEMORY = "FAIRRING_TOTAL_MEMORY"
+SLICE_SIZE = "FAIRRING_SLICE_SIZE"
+MACHINE_ID = "FAIRRING_MACHINE_ID"
+LOG_LEVEL = "FAIRRING_LOG_LEVEL"
+
+DEFAULT_TOTAL_MEMORY = 50 * MiB
+DEFAULT_SLICE_SIZE = 25 * MiB
+
+# Binary multiples for the bare letter and the "i" forms (as NCCL and most ML
+# tooling read "50M"), decimal ones for the SI forms.
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": KiB, "kib": KiB, "kb": 1000,
+    "m": MiB, "mib": MiB, "mb": 1000**2,
+    "g": GiB, "gib": GiB, "gb": 1000**3,
+    "t": 1024 * GiB, "tib": 1024 * GiB, "tb": 1000**4,
+}  # fmt: skip
+_SIZE_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+_SIZE_HELP = (
+    "a byte count (e.g. 26214400) or a number with a unit: B, K/KiB, M/MiB, "
+    "G/GiB, T/TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000), e.g. 25MiB"
+)
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+class ConfigError(ValueError):
+    """An environment variable holds a value fairring cannot use."""
+
+
+def parse_size(name: str, raw: str) -> int:
+    """Bytes in `raw`, the value of variable `name`; ConfigError if invalid."""
+    match = _SIZE_PATTERN.match(raw)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _SIZE_UNITS:
+        raise ConfigError(f"{name}={raw!r} is not a size; expected {_SIZE_HELP}")
+    try:
+        size = Decimal(match.group(1)) * _SIZE_UNITS[unit]
+    except InvalidOperation as error:  # pragma: no cover - the pattern admits only numbers
+        raise ConfigError(f"{name}={raw!r} is not a size; expected {_SIZE_HELP}") from error
+    if size != size.to_integral_value():
+        raise ConfigError(f"{name}={raw!r} is not a whole number of bytes; expected {_SIZE_HELP}")
+    if size <= 0:
+        raise ConfigError(f"{name}={raw!r} must be larger than zero; expected {_SIZE_HELP}")
+    return int(size)
+
+
+def format_size(size: int) -> str:
+    """`size` bytes in the largest binary unit that divides it, e.g. '25MiB'."""
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if size % scale == 0:
+            return f"{size // scale}{unit}"
+    return f"{size}B"
+
+
+@dataclass(frozen=True)
+class Config:
+    """The effective configuration of one process."""
+
+    total_memory: int = DEFAULT_TOTAL_MEMORY
+    slice_size: int = DEFAULT_SLICE_SIZE
+    # Overrides machine discovery: ranks with equal ids share a machine.
+    machine_id: str | None = None
+    log_level: str | None = None
+
+    def must_agree(self) -> dict[str, int]:
+        """Settings that every rank of a group must share, by variable name."""
+        return {TOTAL_MEMORY: self.total_memory, SLICE_SIZE: self.slice_size}
+
+    def describe(self) -> str:
+        return (
+            f"{TOTAL_MEMORY}={format_size(self.total_memory)} "
+            f"{SLICE_SIZE}={format_size(self.slice_size)} "
+            f"{MACHINE_ID}={self.machine_id or '(discover)'} "
+            f"{LOG_LEVEL}={self.log_level or '(unset)'}"
+        )
+
+
+def load_config(env: Mapping[str, str] | None = None) -> Config:
+    """Reads and validates fairring's variables from `env` (default os.environ)."""
+    env = os.environ if env is None else env
+
+    def size(name: str, default: int) -> int:
+        raw = env.get(name)
+        return default if raw is None or raw.strip() == "" else parse_size(name, raw)
+
+    machine_id = env.get(MACHINE_ID)
+    if machine_id is not None and machine_id.strip() == "":
+        raise ConfigError(
+            f"{MACHINE_ID} is set but empty; unset it to discover machines, or give "
+            "every rank on one machine the same non-empty id"
+        )
+    log_level = env.get(LOG_LEVEL)
+    if log_level is not None:
+        log_level = log_level.strip().upper()
+        if log_level not in _LOG_LEVELS:
+            raise ConfigError(
+                f"{LOG_LEVEL}={env[LOG_LEVEL]!r} is not a log level; use one of {', '.join(_LOG_LEVELS)}"
+            )
+    return Config(
+        total_memory=size(TOTAL_MEMORY, DEFAULT_TOTAL_MEMORY),
+        slice_size=size(SLICE_SIZE, DEFAULT_SLICE_SIZE),
+        machine_id=machine_id.strip() if machine_id else None,
+        log_level=log_level,
+    )
+
+
+def apply_log_level(config: Config) -> None:
+    """Sends fairring's log to stderr at the configured level, if one is set."""
+    if config.log_level is None:
+        return
+    logger = logging.getLogger("fairring")
+    logger.setLevel(config.log_level)
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[fairring %(process)d] %(levelname)s %(message)s"))
+        logger.addHandler(handler)

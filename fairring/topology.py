@@ -1,0 +1,165 @@
+"""Which ranks share a machine, and in what order (their rail index).
+
+Each rank works out its own identity (`identify_self`), the group exchanges
+identities through the store (`exchange_identities`), and every rank groups them
+the same way (`group_into_machines`, a pure function).
+
+A machine is where the same-host transports (shared memory, CUDA IPC) work. The
+identity comes from, in order of precedence:
+
+1. FAIRRING_MACHINE_ID: explicit, for containers, tests and odd launchers;
+2. torchrun's GROUP_RANK: one torchrun agent per machine;
+3. the host itself: kernel boot id, hostname, and the network, IPC and PID
+   namespaces. The boot id alone (the original design) merges containers that
+   share a kernel but cannot share memory; the namespaces tell them apart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from torch.distributed import Store
+
+from .config import MACHINE_ID, Config, ConfigError
+
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+_NAMESPACES = ("net", "ipc", "pid")
+_STORE_PREFIX = "fairring/identity/"
+
+
+class TopologyError(RuntimeError):
+    """The ranks of a group do not form a layout fairring can serve."""
+
+
+@dataclass(frozen=True)
+class RankIdentity:
+    machine_id: str
+    # What set machine_id (shown in errors): all ranks must use the same.
+    source: str
+    # The launcher's LOCAL_RANK, which orders ranks within a machine.
+    local_rank: int | None = None
+
+
+def host_identity() -> str:
+    """An id shared exactly by processes that can use same-host transports."""
+    try:
+        boot_id = _BOOT_ID.read_text().strip()
+    except OSError:
+        boot_id = "unknown-boot"
+    namespaces = []
+    for name in _NAMESPACES:
+        try:
+            namespaces.append(os.readlink(f"/proc/self/ns/{name}"))
+        except OSError:
+            namespaces.append(f"{name}:?")
+    return f"{socket.gethostname()}/{boot_id}/{','.join(namespaces)}"
+
+
+def _int_var(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer (it is set by the launcher, e.g. torchrun)") from None
+
+
+def identify_self(config: Config, env: Mapping[str, str] | None = None) -> RankIdentity:
+    env = os.environ if env is None else env
+    local_rank = _int_var(env, "LOCAL_RANK")
+    if config.machine_id is not None:
+        return RankIdentity(config.machine_id, MACHINE_ID, local_rank)
+    group_rank = _int_var(env, "GROUP_RANK")
+    if group_rank is not None:
+        return RankIdentity(f"torchrun node {group_rank}", "torchrun's GROUP_RANK", local_rank)
+    return RankIdentity(host_identity(), "host discovery", local_rank)
+
+
+def group_into_machines(identities: Sequence[RankIdentity]) -> list[list[int]]:
+    """Group ranks (indices into `identities`) into machines.
+
+    Machines are ordered by their lowest rank; ranks within a machine by
+    LOCAL_RANK when the launcher gave one, else by rank. Raises TopologyError for
+    layouts fairring cannot serve, saying what to change.
+    """
+    if not identities:
+        raise TopologyError("fairring: a group needs at least one rank")
+    sources = {identity.source for identity in identities}
+    if len(sources) > 1:
+        by_source = {s: [r for r, i in enumerate(identities) if i.source == s] for s in sorted(sources)}
+        raise TopologyError(
+            "fairring: ranks identify their machine in different ways: "
+            + "; ".join(f"ranks {ranks} by {source}" for source, ranks in by_source.items())
+            + f". Set {MACHINE_ID} on every rank or on none, and launch all ranks the same way."
+        )
+    machines: dict[str, list[int]] = {}
+    for rank, identity in enumerate(identities):
+        machines.setdefault(identity.machine_id, []).append(rank)
+
+    def local_order(rank: int) -> tuple[int, int]:
+        local_rank = identities[rank].local_rank
+        return (rank if local_rank is None else local_rank, rank)
+
+    layout = []
+    for machine_id, ranks in machines.items():
+        ranks.sort(key=local_order)
+        local_ranks = [identities[r].local_rank for r in ranks]
+        if None not in local_ranks and len(set(local_ranks)) != len(local_ranks):
+            raise TopologyError(
+                f"fairring: ranks {ranks} on machine {machine_id!r} report LOCAL_RANK "
+                f"{local_ranks}, which repeat; each rank on a machine needs its own LOCAL_RANK "
+                f"(is {MACHINE_ID} or GROUP_RANK the same on two machines?)"
+            )
+        layout.append(ranks)
+    sizes = {len(ranks) for ranks in layout}
+    if len(sizes) > 1:
+        listing = "; ".join(f"{machine_id!r}: ranks {ranks}" for machine_id, ranks in machines.items())
+        raise TopologyError(
+            "fairring: irregular deployment: machines hold different numbers of ranks "
+            f"({listing}). fairring needs the same number of ranks on every machine: launch "
+            f"the same number of processes per machine, or set {MACHINE_ID} to group ranks "
+            "into equal machines."
+        )
+    return layout
+
+
+def exchange_identities(
+    store: Store,
+    rank: int,
+    size: int,
+    identity: RankIdentity,
+    config: Config,
+    timeout: timedelta,
+) -> list[RankIdentity]:
+    """Every rank's identity, by rank; checks that settings agree across ranks."""
+    payload = {"identity": asdict(identity), "settings": config.must_agree()}
+    store.set(f"{_STORE_PREFIX}{rank}", json.dumps(payload))
+    keys = [f"{_STORE_PREFIX}{r}" for r in range(size)]
+    try:
+        store.wait(keys, timeout)
+    except Exception as error:
+        missing = [r for r in range(size) if not store.check([keys[r]])]
+        raise TopologyError(
+            f"fairring: rank {rank} waited {timeout} for ranks {missing} of {size} to join "
+            "the group; check that every rank was started and can reach the store"
+        ) from error
+    payloads = [json.loads(value) for value in store.multi_get(keys)]
+    check_settings_agree([p["settings"] for p in payloads])
+    return [RankIdentity(**p["identity"]) for p in payloads]
+
+
+def check_settings_agree(settings_by_rank: Sequence[Mapping[str, int]]) -> None:
+    for name in settings_by_rank[0]:
+        values = {rank: settings[name] for rank, settings in enumerate(settings_by_rank)}
+        if len(set(values.values())) > 1:
+            raise ConfigError(
+                f"fairring: {name} differs across ranks ({values}); every rank of a group "
+                "must use the same value"
+            )

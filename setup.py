@@ -1,0 +1,148 @@
+"""Build fairring's C++ extension against the installed torch.
+
+The CUDA path (NCCL fallback group, and later CUDA streams and TensorPipe's
+CUDA channels) is compiled whenever torch is a CUDA build and the CUDA runtime,
+CUDA crt and NCCL headers can be found, including on machines without a GPU.
+FAIRRING_WITH_CUDA selects it: "auto" (default), "1" (required: the build
+fails, saying what is missing, if it cannot be built) or "0" (CPU only).
+
+Install with `pip install --no-build-isolation .`: the extension must be built
+against the torch it will run with.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from setuptools import setup
+
+try:
+    import torch
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+except ImportError:
+    sys.exit(
+        "fairring: torch must be installed before building fairring; install "
+        "it, then build with `pip install --no-build-isolation .`"
+    )
+
+ROOT = Path(__file__).resolve().parent
+CSRC = ROOT / "csrc"
+COMMON_SOURCES = ["backend.cpp", "bindings.cpp", "topology.cpp", "work.cpp"]
+
+
+@dataclass
+class CudaBuild:
+    include_dirs: list[str] = field(default_factory=list)
+    library_dirs: list[str] = field(default_factory=list)
+    libraries: list[str] = field(default_factory=list)
+
+
+def _find_dir(candidates: list[Path], marker: str) -> Path | None:
+    for candidate in candidates:
+        if (candidate / marker).exists():
+            return candidate
+    return None
+
+
+def _nvidia_package_roots() -> list[Path]:
+    """Where pip's nvidia-* wheels (which torch depends on) put their files."""
+    try:
+        import nvidia
+    except ImportError:
+        return []
+    return [Path(p) for p in nvidia.__path__]
+
+
+def _locate_cuda() -> tuple[CudaBuild | None, list[str]]:
+    """The CUDA build settings, or None and what is missing."""
+    if torch.version.cuda is None:
+        return None, [f"torch {torch.__version__} is a CPU-only build"]
+    cuda_major = torch.version.cuda.split(".")[0]
+    roots = _nvidia_package_roots()
+    include_candidates: list[Path] = []
+    lib_candidates: list[Path] = []
+    cuda_home = os.environ.get("CUDA_HOME")
+    if cuda_home:
+        include_candidates.append(Path(cuda_home) / "include")
+        lib_candidates += [Path(cuda_home) / "lib64", Path(cuda_home) / "lib"]
+    for root in roots:
+        include_candidates += [root / f"cu{cuda_major}" / "include", root / "nccl" / "include"]
+        lib_candidates += [root / f"cu{cuda_major}" / "lib", root / "nccl" / "lib"]
+
+    missing = []
+    found: list[Path] = []
+    for marker, hint in [
+        ("cuda_runtime_api.h", f"the CUDA runtime headers (pip: nvidia-cuda-runtime, CUDA {torch.version.cuda})"),
+        ("crt/host_config.h", f"the CUDA crt headers (pip: nvidia-cuda-crt=={torch.version.cuda}.*)"),
+        ("nccl.h", "the NCCL headers (pip: nvidia-nccl-cu" + cuda_major + ")"),
+    ]:
+        directory = _find_dir(include_candidates, marker)
+        if directory is None:
+            missing.append(f"{marker}: install {hint} or set CUDA_HOME")
+        else:
+            found.append(directory)
+    libraries = []
+    library_dirs: list[Path] = []
+    for soname in [f"libcudart.so.{cuda_major}", "libnccl.so.2"]:
+        directory = _find_dir(lib_candidates, soname)
+        if directory is None:
+            missing.append(f"{soname}: not found next to the headers")
+        else:
+            library_dirs.append(directory)
+            libraries.append(f":{soname}")
+    if missing:
+        return None, missing
+    build = CudaBuild(
+        include_dirs=sorted({str(d) for d in found}),
+        library_dirs=sorted({str(d) for d in library_dirs}),
+        libraries=libraries + ["c10_cuda", "torch_cuda"],
+    )
+    return build, []
+
+
+def _cuda_build() -> CudaBuild | None:
+    mode = os.environ.get("FAIRRING_WITH_CUDA", "auto").strip().lower()
+    if mode not in {"auto", "0", "1"}:
+        sys.exit(f"fairring: FAIRRING_WITH_CUDA={mode!r}; use auto, 1 or 0")
+    if mode == "0":
+        print("fairring: building the CPU-only extension (FAIRRING_WITH_CUDA=0)")
+        return None
+    build, missing = _locate_cuda()
+    if build is None:
+        report = "\n  ".join(missing)
+        if mode == "1":
+            sys.exit(f"fairring: FAIRRING_WITH_CUDA=1 but the CUDA path cannot be built:\n  {report}")
+        print(f"fairring: building without the CUDA path:\n  {report}")
+        return None
+    print(f"fairring: building the CUDA path (CUDA {torch.version.cuda}, headers in {build.include_dirs})")
+    return build
+
+
+def _extension() -> CppExtension:
+    cuda = _cuda_build()
+    sources = COMMON_SOURCES + ["cuda_support_nccl.cpp" if cuda else "cuda_support_none.cpp"]
+    define_macros = [("USE_C10D_NCCL", None)] if cuda else []
+    return CppExtension(
+        name="fairring._C",
+        sources=[str(Path("csrc") / s) for s in sources],
+        include_dirs=[str(CSRC)] + (cuda.include_dirs if cuda else []),
+        library_dirs=cuda.library_dirs if cuda else [],
+        libraries=cuda.libraries if cuda else [],
+        define_macros=define_macros,
+        extra_compile_args=["-std=c++20", "-O2", "-Wall", "-Wno-unused-parameter"],
+    )
+
+
+setup(
+    name="fairring",
+    version="0.1.0",
+    description="A Herring-style all-reduce as a PyTorch c10d backend",
+    license="BSD-3-Clause",
+    packages=["fairring"],
+    python_requires=">=3.10",
+    ext_modules=[_extension()],
+    cmdclass={"build_ext": BuildExtension},
+)

@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from harness import Layout, RankPool  # noqa: E402
+
+# Machine layouts every collective test runs on. The 3x2 layout interleaves
+# machines (rank r on machine r % 3), so nothing may assume machine-major order.
+LAYOUTS = [
+    Layout(machines=1, ranks_per_machine=2),
+    Layout(machines=2, ranks_per_machine=2),
+    Layout(machines=4, ranks_per_machine=1),
+    Layout(machines=3, ranks_per_machine=2, interleaved=True),
+]
+
+
+@pytest.fixture(scope="session", params=LAYOUTS, ids=str)
+def pool(request: pytest.FixtureRequest) -> Iterator[RankPool]:
+    """A process group of real ranks on one layout, shared by the tests of that layout.
+
+    Session scope with parameters makes pytest run all tests of one layout
+    together, so only one pool is alive at a time.
+    """
+    with RankPool(request.param) as ranks:
+        yield ranks

@@ -1,0 +1,256 @@
+"""Real multi-process test harness: a pool of spawned ranks that run test code.
+
+A RankPool starts one process per rank, each with the environment of its
+emulated machine, and initialises a real process group in each (over a real
+TCPStore, or env://, tcp://, file://). Tests then send module-level functions to
+run on every rank and get their return values back. Starting processes and
+importing torch dominates test time, so one pool serves many tests.
+
+Every call has a deadline. A rank that fails, or does not answer in time, ends
+the call with an error that shows each rank's traceback; if ranks are left
+hanging (a peer died mid-collective), the pool is killed and starts afresh on
+its next use. Workers die with the test process (PR_SET_PDEATHSIG), so nothing
+outlives a run, even one that is killed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import signal
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any
+
+COLLECTIVE_TIMEOUT = timedelta(seconds=60)
+CALL_TIMEOUT = 120.0
+# How long the other ranks get to report once one rank has failed.
+FAILURE_GRACE = 10.0
+
+
+@dataclass(frozen=True)
+class Layout:
+    """`machines` x `ranks_per_machine` ranks; interleaved: rank r on machine r % machines."""
+
+    machines: int
+    ranks_per_machine: int
+    interleaved: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.machines * self.ranks_per_machine
+
+    def machine_of(self, rank: int) -> int:
+        return rank % self.machines if self.interleaved else rank // self.ranks_per_machine
+
+    def ranks_of(self, machine: int) -> list[int]:
+        return [r for r in range(self.world_size) if self.machine_of(r) == machine]
+
+    def env_of(self, rank: int) -> dict[str, str]:
+        return {"FAIRRING_MACHINE_ID": f"machine-{self.machine_of(rank)}"}
+
+    def __str__(self) -> str:
+        return f"{self.machines}x{self.ranks_per_machine}" + ("-interleaved" if self.interleaved else "")
+
+
+class RankFailure(AssertionError):
+    """Some rank raised, or did not answer in time; holds each rank's outcome."""
+
+    def __init__(self, what: str, outcomes: dict[int, str]) -> None:
+        self.outcomes = outcomes
+        details = "\n".join(f"--- rank {rank} ---\n{outcome}" for rank, outcome in sorted(outcomes.items()))
+        super().__init__(f"{what}\n{details}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class InitSpec:
+    """How ranks rendezvous: "store" (a TCPStore the test process hosts), "env", "tcp", "file"."""
+
+    method: str = "store"
+    backend: str = "fairring"
+    port: int = 0
+    path: str = ""
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def _die_with_parent() -> None:
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def _worker(rank: int, world_size: int, env: dict[str, str], conn: Connection) -> None:
+    _die_with_parent()
+    os.environ.update(env)
+    while True:
+        message = conn.recv()
+        if message is None:
+            break
+        function, args = message
+        try:
+            conn.send(("ok", function(*args)))
+        except BaseException:  # noqa: BLE001 - every failure goes back to the test
+            conn.send(("error", traceback.format_exc()))
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    finally:
+        conn.close()
+
+
+def init_process_group(spec: InitSpec, rank: int, world_size: int, store_port: int) -> str:
+    """Runs on each rank: joins the process group as `spec` says."""
+    import torch.distributed as dist
+
+    import fairring  # noqa: F401  (registers the backend)
+
+    common = {"backend": spec.backend, "timeout": COLLECTIVE_TIMEOUT}
+    if spec.method == "store":
+        store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=COLLECTIVE_TIMEOUT)
+        dist.init_process_group(store=store, rank=rank, world_size=world_size, **common)
+    elif spec.method == "env":
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(spec.port), RANK=str(rank), WORLD_SIZE=str(world_size)
+        )
+        dist.init_process_group(init_method="env://", **common)
+    elif spec.method == "tcp":
+        dist.init_process_group(
+            init_method=f"tcp://127.0.0.1:{spec.port}", rank=rank, world_size=world_size, **common
+        )
+    elif spec.method == "file":
+        dist.init_process_group(init_method=f"file://{spec.path}", rank=rank, world_size=world_size, **common)
+    else:
+        raise ValueError(f"unknown init method {spec.method!r}")
+    return dist.get_backend()
+
+
+class RankPool:
+    def __init__(self, layout: Layout, spec: InitSpec | None = None, rank_env: dict[int, dict[str, str]] | None = None):
+        self.layout = layout
+        self.spec = spec or InitSpec()
+        self.rank_env = rank_env or {}
+        self._processes: list[mp.process.BaseProcess] = []
+        self._conns: list[Connection] = []
+        self._store: Any = None
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    def start(self, init: bool = True) -> RankPool:
+        """Spawns the ranks and (by default) joins them into a process group."""
+        import torch.distributed as dist
+
+        context = mp.get_context("spawn")
+        store_port = 0
+        if self.spec.method == "store":
+            self._store = dist.TCPStore(
+                "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=COLLECTIVE_TIMEOUT
+            )
+            store_port = self._store.port
+        for rank in range(self.world_size):
+            env = {**self.layout.env_of(rank), **self.spec.extra_env, **self.rank_env.get(rank, {})}
+            parent, child = context.Pipe()
+            process = context.Process(
+                target=_worker, args=(rank, self.world_size, env, child), daemon=True, name=f"rank{rank}"
+            )
+            process.start()
+            child.close()
+            self._processes.append(process)
+            self._conns.append(parent)
+        self._store_port = store_port
+        if init:
+            self.init()
+        return self
+
+    def init_args(self, rank: int) -> tuple[InitSpec, int, int, int]:
+        """The arguments of init_process_group for `rank`."""
+        return (self.spec, rank, self.world_size, self._store_port)
+
+    def init(self) -> list[str]:
+        return self.run_per_rank(init_process_group, self.init_args)
+
+    def run(self, function: Callable[..., Any], *args: Any, timeout: float = CALL_TIMEOUT) -> list[Any]:
+        """Runs function(*args) on every rank; returns the results by rank."""
+        return self.run_per_rank(function, lambda rank: args, timeout=timeout)
+
+    def run_per_rank(
+        self,
+        function: Callable[..., Any],
+        args_of: Callable[[int], tuple[Any, ...]],
+        timeout: float = CALL_TIMEOUT,
+    ) -> list[Any]:
+        if not self._processes:
+            self.start()
+        for rank, conn in enumerate(self._conns):
+            conn.send((function, args_of(rank)))
+        name = getattr(function, "__name__", str(function))
+        deadline = time.monotonic() + timeout
+        results: dict[int, Any] = {}
+        failures: dict[int, str] = {}
+        pending = set(range(self.world_size))
+        while pending:
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            for rank in sorted(pending):
+                conn = self._conns[rank]
+                if conn.poll(min(0.05, max(0.0, deadline - now))):
+                    try:
+                        status, value = conn.recv()
+                    except EOFError:
+                        status, value = "error", f"rank {rank} exited (exit code {self._processes[rank].exitcode})"
+                    pending.discard(rank)
+                    if status == "ok":
+                        results[rank] = value
+                    else:
+                        failures[rank] = value
+                        deadline = min(deadline, time.monotonic() + FAILURE_GRACE)
+                elif not self._processes[rank].is_alive():
+                    pending.discard(rank)
+                    failures[rank] = f"rank {rank} died (exit code {self._processes[rank].exitcode})"
+                    deadline = min(deadline, time.monotonic() + FAILURE_GRACE)
+        if pending:
+            for rank in pending:
+                failures[rank] = "no answer before the deadline (killed)"
+            self.close()
+        if failures:
+            raise RankFailure(f"{name} failed on ranks {sorted(failures)} of {self.world_size}", failures)
+        return [results[rank] for rank in range(self.world_size)]
+
+    def close(self) -> None:
+        """Stops every rank: politely if idle, by SIGKILL otherwise."""
+        for conn, process in zip(self._conns, self._processes):
+            if process.is_alive():
+                try:
+                    conn.send(None)
+                except (BrokenPipeError, OSError):
+                    pass
+        for process in self._processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=10)
+        for conn in self._conns:
+            conn.close()
+        self._processes, self._conns = [], []
+        self._store = None
+
+    def __enter__(self) -> RankPool:
+        return self if self._processes else self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,73 @@
+"""Inputs that every rank can recompute for every other rank, and expected results.
+
+References are computed with plain torch in a wide type (float64, int64) from
+the known per-rank inputs, independently of the code under test.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.distributed as dist
+
+FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
+INT_DTYPES = ("int8", "uint8", "int32", "int64")
+ARITHMETIC_OPS = ("sum", "product", "min", "max")
+BITWISE_OPS = ("band", "bor", "bxor")
+
+REDUCE_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "product": dist.ReduceOp.PRODUCT,
+    "min": dist.ReduceOp.MIN,
+    "max": dist.ReduceOp.MAX,
+    "band": dist.ReduceOp.BAND,
+    "bor": dist.ReduceOp.BOR,
+    "bxor": dist.ReduceOp.BXOR,
+    "avg": dist.ReduceOp.AVG,
+}
+
+TOLERANCES = {
+    torch.float16: {"rtol": 1e-2, "atol": 1e-2},
+    torch.bfloat16: {"rtol": 4e-2, "atol": 4e-2},
+    torch.float32: {"rtol": 1e-5, "atol": 1e-5},
+    torch.float64: {"rtol": 1e-12, "atol": 1e-12},
+}
+
+
+def rank_tensor(rank: int, shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0, op: str = "sum") -> torch.Tensor:
+    """Rank `rank`'s input. Values suit `op`: products stay small, sums of ints fit int8."""
+    generator = torch.Generator().manual_seed(seed * 7919 + rank)
+    if dtype.is_floating_point:
+        values = torch.randn(shape, generator=generator, dtype=torch.float64)
+        if op == "product":
+            values = 0.5 + values.abs().clamp(max=1.5)
+        return values.to(dtype)
+    low, high = (1, 3) if op == "product" else (0, 20)
+    return torch.randint(low, high, shape, generator=generator, dtype=torch.int64).to(dtype)
+
+
+def reduce_reference(tensors: list[torch.Tensor], op: str) -> torch.Tensor:
+    dtype = tensors[0].dtype
+    wide = torch.float64 if dtype.is_floating_point else torch.int64
+    stacked = torch.stack([t.to(wide) for t in tensors])
+    if op == "sum":
+        result = stacked.sum(0)
+    elif op == "product":
+        result = stacked.prod(0)
+    elif op == "min":
+        result = stacked.min(0).values
+    elif op == "max":
+        result = stacked.max(0).values
+    elif op in ("band", "bor", "bxor"):
+        combine = {"band": torch.bitwise_and, "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}[op]
+        result = functools.reduce(combine, list(stacked))
+    else:
+        raise ValueError(op)
+    return result.to(dtype)
+
+
+def assert_matches(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    torch.testing.assert_close(actual, expected, **TOLERANCES.get(actual.dtype, {"rtol": 0, "atol": 0}))

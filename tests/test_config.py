@@ -1,0 +1,89 @@
+"""Environment parsing: no processes, no sockets."""
+
+from __future__ import annotations
+
+import pytest
+
+from fairring.config import (
+    DEFAULT_SLICE_SIZE,
+    DEFAULT_TOTAL_MEMORY,
+    ConfigError,
+    format_size,
+    load_config,
+    parse_size,
+)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("26214400", 26214400),
+        ("25MiB", 25 * 2**20),
+        ("25mib", 25 * 2**20),
+        ("50M", 50 * 2**20),
+        (" 50 M ", 50 * 2**20),
+        ("4K", 4096),
+        ("4KB", 4000),
+        ("1.5GiB", 3 * 2**29),
+        ("2G", 2 * 2**30),
+        ("1GB", 10**9),
+        ("1T", 2**40),
+        ("512B", 512),
+    ],
+)
+def test_parse_size_accepts(raw: str, expected: int) -> None:
+    assert parse_size("FAIRRING_SLICE_SIZE", raw) == expected
+
+
+@pytest.mark.parametrize("raw", ["", "abc", "25 bananas", "-5", "0", "0MiB", "1.5", "0.1K", "1e6", "12 MiB extra", "MiB"])
+def test_parse_size_rejects_with_variable_value_and_accepted_forms(raw: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_size("FAIRRING_SLICE_SIZE", raw)
+    message = str(error.value)
+    assert f"FAIRRING_SLICE_SIZE={raw!r}" in message
+    assert "e.g. 25MiB" in message
+
+
+def test_defaults() -> None:
+    config = load_config({})
+    assert config.total_memory == DEFAULT_TOTAL_MEMORY == 50 * 2**20
+    assert config.slice_size == DEFAULT_SLICE_SIZE == 25 * 2**20
+    assert config.machine_id is None and config.log_level is None
+
+
+def test_values_from_environment() -> None:
+    config = load_config(
+        {
+            "FAIRRING_TOTAL_MEMORY": "1GiB",
+            "FAIRRING_SLICE_SIZE": "4M",
+            "FAIRRING_MACHINE_ID": " rack3-node7 ",
+            "FAIRRING_LOG_LEVEL": "debug",
+        }
+    )
+    assert (config.total_memory, config.slice_size) == (2**30, 4 * 2**20)
+    assert config.machine_id == "rack3-node7"
+    assert config.log_level == "DEBUG"
+    assert config.must_agree() == {"FAIRRING_TOTAL_MEMORY": 2**30, "FAIRRING_SLICE_SIZE": 4 * 2**20}
+    assert "FAIRRING_SLICE_SIZE=4MiB" in config.describe()
+
+
+def test_empty_size_variable_means_default() -> None:
+    assert load_config({"FAIRRING_SLICE_SIZE": " "}).slice_size == DEFAULT_SLICE_SIZE
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"FAIRRING_MACHINE_ID": "  "}, "FAIRRING_MACHINE_ID is set but empty"),
+        ({"FAIRRING_LOG_LEVEL": "chatty"}, "FAIRRING_LOG_LEVEL='chatty' is not a log level"),
+        ({"FAIRRING_TOTAL_MEMORY": "lots"}, "FAIRRING_TOTAL_MEMORY='lots' is not a size"),
+    ],
+)
+def test_invalid_environment(env: dict[str, str], expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected.replace("(", r"\(")):
+        load_config(env)
+
+
+@pytest.mark.parametrize(("size", "text"), [(25 * 2**20, "25MiB"), (2**30, "1GiB"), (4096, "4KiB"), (1000, "1000B")])
+def test_format_size(size: int, text: str) -> None:
+    assert format_size(size) == text

@@ -1,0 +1,161 @@
+"""Registration, init methods, subgroups, discovered topology and init-time errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from harness import InitSpec, Layout, RankFailure, RankPool, free_port, init_process_group
+from reference import assert_matches, rank_tensor, reduce_reference
+
+
+def backend_state() -> dict[str, object]:
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    topology = backend.topology
+    return {
+        "name": dist.get_backend(),
+        "same_for_cuda": dist.group.WORLD._get_backend(torch.device("cuda")) is not None,
+        "machine_ranks": topology.local_ranks,
+        "local_rank": topology.local_rank,
+        "rail_peers": topology.rail_peers,
+        "num_machines": topology.num_machines,
+        "timeout_s": backend.timeout.total_seconds(),
+    }
+
+
+def test_backend_reports_the_layout_it_was_given(pool: RankPool) -> None:
+    layout = pool.layout
+    states = pool.run(backend_state)
+    for rank, state in enumerate(states):
+        machine_ranks = layout.ranks_of(layout.machine_of(rank))
+        assert state["name"] == "fairring"
+        assert state["same_for_cuda"]
+        assert state["num_machines"] == layout.machines
+        assert state["machine_ranks"] == machine_ranks
+        assert state["local_rank"] == machine_ranks.index(rank)
+        # Rail peers: the rank with my local index on every machine.
+        local = machine_ranks.index(rank)
+        assert state["rail_peers"] == [layout.ranks_of(m)[local] for m in range(layout.machines)]
+        assert state["timeout_s"] == 60
+
+
+def sum_on_fresh_group() -> str:
+    rank, size = dist.get_rank(), dist.get_world_size()
+    tensor = rank_tensor(rank, (9,), torch.float32)
+    dist.all_reduce(tensor)
+    assert_matches(tensor, reduce_reference([rank_tensor(r, (9,), torch.float32) for r in range(size)], "sum"))
+    return dist.get_backend()
+
+
+@pytest.mark.parametrize("method", ["env", "tcp", "file"])
+def test_init_methods(method: str, tmp_path: Path) -> None:
+    spec = InitSpec(method=method, port=free_port(), path=str(tmp_path / "rendezvous"))
+    with RankPool(Layout(2, 1), spec) as ranks:
+        assert ranks.run(sum_on_fresh_group) == ["fairring", "fairring"]
+
+
+def subgroup_collectives() -> dict[str, object]:
+    """Two subgroups with one fairring backend each: the odd and the even ranks."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    evens, odds = list(range(0, size, 2)), list(range(1, size, 2))
+    groups = [dist.new_group(evens, backend="fairring"), dist.new_group(odds, backend="fairring")]
+    members = evens if rank % 2 == 0 else odds
+    group = groups[rank % 2]
+    tensor = rank_tensor(rank, (11,), torch.float64)
+    dist.all_reduce(tensor, group=group)
+    assert_matches(tensor, reduce_reference([rank_tensor(r, (11,), torch.float64) for r in members], "sum"))
+    received = torch.empty(3)
+    dist.broadcast(
+        received if dist.get_group_rank(group, rank) else rank_tensor(rank, (3,), torch.float32),
+        group_src=0,
+        group=group,
+    )
+    if dist.get_group_rank(group, rank):
+        assert_matches(received, rank_tensor(members[0], (3,), torch.float32))
+    topology = group._get_backend(torch.device("cpu")).topology
+    return {
+        "backend": dist.get_backend(group),
+        "group_rank": topology.rank,
+        "machines": topology.machines,
+    }
+
+
+def test_subgroups() -> None:
+    layout = Layout(2, 2)
+    with RankPool(layout) as ranks:
+        results = ranks.run(subgroup_collectives)
+    for rank, result in enumerate(results):
+        assert result["backend"] == "fairring"
+        members = list(range(rank % 2, layout.world_size, 2))
+        assert result["group_rank"] == members.index(rank)
+        # Each subgroup has one rank on each machine of the 2x2 layout.
+        assert result["machines"] == [[0], [1]]
+
+
+def expect_init_failure(layout: Layout, rank_env: dict[int, dict[str, str]]) -> dict[int, str]:
+    ranks = RankPool(layout, rank_env=rank_env)
+    try:
+        ranks.start(init=False)
+        with pytest.raises(RankFailure) as failure:
+            ranks.init()
+        return failure.value.outcomes
+    finally:
+        ranks.close()
+
+
+def test_irregular_deployment_is_rejected_at_init() -> None:
+    # Ranks 0, 1, 2 on one machine, rank 3 alone on another.
+    env = {r: {"FAIRRING_MACHINE_ID": "big" if r < 3 else "small"} for r in range(4)}
+    outcomes = expect_init_failure(Layout(1, 4), env)
+    assert set(outcomes) == {0, 1, 2, 3}
+    for outcome in outcomes.values():
+        assert "irregular deployment" in outcome and "'big': ranks [0, 1, 2]" in outcome, outcome
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("FAIRRING_SLICE_SIZE", "25 bananas", "FAIRRING_SLICE_SIZE='25 bananas' is not a size"),
+        ("FAIRRING_TOTAL_MEMORY", "-5", "FAIRRING_TOTAL_MEMORY='-5' is not a size"),
+        ("FAIRRING_LOG_LEVEL", "LOUD", "FAIRRING_LOG_LEVEL='LOUD' is not a log level"),
+    ],
+)
+def test_malformed_variable_is_rejected_at_init(variable: str, value: str, expected: str) -> None:
+    outcomes = expect_init_failure(Layout(2, 1), {r: {variable: value} for r in range(2)})
+    assert all(expected in outcome for outcome in outcomes.values()), outcomes
+
+
+def test_settings_that_differ_across_ranks_are_rejected() -> None:
+    outcomes = expect_init_failure(Layout(2, 1), {1: {"FAIRRING_SLICE_SIZE": "1MiB"}})
+    for outcome in outcomes.values():
+        assert "FAIRRING_SLICE_SIZE differs across ranks" in outcome, outcome
+        assert "1: 1048576" in outcome, outcome
+
+
+def init_capturing_logs(*init_args: object) -> list[str]:
+    """Joins the process group while recording fairring's log messages."""
+    import logging
+
+    records: list[str] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    handler = Capture()
+    logging.getLogger("fairring").addHandler(handler)
+    try:
+        init_process_group(*init_args)
+    finally:
+        logging.getLogger("fairring").removeHandler(handler)
+    return records
+
+
+def test_effective_configuration_is_logged_in_debug() -> None:
+    spec = InitSpec(extra_env={"FAIRRING_LOG_LEVEL": "DEBUG", "FAIRRING_SLICE_SIZE": "4MiB"})
+    with RankPool(Layout(1, 2), spec).start(init=False) as ranks:
+        records = ranks.run_per_rank(init_capturing_logs, ranks.init_args)
+    for lines in records:
+        assert any("effective configuration" in line and "FAIRRING_SLICE_SIZE=4MiB" in line for line in lines), lines

@@ -1,0 +1,106 @@
+"""Machine grouping and the C++ Topology: pure, no processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from fairring import _C
+from fairring.config import Config, ConfigError
+from fairring.topology import (
+    RankIdentity,
+    TopologyError,
+    check_settings_agree,
+    group_into_machines,
+    host_identity,
+    identify_self,
+)
+
+
+def explicit(*machine_ids: str, local_ranks: list[int | None] | None = None) -> list[RankIdentity]:
+    local_ranks = local_ranks or [None] * len(machine_ids)
+    return [RankIdentity(m, "FAIRRING_MACHINE_ID", lr) for m, lr in zip(machine_ids, local_ranks)]
+
+
+def test_machine_major_order() -> None:
+    assert group_into_machines(explicit("a", "a", "b", "b")) == [[0, 1], [2, 3]]
+
+
+def test_interleaved_order_orders_machines_by_lowest_rank() -> None:
+    assert group_into_machines(explicit("x", "y", "z", "x", "y", "z")) == [[0, 3], [1, 4], [2, 5]]
+
+
+def test_local_rank_orders_ranks_within_a_machine() -> None:
+    identities = explicit("a", "a", "b", "b", local_ranks=[1, 0, 0, 1])
+    assert group_into_machines(identities) == [[1, 0], [2, 3]]
+
+
+def test_single_machine_and_single_rank() -> None:
+    assert group_into_machines(explicit("only", "only", "only")) == [[0, 1, 2]]
+    assert group_into_machines(explicit("solo")) == [[0]]
+
+
+def test_irregular_deployment_names_machines_and_remedy() -> None:
+    with pytest.raises(TopologyError) as error:
+        group_into_machines(explicit("a", "a", "a", "b"))
+    message = str(error.value)
+    assert "irregular deployment" in message
+    assert "'a': ranks [0, 1, 2]" in message and "'b': ranks [3]" in message
+    assert "FAIRRING_MACHINE_ID" in message
+
+
+def test_repeated_local_rank_is_rejected() -> None:
+    with pytest.raises(TopologyError, match="report LOCAL_RANK"):
+        group_into_machines(explicit("a", "a", local_ranks=[0, 0]))
+
+
+def test_mixed_identification_is_rejected() -> None:
+    identities = [RankIdentity("a", "FAIRRING_MACHINE_ID"), RankIdentity("torchrun node 0", "torchrun's GROUP_RANK")]
+    with pytest.raises(TopologyError, match="identify their machine in different ways"):
+        group_into_machines(identities)
+
+
+def test_identify_self_precedence() -> None:
+    torchrun = {"GROUP_RANK": "3", "LOCAL_RANK": "1"}
+    assert identify_self(Config(machine_id="m7"), torchrun) == RankIdentity("m7", "FAIRRING_MACHINE_ID", 1)
+    assert identify_self(Config(), torchrun) == RankIdentity("torchrun node 3", "torchrun's GROUP_RANK", 1)
+    assert identify_self(Config(), {}) == RankIdentity(host_identity(), "host discovery", None)
+
+
+def test_malformed_launcher_variable() -> None:
+    with pytest.raises(ConfigError, match="LOCAL_RANK='x' is not an integer"):
+        identify_self(Config(), {"LOCAL_RANK": "x"})
+
+
+def test_host_identity_includes_namespaces() -> None:
+    identity = host_identity()
+    # Containers sharing a kernel differ in these; the boot id alone would merge them.
+    assert "net:[" in identity and "ipc:[" in identity and "pid:[" in identity
+
+
+def test_settings_agreement() -> None:
+    check_settings_agree([{"FAIRRING_SLICE_SIZE": 1}, {"FAIRRING_SLICE_SIZE": 1}])
+    with pytest.raises(ConfigError, match=r"FAIRRING_SLICE_SIZE differs across ranks \(\{0: 1, 1: 2\}\)"):
+        check_settings_agree([{"FAIRRING_SLICE_SIZE": 1}, {"FAIRRING_SLICE_SIZE": 2}])
+
+
+def test_cpp_topology_derives_rails() -> None:
+    topology = _C.Topology(4, [[0, 3], [1, 4], [2, 5]])
+    assert (topology.world_size, topology.num_machines, topology.local_size) == (6, 3, 2)
+    assert (topology.machine, topology.local_rank) == (1, 1)
+    assert topology.local_ranks == [1, 4]
+    assert topology.rail_peers == [3, 4, 5]
+
+
+@pytest.mark.parametrize(
+    ("rank", "machines", "message"),
+    [
+        (0, [[0, 1], [2]], "irregular topology"),
+        (0, [[0, 1], [1, 2]], "appears twice"),
+        (7, [[0], [1]], "missing from topology"),
+        (0, [[0], [2]], "are not 0..1"),
+        (0, [], "needs a machine"),
+    ],
+)
+def test_cpp_topology_rejects_bad_layouts(rank: int, machines: list[list[int]], message: str) -> None:
+    with pytest.raises(RuntimeError, match=message):
+        _C.Topology(rank, machines)
