@@ -98,7 +98,7 @@ def _locate_cuda() -> tuple[CudaBuild | None, list[str]]:
     build = CudaBuild(
         include_dirs=sorted({str(d) for d in found}),
         library_dirs=sorted({str(d) for d in library_dirs}),
-        libraries=libraries + ["c10_cuda", "torch_cuda"],
+        libraries=[*libraries, "c10_cuda", "torch_cuda"],
     )
     return build, []
 
@@ -123,7 +123,7 @@ def _cuda_build() -> CudaBuild | None:
 
 def _extension() -> CppExtension:
     cuda = _cuda_build()
-    sources = COMMON_SOURCES + ["cuda_support_nccl.cpp" if cuda else "cuda_support_none.cpp"]
+    sources = [*COMMON_SOURCES, "cuda_support_nccl.cpp" if cuda else "cuda_support_none.cpp"]
     define_macros = [("USE_C10D_NCCL", None)] if cuda else []
     return CppExtension(
         name="fairring._C",

@@ -1,13 +1,13 @@
 """fairring: a Herring-style all-reduce as a PyTorch c10d backend.
 
-    import fairring
-    torch.distributed.init_process_group("fairring")
+import fairring
+torch.distributed.init_process_group("fairring")
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed  # noqa: F401  (registers the c10d types _C builds on)
+import torch.distributed
 
 from ._version import __version__
 from .config import Config, ConfigError, load_config

@@ -47,6 +47,4 @@ def register() -> None:
     """Makes "fairring" a torch.distributed backend name, for CPU and CUDA."""
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
-    dist.Backend.register_backend(
-        BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"]
-    )
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])

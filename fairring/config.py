@@ -113,9 +113,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
     if log_level is not None:
         log_level = log_level.strip().upper()
         if log_level not in _LOG_LEVELS:
-            raise ConfigError(
-                f"{LOG_LEVEL}={env[LOG_LEVEL]!r} is not a log level; use one of {', '.join(_LOG_LEVELS)}"
-            )
+            raise ConfigError(f"{LOG_LEVEL}={env[LOG_LEVEL]!r} is not a log level; use one of {', '.join(_LOG_LEVELS)}")
     return Config(
         total_memory=size(TOTAL_MEMORY, DEFAULT_TOTAL_MEMORY),
         slice_size=size(SLICE_SIZE, DEFAULT_SLICE_SIZE),

@@ -160,6 +160,5 @@ def check_settings_agree(settings_by_rank: Sequence[Mapping[str, int]]) -> None:
         values = {rank: settings[name] for rank, settings in enumerate(settings_by_rank)}
         if len(set(values.values())) > 1:
             raise ConfigError(
-                f"fairring: {name} differs across ranks ({values}); every rank of a group "
-                "must use the same value"
+                f"fairring: {name} differs across ranks ({values}); every rank of a group must use the same value"
             )

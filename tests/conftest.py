@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from harness import Layout, RankPool  # noqa: E402
+from harness import Layout, RankPool
 
 # Machine layouts every collective test runs on. The 3x2 layout interleaves
 # machines (rank r on machine r % 3), so nothing may assume machine-major order.

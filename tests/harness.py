@@ -100,7 +100,7 @@ def _worker(rank: int, world_size: int, env: dict[str, str], conn: Connection) -
         function, args = message
         try:
             conn.send(("ok", function(*args)))
-        except BaseException:  # noqa: BLE001 - every failure goes back to the test
+        except BaseException:
             conn.send(("error", traceback.format_exc()))
     try:
         import torch.distributed as dist
@@ -127,9 +127,7 @@ def init_process_group(spec: InitSpec, rank: int, world_size: int, store_port: i
         )
         dist.init_process_group(init_method="env://", **common)
     elif spec.method == "tcp":
-        dist.init_process_group(
-            init_method=f"tcp://127.0.0.1:{spec.port}", rank=rank, world_size=world_size, **common
-        )
+        dist.init_process_group(init_method=f"tcp://127.0.0.1:{spec.port}", rank=rank, world_size=world_size, **common)
     elif spec.method == "file":
         dist.init_process_group(init_method=f"file://{spec.path}", rank=rank, world_size=world_size, **common)
     else:
@@ -233,7 +231,7 @@ class RankPool:
 
     def close(self) -> None:
         """Stops every rank: politely if idle, by SIGKILL otherwise."""
-        for conn, process in zip(self._conns, self._processes):
+        for conn, process in zip(self._conns, self._processes, strict=True):
             if process.is_alive():
                 try:
                     conn.send(None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+
 from harness import RankPool
 from reference import (
     ARITHMETIC_OPS,
@@ -55,7 +56,7 @@ def many_in_flight(count: int) -> None:
     works = [dist.all_reduce(t, async_op=True) for t in tensors]
     for work in reversed(works):
         work.wait()
-    for i, (shape, tensor) in enumerate(zip(shapes, tensors)):
+    for i, (shape, tensor) in enumerate(zip(shapes, tensors, strict=True)):
         expected = reduce_reference([rank_tensor(r, shape, torch.float32, seed=i) for r in range(size)], "sum")
         assert_matches(tensor, expected)
 
@@ -89,7 +90,7 @@ def coalesced(api: str) -> None:
             for tensor in tensors:
                 dist.all_reduce(tensor)
         manager.wait()
-    for i, (shape, tensor) in enumerate(zip(shapes, tensors)):
+    for i, (shape, tensor) in enumerate(zip(shapes, tensors, strict=True)):
         expected = reduce_reference([rank_tensor(r, shape, torch.float64, seed=i) for r in range(size)], "sum")
         assert_matches(tensor, expected)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+
 from harness import RankPool
 from reference import assert_matches, rank_tensor, reduce_reference
 
@@ -34,7 +35,7 @@ def all_gather_list() -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
     outputs = [torch.empty(SHAPE) for _ in range(size)]
     dist.all_gather(outputs, rank_tensor(rank, SHAPE, torch.float32))
-    for output, expected in zip(outputs, inputs_of_all_ranks()):
+    for output, expected in zip(outputs, inputs_of_all_ranks(), strict=True):
         assert_matches(output, expected)
 
 
@@ -50,7 +51,7 @@ def gather_to_first() -> None:
     outputs = [torch.empty(SHAPE) for _ in range(size)] if rank == 0 else None
     dist.gather(rank_tensor(rank, SHAPE, torch.float32), gather_list=outputs, dst=0)
     if rank == 0:
-        for output, expected in zip(outputs, inputs_of_all_ranks()):
+        for output, expected in zip(outputs, inputs_of_all_ranks(), strict=True):
             assert_matches(output, expected)
 
 
@@ -82,6 +83,7 @@ def reduce_scatter_tensor() -> None:
 
 def all_to_all_list() -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
+
     # Rank r sends piece(r, k), of k + 1 rows, to rank k.
     def piece(src: int, dst: int) -> torch.Tensor:
         return rank_tensor(src * size + dst, (dst + 1, 2), torch.float32)
@@ -94,6 +96,7 @@ def all_to_all_list() -> None:
 
 def all_to_all_single_uneven() -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
+
     # Rank r sends (r + k) % 3 rows to rank k, some of them empty.
     def rows(src: int, dst: int) -> int:
         return (src + dst) % 3
@@ -138,3 +141,28 @@ def barrier_orders_store_writes() -> None:
 )
 def test_collective(pool: RankPool, collective) -> None:  # type: ignore[no-untyped-def]
     pool.run(collective)
+
+
+def unsupported_device_errors() -> list[str]:
+    # Collectives on meta tensors stop at the dispatcher's meta kernels, so call
+    # the backend object itself, as the dispatcher would with a device tensor.
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    meta = torch.empty(4, device="meta")
+    messages = []
+    for call in (
+        lambda: backend.allreduce([meta]),
+        lambda: backend.allgather([[torch.empty(4) for _ in range(dist.get_world_size())]], [meta]),
+    ):
+        try:
+            call()
+        except RuntimeError as error:
+            messages.append(str(error))
+        else:
+            raise AssertionError("a collective on a meta tensor did not raise")
+    return messages
+
+
+def test_unsupported_and_mixed_devices_fail_clearly(pool: RankPool) -> None:
+    for single_device, mixed in pool.run(unsupported_device_errors):
+        assert "fairring: allreduce got a tensor on meta; fairring supports CPU and CUDA tensors" in single_device
+        assert "fairring: allgather got tensors on both cpu and meta" in mixed, mixed

@@ -35,7 +35,9 @@ def test_parse_size_accepts(raw: str, expected: int) -> None:
     assert parse_size("FAIRRING_SLICE_SIZE", raw) == expected
 
 
-@pytest.mark.parametrize("raw", ["", "abc", "25 bananas", "-5", "0", "0MiB", "1.5", "0.1K", "1e6", "12 MiB extra", "MiB"])
+@pytest.mark.parametrize(
+    "raw", ["", "abc", "25 bananas", "-5", "0", "0MiB", "1.5", "0.1K", "1e6", "12 MiB extra", "MiB"]
+)
 def test_parse_size_rejects_with_variable_value_and_accepted_forms(raw: str) -> None:
     with pytest.raises(ConfigError) as error:
         parse_size("FAIRRING_SLICE_SIZE", raw)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
 from harness import RankPool
 from reference import assert_matches, rank_tensor
 

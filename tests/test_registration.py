@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+
 from harness import InitSpec, Layout, RankFailure, RankPool, free_port, init_process_group
 from reference import assert_matches, rank_tensor, reduce_reference
 

@@ -18,7 +18,7 @@ from fairring.topology import (
 
 def explicit(*machine_ids: str, local_ranks: list[int | None] | None = None) -> list[RankIdentity]:
     local_ranks = local_ranks or [None] * len(machine_ids)
-    return [RankIdentity(m, "FAIRRING_MACHINE_ID", lr) for m, lr in zip(machine_ids, local_ranks)]
+    return [RankIdentity(m, "FAIRRING_MACHINE_ID", lr) for m, lr in zip(machine_ids, local_ranks, strict=True)]
 
 
 def test_machine_major_order() -> None:

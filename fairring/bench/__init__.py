@@ -1,0 +1,1 @@
+"""fairring's microbenchmark: `python -m fairring.bench --help`."""
