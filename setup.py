@@ -30,7 +30,16 @@ except ImportError:
 
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
-COMMON_SOURCES = ["backend.cpp", "bindings.cpp", "topology.cpp", "work.cpp"]
+COMMON_SOURCES = [
+    "backend.cpp",
+    "bindings.cpp",
+    "engine.cpp",
+    "plan.cpp",
+    "rails.cpp",
+    "staging.cpp",
+    "topology.cpp",
+    "work.cpp",
+]
 
 
 @dataclass

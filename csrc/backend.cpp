@@ -65,7 +65,8 @@ Backend::Backend(
     Topology topology,
     Config config,
     std::chrono::milliseconds timeout,
-    c10::intrusive_ptr<c10d::Backend> cpuBackend)
+    c10::intrusive_ptr<c10d::Backend> cpuBackend,
+    Engine::Groups cpuLocalGroups)
     : c10d::Backend(topology.rank(), topology.worldSize()),
       store_(std::move(store)),
       topology_(std::move(topology)),
@@ -85,6 +86,19 @@ Backend::Backend(
       getRank(),
       " of ",
       getSize());
+  if (topology_.numMachines() > 1) {
+    cpuLocalGroups.flat = cpuBackend_;
+    cpuEngine_ = std::make_unique<Engine>(
+        topology_,
+        config_,
+        std::move(cpuLocalGroups),
+        std::make_unique<Rails>(
+            store_,
+            "fairring/rails/cpu/",
+            topology_,
+            resolveListenAddress(config_.socketInterface),
+            timeout_));
+  }
   init();
 }
 
@@ -188,6 +202,11 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
       [&](c10d::Backend& inner) {
         if (isCpu(inner)) {
           checkCpuReduction("allreduce", opts.reduceOp, tensors);
+          if (cpuEngine_ && tensors.size() == 1 &&
+              Engine::handles(tensors[0], opts.reduceOp)) {
+            return c10d::Work::create_from_future(
+                cpuEngine_->allreduce(tensors[0], opts.reduceOp));
+          }
         }
         return inner.allreduce(tensors, opts);
       },
@@ -511,6 +530,9 @@ void Backend::setBoundDeviceId(std::optional<at::Device> device) {
 }
 
 void Backend::abort() {
+  if (cpuEngine_) {
+    cpuEngine_->abort("the process group was aborted");
+  }
   if (auto cuda = cudaBackendIfCreated()) {
     cuda->abort();
   }
@@ -518,6 +540,9 @@ void Backend::abort() {
 }
 
 void Backend::shutdown() {
+  if (cpuEngine_) {
+    cpuEngine_->abort("the process group was shut down");
+  }
   if (auto cuda = cudaBackendIfCreated()) {
     cuda->shutdown();
   }

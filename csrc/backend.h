@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "config.h"
+#include "engine.h"
 #include "topology.h"
 
 namespace fairring {
@@ -17,7 +18,8 @@ namespace fairring {
 // It owns a process group's state and routes each collective by the device
 // of its tensors: CPU tensors go to an inner Gloo group (built in Python,
 // since the torch wheel ships no Gloo headers), CUDA tensors to an inner NCCL
-// group created on first use, and only where a GPU exists.
+// group created on first use, and only where a GPU exists. All-reduces of CPU
+// tensors that span several machines run on the Herring engine instead.
 //
 // Any thread may call the collectives (DDP issues them from autograd
 // threads); c10d requires that every rank issues them in the same order.
@@ -28,7 +30,8 @@ class Backend final : public c10d::Backend {
       Topology topology,
       Config config,
       std::chrono::milliseconds timeout,
-      c10::intrusive_ptr<c10d::Backend> cpuBackend);
+      c10::intrusive_ptr<c10d::Backend> cpuBackend,
+      Engine::Groups cpuLocalGroups);
 
   const Topology& topology() const {
     return topology_;
@@ -38,6 +41,10 @@ class Backend final : public c10d::Backend {
   }
   std::chrono::milliseconds timeout() const {
     return timeout_;
+  }
+  // Null when the group spans a single machine (nothing to send).
+  const Engine* cpuEngine() const {
+    return cpuEngine_.get();
   }
 
   const std::string getBackendName() const override {
@@ -184,6 +191,7 @@ class Backend final : public c10d::Backend {
   const Config config_;
   const std::chrono::milliseconds timeout_;
   const c10::intrusive_ptr<c10d::Backend> cpuBackend_;
+  std::unique_ptr<Engine> cpuEngine_;
 
   std::mutex cudaMutex_;
   c10::intrusive_ptr<c10d::Backend> cudaBackend_; // guarded by cudaMutex_

@@ -7,6 +7,7 @@
 #include "backend.h"
 #include "config.h"
 #include "cuda_support.h"
+#include "plan.h"
 #include "topology.h"
 
 namespace py = pybind11;
@@ -65,31 +66,108 @@ PYBIND11_MODULE(_C, module) {
 
   py::class_<fairring::Config>(module, "Config")
       .def(
-          py::init([](int64_t totalMemoryBytes, int64_t sliceSizeBytes) {
-            return fairring::Config{totalMemoryBytes, sliceSizeBytes};
+          py::init([](int64_t totalMemoryBytes,
+                      int64_t sliceSizeBytes,
+                      std::string socketInterface) {
+            return fairring::Config{
+                totalMemoryBytes, sliceSizeBytes, std::move(socketInterface)};
           }),
           py::arg("total_memory_bytes"),
-          py::arg("slice_size_bytes"))
+          py::arg("slice_size_bytes"),
+          py::arg("socket_interface"))
       .def_readonly("total_memory_bytes", &fairring::Config::totalMemoryBytes)
-      .def_readonly("slice_size_bytes", &fairring::Config::sliceSizeBytes);
+      .def_readonly("slice_size_bytes", &fairring::Config::sliceSizeBytes)
+      .def_readonly("socket_interface", &fairring::Config::socketInterface);
+
+  module.def(
+      "plan",
+      [](int64_t numel, int64_t sliceNumel, int64_t granule) {
+        const auto plan = fairring::makePlan(numel, sliceNumel, granule);
+        std::vector<std::pair<int64_t, int64_t>> slices;
+        for (const auto& slice : plan.slices) {
+          slices.emplace_back(slice.offset, slice.numel);
+        }
+        return py::make_tuple(slices, plan.tailOffset, plan.tailNumel);
+      },
+      py::arg("numel"),
+      py::arg("slice_numel"),
+      py::arg("granule"),
+      "The slice plan: ([(offset, numel)], tail_offset, tail_numel).");
+  module.def(
+      "slice_numel_for",
+      &fairring::sliceNumelFor,
+      py::arg("slice_bytes"),
+      py::arg("element_size"),
+      py::arg("granule"));
 
   py::class_<
       fairring::Backend,
       c10d::Backend,
       c10::intrusive_ptr<fairring::Backend>>(module, "Backend")
       .def(
-          py::init<
-              c10::intrusive_ptr<c10d::Store>,
-              fairring::Topology,
-              fairring::Config,
-              std::chrono::milliseconds,
-              c10::intrusive_ptr<c10d::Backend>>(),
+          py::init([](c10::intrusive_ptr<c10d::Store> store,
+                      fairring::Topology topology,
+                      fairring::Config config,
+                      std::chrono::milliseconds timeout,
+                      c10::intrusive_ptr<c10d::Backend> cpuBackend,
+                      std::optional<c10::intrusive_ptr<c10d::Backend>>
+                          localReduceScatter,
+                      std::optional<c10::intrusive_ptr<c10d::Backend>>
+                          localAllGather) {
+            fairring::Engine::Groups groups;
+            groups.reduceScatter = localReduceScatter.value_or(nullptr);
+            groups.allGather = localAllGather.value_or(nullptr);
+            return c10::make_intrusive<fairring::Backend>(
+                std::move(store),
+                std::move(topology),
+                std::move(config),
+                timeout,
+                std::move(cpuBackend),
+                std::move(groups));
+          }),
           py::arg("store"),
           py::arg("topology"),
           py::arg("config"),
           py::arg("timeout"),
           py::arg("cpu_backend"),
+          py::arg("local_reduce_scatter"),
+          py::arg("local_all_gather"),
           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "staging_stats",
+          [](const fairring::Backend& backend) -> py::object {
+            const auto* engine = backend.cpuEngine();
+            if (engine == nullptr) {
+              return py::none();
+            }
+            const auto stats = engine->stagingStats();
+            py::dict result;
+            result["capacity_bytes"] = stats.capacityBytes;
+            result["chunk_bytes"] = stats.chunkBytes;
+            result["chunks"] = stats.chunks;
+            result["chunks_in_use"] = stats.chunksInUse;
+            result["peak_chunks_in_use"] = stats.peakChunksInUse;
+            result["leases_granted"] = stats.leasesGranted;
+            return result;
+          },
+          "Staging memory of the CPU engine; None on a single machine.")
+      .def(
+          "engine_stats",
+          [](const fairring::Backend& backend) -> py::object {
+            const auto* engine = backend.cpuEngine();
+            if (engine == nullptr) {
+              return py::none();
+            }
+            const auto stats = engine->stats();
+            py::dict result;
+            result["ops"] = stats.ops;
+            result["slices"] = stats.slices;
+            result["flat_ops"] = stats.flatOps;
+            result["rail_bytes_sent"] = stats.railBytesSent;
+            result["rail_bytes_received"] = stats.railBytesReceived;
+            return result;
+          },
+          "Counters of the CPU engine; None on a single machine.")
       .def_property_readonly("topology", &fairring::Backend::topology)
       .def_property_readonly("config", &fairring::Backend::config)
       .def_property_readonly("timeout", &fairring::Backend::timeout);

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace fairring {
 
@@ -11,6 +12,8 @@ struct Config {
   int64_t totalMemoryBytes = 50 * 1024 * 1024;
   // Largest slice an all-reduce is cut into (FAIRRING_SLICE_SIZE).
   int64_t sliceSizeBytes = 25 * 1024 * 1024;
+  // Network interface for the rails (TP_SOCKET_IFNAME); empty: automatic.
+  std::string socketInterface;
 };
 
 } // namespace fairring

@@ -6,8 +6,15 @@ torch.distributed.init_process_group("fairring")
 
 from __future__ import annotations
 
+import os
+
+# fork() after ibverbs is loaded corrupts memory unless this is set first
+# (DataLoader workers fork); TensorPipe's InfiniBand transport loads ibverbs.
+os.environ.setdefault("RDMAV_FORK_SAFE", "1")
+os.environ.setdefault("IBV_FORK_SAFE", "1")
+
 import torch
-import torch.distributed
+import torch.distributed  # registers the c10d types that _C builds on
 
 from ._version import __version__
 from .config import Config, ConfigError, load_config

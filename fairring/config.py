@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -21,6 +22,7 @@ TOTAL_MEMORY = "FAIRRING_TOTAL_MEMORY"
 SLICE_SIZE = "FAIRRING_SLICE_SIZE"
 MACHINE_ID = "FAIRRING_MACHINE_ID"
 LOG_LEVEL = "FAIRRING_LOG_LEVEL"
+SOCKET_IFNAME = "TP_SOCKET_IFNAME"
 
 DEFAULT_TOTAL_MEMORY = 50 * MiB
 DEFAULT_SLICE_SIZE = 25 * MiB
@@ -81,6 +83,8 @@ class Config:
     # Overrides machine discovery: ranks with equal ids share a machine.
     machine_id: str | None = None
     log_level: str | None = None
+    # Network interface for the rails; None: chosen like NCCL does.
+    socket_interface: str | None = None
 
     def must_agree(self) -> dict[str, int]:
         """Settings that every rank of a group must share, by variable name."""
@@ -91,7 +95,8 @@ class Config:
             f"{TOTAL_MEMORY}={format_size(self.total_memory)} "
             f"{SLICE_SIZE}={format_size(self.slice_size)} "
             f"{MACHINE_ID}={self.machine_id or '(discover)'} "
-            f"{LOG_LEVEL}={self.log_level or '(unset)'}"
+            f"{LOG_LEVEL}={self.log_level or '(unset)'} "
+            f"{SOCKET_IFNAME}={self.socket_interface or '(automatic)'}"
         )
 
 
@@ -119,7 +124,20 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         slice_size=size(SLICE_SIZE, DEFAULT_SLICE_SIZE),
         machine_id=machine_id.strip() if machine_id else None,
         log_level=log_level,
+        socket_interface=_socket_interface(env.get(SOCKET_IFNAME)),
     )
+
+
+def _socket_interface(raw: str | None) -> str | None:
+    if raw is None or raw.strip() == "":
+        return None
+    name = raw.strip()
+    available = sorted(interface for _, interface in socket.if_nameindex())
+    if name not in available:
+        raise ConfigError(
+            f"{SOCKET_IFNAME}={raw!r} names no network interface of this machine; available: {', '.join(available)}"
+        )
+    return name
 
 
 def apply_log_level(config: Config) -> None:

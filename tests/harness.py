@@ -53,7 +53,8 @@ class Layout:
         return [r for r in range(self.world_size) if self.machine_of(r) == machine]
 
     def env_of(self, rank: int) -> dict[str, str]:
-        return {"FAIRRING_MACHINE_ID": f"machine-{self.machine_of(rank)}"}
+        # Emulated machines share this host: keep the rails on loopback.
+        return {"FAIRRING_MACHINE_ID": f"machine-{self.machine_of(rank)}", "TP_SOCKET_IFNAME": "lo"}
 
     def __str__(self) -> str:
         return f"{self.machines}x{self.ranks_per_machine}" + ("-interleaved" if self.interleaved else "")

@@ -1,0 +1,29 @@
+#include "plan.h"
+
+#include <algorithm>
+
+#include <c10/util/Exception.h>
+
+namespace fairring {
+
+int64_t sliceNumelFor(
+    int64_t sliceBytes,
+    int64_t elementSize,
+    int64_t granule) {
+  TORCH_CHECK(sliceBytes > 0 && elementSize > 0 && granule > 0);
+  return std::max<int64_t>(1, sliceBytes / elementSize / granule) * granule;
+}
+
+Plan makePlan(int64_t numel, int64_t sliceNumel, int64_t granule) {
+  TORCH_CHECK(numel >= 0 && granule > 0 && sliceNumel % granule == 0);
+  Plan plan;
+  const int64_t even = numel / granule * granule;
+  for (int64_t offset = 0; offset < even; offset += sliceNumel) {
+    plan.slices.push_back({offset, std::min(sliceNumel, even - offset)});
+  }
+  plan.tailOffset = even;
+  plan.tailNumel = numel - even;
+  return plan;
+}
+
+} // namespace fairring

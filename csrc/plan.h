@@ -1,0 +1,33 @@
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace fairring {
+
+// How one all-reduce of `numel` elements is cut up. Pure arithmetic.
+//
+// The Herring path handles a prefix of the tensor whose length is a multiple
+// of ranksPerMachine x machines, cut into slices of at most `sliceNumel`
+// elements, each itself such a multiple: every slice then splits evenly into
+// one slot per local rank and one shard per machine, with no padding. The
+// remaining tail (fewer than ranksPerMachine x machines elements) goes through
+// a flat all-reduce on the whole group.
+struct Slice {
+  int64_t offset; // in elements, into the flattened tensor
+  int64_t numel;
+};
+
+struct Plan {
+  std::vector<Slice> slices;
+  int64_t tailOffset = 0;
+  int64_t tailNumel = 0;
+};
+
+// The largest slice (in elements) that fits `sliceBytes` and divides evenly:
+// a positive multiple of `granule` (ranks per machine x machines).
+int64_t sliceNumelFor(int64_t sliceBytes, int64_t elementSize, int64_t granule);
+
+Plan makePlan(int64_t numel, int64_t sliceNumel, int64_t granule);
+
+} // namespace fairring

@@ -1,0 +1,197 @@
+#include "rails.h"
+
+#include <condition_variable>
+#include <mutex>
+#include <sstream>
+
+#include <c10/util/Exception.h>
+#include <tensorpipe/tensorpipe.h>
+
+namespace fairring {
+
+namespace {
+
+constexpr const char* kHello = "fairring-rails-hello";
+
+std::string helloMetadata(int rank, Rails::Lane lane) {
+  return std::string(kHello) + " " + std::to_string(rank) + " " +
+      std::to_string(static_cast<int>(lane));
+}
+
+// Pipes accepted so far; written by TensorPipe's loop thread, read by the
+// constructing thread.
+struct Accepted {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<std::pair<int, std::pair<int, std::shared_ptr<tensorpipe::Pipe>>>>
+      pipes; // (rank, (lane, pipe))
+  std::string error;
+};
+
+void acceptNext(
+    const std::shared_ptr<tensorpipe::Listener>& listener,
+    const std::shared_ptr<Accepted>& accepted,
+    int remaining) {
+  if (remaining == 0) {
+    return;
+  }
+  listener->accept([listener, accepted, remaining](
+                       const tensorpipe::Error& error,
+                       std::shared_ptr<tensorpipe::Pipe> pipe) {
+    if (error) {
+      std::lock_guard<std::mutex> lock(accepted->mutex);
+      accepted->error = "accepting a rail connection: " + error.what();
+      accepted->changed.notify_all();
+      return;
+    }
+    pipe->readDescriptor([pipe, accepted](
+                             const tensorpipe::Error& error,
+                             tensorpipe::Descriptor descriptor) {
+      std::istringstream hello(descriptor.metadata);
+      std::string word;
+      int rank = -1;
+      int lane = -1;
+      hello >> word >> rank >> lane;
+      if (error || word != kHello || lane < 0 || lane >= Rails::kLanes) {
+        std::lock_guard<std::mutex> lock(accepted->mutex);
+        accepted->error = error
+            ? "reading a rail peer's hello: " + error.what()
+            : "a rail connection did not start with fairring's hello";
+        accepted->changed.notify_all();
+        return;
+      }
+      pipe->read(
+          tensorpipe::Allocation{},
+          [pipe, accepted, rank, lane](const tensorpipe::Error& error) {
+            std::lock_guard<std::mutex> lock(accepted->mutex);
+            if (error) {
+              accepted->error = "reading the hello of rank " +
+                  std::to_string(rank) + ": " + error.what();
+            } else {
+              accepted->pipes.push_back({rank, {lane, pipe}});
+            }
+            accepted->changed.notify_all();
+          });
+    });
+    acceptNext(listener, accepted, remaining - 1);
+  });
+}
+
+} // namespace
+
+std::string resolveListenAddress(const std::string& interfaceName) {
+  auto [error, address] = interfaceName.empty()
+      ? tensorpipe::transport::uv::lookupAddrLikeNccl()
+      : tensorpipe::transport::uv::lookupAddrForIface(interfaceName);
+  TORCH_CHECK(
+      !error,
+      "fairring: cannot find an address to listen on ",
+      interfaceName.empty() ? std::string("(automatic choice)")
+                            : "for interface '" + interfaceName + "'",
+      ": ",
+      error.what(),
+      "; set TP_SOCKET_IFNAME to an interface that has an address");
+  return address;
+}
+
+Rails::Rails(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    const std::string& storePrefix,
+    const Topology& topology,
+    const std::string& listenAddress,
+    std::chrono::milliseconds timeout)
+    : topology_(topology), pipes_(topology.numMachines()) {
+  const int rank = topology_.rank();
+  context_ = std::make_shared<tensorpipe::Context>(
+      tensorpipe::ContextOptions().name("fairring-rank-" + std::to_string(rank)));
+  context_->registerTransport(0, "uv", tensorpipe::transport::uv::create());
+  context_->registerChannel(0, "basic", tensorpipe::channel::basic::create());
+  transports_ = "transport uv, channel basic";
+
+  listener_ = context_->listen({"uv://" + listenAddress});
+  url_ = listener_->url("uv");
+  store->set(
+      storePrefix + "url/" + std::to_string(rank),
+      std::vector<uint8_t>(url_.begin(), url_.end()));
+
+  // Peers on lower machines connect to us, one pipe per lane.
+  auto accepted = std::make_shared<Accepted>();
+  const int expected = topology_.machine() * kLanes;
+  acceptNext(listener_, accepted, expected);
+
+  auto writeError = std::make_shared<std::pair<std::mutex, std::string>>();
+  for (int machine = topology_.machine() + 1; machine < topology_.numMachines();
+       ++machine) {
+    const int peer = peerRank(machine);
+    const auto bytes = store->get(storePrefix + "url/" + std::to_string(peer));
+    const std::string peerUrl(bytes.begin(), bytes.end());
+    for (int lane = 0; lane < kLanes; ++lane) {
+      auto pipe = context_->connect(peerUrl);
+      tensorpipe::Message hello;
+      hello.metadata = helloMetadata(rank, static_cast<Lane>(lane));
+      pipe->write(
+          std::move(hello), [writeError, peer](const tensorpipe::Error& error) {
+            if (error) {
+              std::lock_guard<std::mutex> lock(writeError->first);
+              writeError->second = "connecting to rail peer rank " +
+                  std::to_string(peer) + ": " + error.what();
+            }
+          });
+      pipes_[machine][lane] = std::move(pipe);
+    }
+  }
+
+  std::unique_lock<std::mutex> lock(accepted->mutex);
+  const bool complete = accepted->changed.wait_for(lock, timeout, [&] {
+    return !accepted->error.empty() ||
+        static_cast<int>(accepted->pipes.size()) == expected;
+  });
+  std::string failure = accepted->error;
+  if (failure.empty() && !complete) {
+    std::ostringstream missing;
+    for (int machine = 0; machine < topology_.machine(); ++machine) {
+      int lanes = 0;
+      for (const auto& entry : accepted->pipes) {
+        lanes += entry.first == peerRank(machine);
+      }
+      if (lanes < kLanes) {
+        missing << " " << peerRank(machine);
+      }
+    }
+    failure = "timed out after " + std::to_string(timeout.count()) +
+        " ms waiting for rail peer rank(s)" + missing.str() +
+        " to connect to " + url_;
+  }
+  for (const auto& [peer, lanePipe] : accepted->pipes) {
+    for (int machine = 0; machine < topology_.machine(); ++machine) {
+      if (peerRank(machine) == peer) {
+        pipes_[machine][lanePipe.first] = lanePipe.second;
+      }
+    }
+  }
+  lock.unlock();
+  {
+    std::lock_guard<std::mutex> writeLock(writeError->first);
+    if (failure.empty()) {
+      failure = writeError->second;
+    }
+  }
+  if (!failure.empty()) {
+    context_->close();
+    context_->join();
+    TORCH_CHECK(false, "fairring: rank ", rank, ": rails mesh: ", failure);
+  }
+}
+
+Rails::~Rails() {
+  context_->close();
+  context_->join();
+}
+
+tensorpipe::Pipe& Rails::pipe(int machine, Lane lane) const {
+  const auto& pipe = pipes_.at(machine)[lane];
+  TORCH_CHECK(pipe, "fairring: no rail pipe to machine ", machine);
+  return *pipe;
+}
+
+} // namespace fairring

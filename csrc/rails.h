@@ -1,0 +1,78 @@
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "topology.h"
+
+namespace tensorpipe {
+class Context;
+class Listener;
+class Pipe;
+} // namespace tensorpipe
+
+namespace fairring {
+
+// The rails mesh: TensorPipe pipes from this rank to its rail peers, the
+// ranks with the same local index on every other machine. Rail peers are on
+// different machines by definition, so only network transports are used
+// (TCP through libuv, InfiniBand where viable), never same-host ones.
+//
+// Each peer gets two pipes, one per lane, so that reduced shards coming back
+// never queue behind shards of a slice the receiver has not started yet.
+//
+// Construction is collective over the rail: every rank listens, publishes its
+// address in the store, connects to the peers on higher machines and accepts
+// the others. It returns once every pipe is up, or throws naming the peers
+// still missing after `timeout`. TensorPipe runs every callback on its own
+// loop thread; the destructor closes the context and joins that thread, so no
+// callback outlives the mesh.
+class Rails {
+ public:
+  enum Lane : int { kShards = 0, kReduced = 1 };
+  static constexpr int kLanes = 2;
+
+  Rails(
+      const c10::intrusive_ptr<c10d::Store>& store,
+      const std::string& storePrefix,
+      const Topology& topology,
+      const std::string& listenAddress,
+      std::chrono::milliseconds timeout);
+  ~Rails();
+
+  Rails(const Rails&) = delete;
+  Rails& operator=(const Rails&) = delete;
+
+  // The pipe to the rail peer on `machine` (not this rank's own machine).
+  tensorpipe::Pipe& pipe(int machine, Lane lane) const;
+  int peerRank(int machine) const {
+    return topology_.railPeers()[machine];
+  }
+  const std::string& url() const {
+    return url_;
+  }
+  // Transports and channels registered with the context, for logs.
+  const std::string& transports() const {
+    return transports_;
+  }
+
+ private:
+  const Topology topology_;
+  std::shared_ptr<tensorpipe::Context> context_;
+  std::shared_ptr<tensorpipe::Listener> listener_;
+  std::string url_;
+  std::string transports_;
+  // By machine; empty for this rank's own machine.
+  std::vector<std::array<std::shared_ptr<tensorpipe::Pipe>, kLanes>> pipes_;
+};
+
+// The address to listen on: that of `interfaceName`, or, if empty, the one
+// TensorPipe picks the way NCCL does. Throws with the reason otherwise.
+std::string resolveListenAddress(const std::string& interfaceName);
+
+} // namespace fairring

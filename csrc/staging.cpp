@@ -1,0 +1,80 @@
+#include "staging.h"
+
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+namespace fairring {
+
+namespace {
+constexpr int64_t kAlignment = 64;
+
+int64_t alignUp(int64_t bytes) {
+  return (bytes + kAlignment - 1) / kAlignment * kAlignment;
+}
+} // namespace
+
+StagingPool::StagingPool(
+    int64_t capacityBytes,
+    int64_t chunkBytes,
+    at::TensorOptions options)
+    : chunkBytes_(alignUp(chunkBytes)),
+      memory_(at::empty(
+          {capacityBytes / chunkBytes_ * chunkBytes_},
+          options.dtype(at::kByte))) {
+  const int64_t chunks = memory_.numel() / chunkBytes_;
+  TORCH_CHECK(
+      chunks >= 1,
+      "fairring: staging memory of ",
+      capacityBytes,
+      " bytes cannot hold one slice, which needs ",
+      chunkBytes_,
+      " bytes");
+  for (int64_t chunk = chunks - 1; chunk >= 0; --chunk) {
+    freeChunks_.push_back(chunk);
+  }
+}
+
+std::optional<StagingPool::Lease> StagingPool::acquire(
+    const std::function<bool()>& cancelled) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  freed_.wait(lock, [&] { return !freeChunks_.empty() || cancelled(); });
+  if (cancelled()) {
+    return std::nullopt;
+  }
+  const int64_t chunk = freeChunks_.back();
+  freeChunks_.pop_back();
+  ++granted_;
+  const int64_t inUse = memory_.numel() / chunkBytes_ -
+      static_cast<int64_t>(freeChunks_.size());
+  peakInUse_ = std::max(peakInUse_, inUse);
+  return Lease(*this, chunk);
+}
+
+void StagingPool::interrupt() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  freed_.notify_all();
+}
+
+void StagingPool::release(int64_t chunk) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  freeChunks_.push_back(chunk);
+  freed_.notify_all();
+}
+
+at::Tensor StagingPool::chunkView(int64_t chunk) const {
+  return memory_.narrow(0, chunk * chunkBytes_, chunkBytes_);
+}
+
+StagingStats StagingPool::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int64_t chunks = memory_.numel() / chunkBytes_;
+  return StagingStats{
+      memory_.numel(),
+      chunkBytes_,
+      chunks,
+      chunks - static_cast<int64_t>(freeChunks_.size()),
+      peakInUse_,
+      granted_};
+}
+
+} // namespace fairring

@@ -1,0 +1,341 @@
+"""Emulate several separate hosts on one machine with Linux network namespaces.
+
+Ranks that all run on one machine talk over loopback, which hides everything a
+real cluster has: a NIC with finite bandwidth, per-host traffic that can be
+counted, and the fact that 127.0.0.1 on one host is not 127.0.0.1 on another. A
+network namespace is a real, separate network stack, so a `NetnsCluster` gives
+each emulated host its own interfaces, addresses, routing and loopback:
+
+    bridge fb<tag>, in the root namespace
+     ├── fv<tag>-0 ═══ veth pair ═══ eth0 10.x.y.1/24 (and lo), in namespace fairring-<tag>-0
+     ├── fv<tag>-1 ═══ veth pair ═══ eth0 10.x.y.2/24 (and lo), in namespace fairring-<tag>-1
+     └── ...
+
+where <tag> is the creating process's pid and a per-process serial, in hex, so that clusters of
+different processes, or of one, never collide, and leftovers name the process that made them.
+
+Each host's `eth0` is one end of a veth pair whose other end is attached to a
+bridge private to the cluster, so hosts reach each other by address exactly as
+over a switch, and `eth0`'s statistics count only that host's traffic. With a
+`rate`, a tbf qdisc shapes both directions of every host's "NIC": egress on
+`eth0` inside the namespace (what the host sends), and egress of the outer veth
+end into the namespace (what the host receives), since a qdisc only ever shapes
+the egress of its device.
+
+Processes join a host with `exec_argv` (for `ip netns exec`) or, in a freshly
+spawned Python worker, with `enter_namespace`.
+
+Cleanup: namespaces, veths and bridges are machine-wide state that outlives the
+process, so `NetnsCluster` removes them when the `with` block is left, however
+it is left, and also from an atexit handler if the process exits with the
+cluster still open (nothing can run on SIGKILL; the names then carry the pid of
+the process that made them). `close()` is idempotent and tries every step even
+when one fails; a cleanup failure never replaces an exception raised by the body.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import ipaddress
+import itertools
+import os
+import re
+import shutil
+import subprocess
+import uuid
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from types import TracebackType
+
+__all__ = ["CommandError", "Host", "NetnsCluster", "enter_namespace", "netns_available"]
+
+CLONE_NEWNET = 0x40000000
+NETNS_DIR = "/var/run/netns"
+INTERFACE = "eth0"
+# Linux's IFNAMSIZ is 16 including the terminating NUL.
+MAX_IFNAME = 15
+# 10.0.0.0/8 holds 65536 /24s; the cluster takes the first one nothing on the machine uses.
+PRIVATE_RANGE = ipaddress.IPv4Network("10.0.0.0/8")
+PREFIX_LEN = 24
+# The smallest tbf bucket: it must hold at least one full GSO/TSO packet (64 KiB), or tbf has to split them.
+MIN_BURST_BYTES = 64 * 1024
+TBF_LATENCY = "50ms"
+
+_cluster_ids = itertools.count()
+
+# tc's rate units, in bytes per second; a bare number means bits per second.
+_RATE_UNITS: dict[str, float] = {
+    "": 1 / 8,
+    "bit": 1 / 8,
+    "kbit": 1e3 / 8,
+    "mbit": 1e6 / 8,
+    "gbit": 1e9 / 8,
+    "tbit": 1e12 / 8,
+    "kibit": 2**10 / 8,
+    "mibit": 2**20 / 8,
+    "gibit": 2**30 / 8,
+    "tibit": 2**40 / 8,
+    "bps": 1,
+    "kbps": 1e3,
+    "mbps": 1e6,
+    "gbps": 1e9,
+    "tbps": 1e12,
+    "kibps": 2**10,
+    "mibps": 2**20,
+    "gibps": 2**30,
+    "tibps": 2**40,
+}
+
+
+@dataclass(frozen=True)
+class Host:
+    """One emulated host: the network namespace `name`, reachable at `address` on `interface`."""
+
+    name: str
+    address: str
+    interface: str = INTERFACE
+
+
+class CommandError(subprocess.CalledProcessError):
+    """A failed command; unlike CalledProcessError's, its message includes the stderr where ip and tc say why."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}: {(self.stderr or '').strip()}"
+
+
+def _run(argv: list[str]) -> str:
+    try:
+        return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    except subprocess.CalledProcessError as error:
+        raise CommandError(error.returncode, error.cmd, error.output, error.stderr) from None
+
+
+def _rate_bytes_per_second(rate: str) -> float:
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", rate)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _RATE_UNITS:
+        raise ValueError(f"not a tc rate (like '1gbit' or '100mbit'): {rate!r}")
+    return float(match.group(1)) * _RATE_UNITS[unit]
+
+
+def _tbf_args(rate: str) -> list[str]:
+    # A bucket of 10 ms of traffic keeps the rate smooth at the timescale of a collective while
+    # letting tbf's timer keep up at high rates.
+    burst = max(int(_rate_bytes_per_second(rate) / 100), MIN_BURST_BYTES)
+    return ["tbf", "rate", rate, "burst", str(burst), "latency", TBF_LATENCY]
+
+
+def _used_networks() -> list[ipaddress.IPv4Network]:
+    """Every IPv4 network the root namespace has an address on or a route to, the default route excepted."""
+    words = [line.split() for line in _run(["ip", "-4", "-o", "addr", "show"]).splitlines()]
+    prefixes = [w[w.index("inet") + 1] for w in words if "inet" in w]
+    for route in _run(["ip", "-4", "route", "show", "table", "all"]).splitlines():
+        # Lines start with the destination, or with a route type ("local", "broadcast", ...) and then it.
+        for word in route.split()[:2]:
+            if word[0].isdigit():
+                prefixes.append(word)
+                break
+    return [ipaddress.IPv4Network(prefix, strict=False) for prefix in prefixes]
+
+
+def _free_subnet(start: int) -> ipaddress.IPv4Network:
+    used = _used_networks()
+    subnets = list(PRIVATE_RANGE.subnets(new_prefix=PREFIX_LEN))
+    # Starting at a per-cluster offset keeps concurrent clusters on different subnets. That is for
+    # readability only: their hosts sit on separate bridges and the root namespace routes to none.
+    for i in range(len(subnets)):
+        subnet = subnets[(start + i) % len(subnets)]
+        if not any(subnet.overlaps(network) for network in used):
+            return subnet
+    raise RuntimeError(f"no /{PREFIX_LEN} in {PRIVATE_RANGE} is free of the machine's addresses and routes")
+
+
+def _link_exists(name: str) -> bool:
+    return subprocess.run(["ip", "link", "show", "dev", name], capture_output=True).returncode == 0
+
+
+def _namespace_exists(name: str) -> bool:
+    return os.path.exists(os.path.join(NETNS_DIR, name))
+
+
+class NetnsCluster:
+    """`hosts` emulated hosts on one bridge, each NIC optionally shaped to `rate` (tc syntax) in both directions.
+
+    Use as a context manager; the hosts exist between enter and exit, and are gone afterwards.
+    """
+
+    def __init__(self, hosts: int, rate: str | None = None) -> None:
+        if hosts < 1:
+            raise ValueError(f"a cluster needs at least one host, not {hosts}")
+        if rate is not None:
+            _rate_bytes_per_second(rate)  # Fail here, not halfway through setting up.
+        self.rate = rate
+        self._count = hosts
+        pid, serial = os.getpid(), next(_cluster_ids)
+        self._serial = serial
+        # The pid and a per-process serial make names unique across processes and clusters; hex keeps
+        # interface names within 15 characters.
+        self._tag = f"{pid:x}-{serial:x}"
+        self.bridge = self._ifname("fb")
+        self.hosts: list[Host] = []
+        self._veths: list[str] = []
+        self._namespaces: list[str] = []
+        self._bridge_made = False
+        self._closed = False
+
+    def __enter__(self) -> NetnsCluster:
+        atexit.register(self._close_quietly)
+        try:
+            self._create()
+        except BaseException:
+            self._close_quietly()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.close()
+        else:
+            self._close_quietly()
+
+    def close(self) -> None:
+        """Remove everything the cluster made; safe to call any number of times.
+
+        Outer veths go first: deleting a veth end removes its peer at once, whereas a deleted
+        namespace is torn down asynchronously, its veths lingering in the root namespace a while.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self._close_quietly)
+        errors: list[str] = []
+        for veth in self._veths:
+            self._delete(["ip", "link", "del", "dev", veth], lambda v=veth: _link_exists(v), errors)
+        for namespace in self._namespaces:
+            self._delete(["ip", "netns", "del", namespace], lambda n=namespace: _namespace_exists(n), errors)
+        if self._bridge_made:
+            self._delete(["ip", "link", "del", "dev", self.bridge], lambda: _link_exists(self.bridge), errors)
+        if errors:
+            raise RuntimeError("cleaning up the network namespaces failed:\n" + "\n".join(errors))
+
+    def exec_argv(self, host: Host, argv: list[str]) -> list[str]:
+        """The command line that runs `argv` on `host`."""
+        return ["ip", "netns", "exec", host.name, *argv]
+
+    def counters(self, host: Host) -> tuple[int, int]:
+        """(tx_bytes, rx_bytes) of `host`'s NIC."""
+        # `ip netns exec` mounts the namespace's own sysfs, so these are the host's eth0, not the machine's.
+        statistics = f"/sys/class/net/{host.interface}/statistics"
+        tx, rx = _run(self.exec_argv(host, ["cat", f"{statistics}/tx_bytes", f"{statistics}/rx_bytes"])).split()
+        return int(tx), int(rx)
+
+    def _ifname(self, prefix: str, suffix: str = "") -> str:
+        name = f"{prefix}{self._tag}{suffix}"
+        if len(name) > MAX_IFNAME:
+            raise ValueError(f"interface name {name!r} is longer than {MAX_IFNAME} characters")
+        return name
+
+    def _create(self) -> None:
+        subnet = _free_subnet(start=os.getpid() + self._serial)
+        addresses = list(subnet.hosts())
+        if self._count > len(addresses):
+            raise ValueError(f"a /{PREFIX_LEN} holds at most {len(addresses)} hosts, not {self._count}")
+        _run(["ip", "link", "add", self.bridge, "type", "bridge"])
+        self._bridge_made = True
+        _run(["ip", "link", "set", "dev", self.bridge, "up"])
+        for index in range(self._count):
+            self.hosts.append(self._create_host(index, f"{addresses[index]}/{PREFIX_LEN}"))
+
+    def _create_host(self, index: int, interface_address: str) -> Host:
+        namespace = f"fairring-{self._tag}-{index}"
+        veth = self._ifname("fv", f"-{index:x}")
+        _run(["ip", "netns", "add", namespace])
+        self._namespaces.append(namespace)
+        # The inner end is born as eth0 inside the namespace, so no transient name can clash in either namespace.
+        _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", INTERFACE, "netns", namespace])
+        self._veths.append(veth)
+        _run(["ip", "-n", namespace, "addr", "add", interface_address, "dev", INTERFACE])
+        _run(["ip", "-n", namespace, "link", "set", "dev", "lo", "up"])
+        _run(["ip", "-n", namespace, "link", "set", "dev", INTERFACE, "up"])
+        _run(["ip", "link", "set", "dev", veth, "master", self.bridge])
+        _run(["ip", "link", "set", "dev", veth, "up"])
+        if self.rate is not None:
+            # tbf shapes egress only: eth0's egress is what the host sends, the outer end's what it receives.
+            _run(["tc", "-n", namespace, "qdisc", "add", "dev", INTERFACE, "root", *_tbf_args(self.rate)])
+            _run(["tc", "qdisc", "add", "dev", veth, "root", *_tbf_args(self.rate)])
+        return Host(name=namespace, address=interface_address.split("/")[0])
+
+    @staticmethod
+    def _delete(argv: list[str], exists: Callable[[], bool], errors: list[str]) -> None:
+        # Something already gone (deleted by hand, or with its peer) is as good as deleted.
+        try:
+            _run(argv)
+        except CommandError as error:
+            if exists():
+                errors.append(str(error))
+
+    def _close_quietly(self) -> None:
+        # Leaves the exception already in flight as the one the caller sees.
+        try:
+            self.close()
+        except Exception as error:
+            warnings.warn(str(error), RuntimeWarning, stacklevel=3)
+
+
+def enter_namespace(name: str) -> None:
+    """Move the calling process into the network namespace `name` (as made by `ip netns add`).
+
+    setns(2) moves only the calling thread, and sockets keep the namespace they were made in, so
+    call this first thing in a fresh process, before it starts threads or opens sockets. /sys keeps
+    showing the namespace it was mounted in; ask the kernel through sockets instead.
+    """
+    path = os.path.join(NETNS_DIR, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as error:
+        raise OSError(error.errno, f"cannot open network namespace {name!r} ({path}): {error.strerror}") from error
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"setns into network namespace {name!r} ({path}) failed: {os.strerror(errno)}")
+    finally:
+        os.close(fd)
+
+
+@cache
+def netns_available() -> tuple[bool, str]:
+    """(True, "") if this process can build a `NetnsCluster` with shaping, else (False, why not)."""
+    if os.geteuid() != 0:
+        return False, "network namespaces need root"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return False, f"`{tool}` (iproute2) is not installed"
+    try:
+        _probe()
+    except OSError as error:
+        return False, f"cannot run iproute2: {error}"
+    except CommandError as error:
+        return False, f"cannot set up a shaped network namespace: {error}"
+    return True, ""
+
+
+def _probe() -> None:
+    # Everything is tried inside a throwaway namespace, so a failed probe leaves nothing in the root namespace.
+    namespace = f"fairring-probe-{os.getpid():x}-{uuid.uuid4().hex[:8]}"
+    _run(["ip", "netns", "add", namespace])
+    try:
+        _run(["ip", "-n", namespace, "link", "add", "b0", "type", "bridge"])
+        _run(["ip", "-n", namespace, "link", "add", "v0", "type", "veth", "peer", "name", "v1"])
+        _run(["ip", "-n", namespace, "link", "set", "dev", "v0", "master", "b0"])
+        _run(["tc", "-n", namespace, "qdisc", "add", "dev", "v1", "root", *_tbf_args("100mbit")])
+    finally:
+        _run(["ip", "netns", "del", namespace])
