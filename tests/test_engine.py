@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from harness import InitSpec, Layout, RankPool
-from reference import REDUCE_OPS, assert_matches, rank_tensor, reduce_reference
 
 from fairring import _C
+from harness import InitSpec, Layout, RankPool
+from reference import REDUCE_OPS, assert_matches, rank_tensor, reduce_reference
 
 
 def cpu_backend() -> _C.Backend:
@@ -77,11 +77,8 @@ def test_tensors_far_larger_than_staging_stream_through_it(layout: Layout) -> No
 
 def mixed_ops_in_flight() -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
-    cases = [
-        (shape, dtype, op)
-        for shape in [(1,), (5, 7), (4096,), (100_003,)]
-        for dtype, op in [("float32", "sum"), ("float64", "max"), ("int32", "min"), ("bfloat16", "sum"), ("int64", "product")]
-    ]
+    kinds = [("float32", "sum"), ("float64", "max"), ("int32", "min"), ("bfloat16", "sum"), ("int64", "product")]
+    cases = [(shape, dtype, op) for shape in [(1,), (5, 7), (4096,), (100_003,)] for dtype, op in kinds]
     tensors, works = [], []
     for seed, (shape, dtype, op) in enumerate(cases):
         tensor = rank_tensor(rank, shape, getattr(torch, dtype), seed, op)
