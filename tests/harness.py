@@ -22,11 +22,14 @@ import signal
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fairring.bench.netns import Host
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)
 CALL_TIMEOUT = 120.0
@@ -81,6 +84,7 @@ class InitSpec:
 
     method: str = "store"
     backend: str = "fairring"
+    host: str = "127.0.0.1"
     port: int = 0
     path: str = ""
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -91,8 +95,13 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
-def _worker(rank: int, world_size: int, env: dict[str, str], conn: Connection) -> None:
+def _worker(rank: int, world_size: int, env: dict[str, str], conn: Connection, namespace: str | None) -> None:
     _die_with_parent()
+    if namespace is not None:
+        # First, while this process has one thread and no sockets.
+        from fairring.bench.netns import enter_namespace
+
+        enter_namespace(namespace)
     os.environ.update(env)
     while True:
         message = conn.recv()
@@ -128,7 +137,9 @@ def init_process_group(spec: InitSpec, rank: int, world_size: int, store_port: i
         )
         dist.init_process_group(init_method="env://", **common)
     elif spec.method == "tcp":
-        dist.init_process_group(init_method=f"tcp://127.0.0.1:{spec.port}", rank=rank, world_size=world_size, **common)
+        dist.init_process_group(
+            init_method=f"tcp://{spec.host}:{spec.port}", rank=rank, world_size=world_size, **common
+        )
     elif spec.method == "file":
         dist.init_process_group(init_method=f"file://{spec.path}", rank=rank, world_size=world_size, **common)
     else:
@@ -137,8 +148,21 @@ def init_process_group(spec: InitSpec, rank: int, world_size: int, store_port: i
 
 
 class RankPool:
-    def __init__(self, layout: Layout, spec: InitSpec | None = None, rank_env: dict[int, dict[str, str]] | None = None):
+    """Ranks of `layout`; with `hosts` (one per machine), each machine's ranks run
+    inside that host's network namespace and rank 0 serves the store."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        spec: InitSpec | None = None,
+        rank_env: dict[int, dict[str, str]] | None = None,
+        hosts: Sequence[Host] | None = None,
+    ):
         self.layout = layout
+        self.hosts = list(hosts) if hosts is not None else None
+        if self.hosts is not None:
+            assert len(self.hosts) == layout.machines, "one host per machine"
+            spec = spec or InitSpec(method="tcp", host=self.hosts[layout.machine_of(0)].address, port=29500)
         self.spec = spec or InitSpec()
         self.rank_env = rank_env or {}
         self._processes: list[mp.process.BaseProcess] = []
@@ -161,10 +185,11 @@ class RankPool:
             )
             store_port = self._store.port
         for rank in range(self.world_size):
-            env = {**self.layout.env_of(rank), **self.spec.extra_env, **self.rank_env.get(rank, {})}
+            env = {**self._placement_env(rank), **self.spec.extra_env, **self.rank_env.get(rank, {})}
+            namespace = self.hosts[self.layout.machine_of(rank)].name if self.hosts else None
             parent, child = context.Pipe()
             process = context.Process(
-                target=_worker, args=(rank, self.world_size, env, child), daemon=True, name=f"rank{rank}"
+                target=_worker, args=(rank, self.world_size, env, child, namespace), daemon=True, name=f"rank{rank}"
             )
             process.start()
             child.close()
@@ -174,6 +199,13 @@ class RankPool:
         if init:
             self.init()
         return self
+
+    def _placement_env(self, rank: int) -> dict[str, str]:
+        if self.hosts is None:
+            return self.layout.env_of(rank)
+        # Separate hosts: machines are discovered (each namespace is one), and
+        # every network path goes through the host's NIC.
+        return {"TP_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"}
 
     def init_args(self, rank: int) -> tuple[InitSpec, int, int, int]:
         """The arguments of init_process_group for `rank`."""
