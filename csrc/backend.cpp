@@ -204,8 +204,11 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
           checkCpuReduction("allreduce", opts.reduceOp, tensors);
           if (cpuEngine_ && tensors.size() == 1 &&
               Engine::handles(tensors[0], opts.reduceOp)) {
-            return c10d::Work::create_from_future(
-                cpuEngine_->allreduce(tensors[0], opts.reduceOp));
+            return c10::intrusive_ptr<c10d::Work>(
+                c10::make_intrusive<FutureWork>(
+                    cpuEngine_->allreduce(tensors[0], opts.reduceOp),
+                    c10d::OpType::ALLREDUCE,
+                    "all_reduce"));
           }
         }
         return inner.allreduce(tensors, opts);
@@ -455,7 +458,8 @@ c10::intrusive_ptr<c10d::Work> Backend::alltoallAsSingle(
         return c10::IValue(outputs);
       },
       c10::ListType::create(c10::TensorType::get()));
-  return c10d::Work::create_from_future(unpacked);
+  return c10::make_intrusive<FutureWork>(
+      unpacked, c10d::OpType::ALLTOALL, "all_to_all");
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::send(

@@ -530,6 +530,7 @@ void Engine::fail(const std::string& message) {
   }
   progress_.notify_all();
   pool_.interrupt();
+  rails_->closePipes();
   const auto error = std::make_exception_ptr(std::runtime_error(
       "fairring: rank " + std::to_string(topology_.rank()) + ": " + message));
   for (const auto& op : ops) {

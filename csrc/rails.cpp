@@ -188,6 +188,16 @@ Rails::~Rails() {
   context_->join();
 }
 
+void Rails::closePipes() {
+  for (const auto& lanes : pipes_) {
+    for (const auto& pipe : lanes) {
+      if (pipe) {
+        pipe->close();
+      }
+    }
+  }
+}
+
 tensorpipe::Pipe& Rails::pipe(int machine, Lane lane) const {
   const auto& pipe = pipes_.at(machine)[lane];
   TORCH_CHECK(pipe, "fairring: no rail pipe to machine ", machine);

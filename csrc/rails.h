@@ -56,6 +56,11 @@ class Rails {
   const std::string& url() const {
     return url_;
   }
+  // Closes every pipe: pending and later reads and writes on them fail, here
+  // and at the peers, which thus learn of a failure without waiting for a
+  // timeout. Safe from any thread, TensorPipe's included.
+  void closePipes();
+
   // Transports and channels registered with the context, for logs.
   const std::string& transports() const {
     return transports_;

@@ -1,8 +1,68 @@
 #include "work.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
+
+#include <c10/util/Exception.h>
 
 namespace fairring {
+
+FutureWork::FutureWork(
+    c10::intrusive_ptr<c10::ivalue::Future> future,
+    c10d::OpType opType,
+    const char* description)
+    : c10d::Work(-1, opType),
+      future_(std::move(future)),
+      description_(description) {}
+
+bool FutureWork::isCompleted() {
+  return future_->completed();
+}
+
+bool FutureWork::isSuccess() const {
+  return future_->completed() && !future_->hasError();
+}
+
+std::exception_ptr FutureWork::exception() const {
+  return future_->completed() && future_->hasError() ? future_->exception_ptr()
+                                                     : nullptr;
+}
+
+bool FutureWork::wait(std::chrono::milliseconds timeout) {
+  if (timeout == kNoTimeout) {
+    future_->wait();
+  } else {
+    struct Signal {
+      std::mutex mutex;
+      std::condition_variable done;
+      bool completed = false;
+    };
+    auto signal = std::make_shared<Signal>();
+    // Runs inline if already complete, else on the completing thread.
+    future_->addCallback([signal](c10::ivalue::Future&) {
+      std::lock_guard<std::mutex> lock(signal->mutex);
+      signal->completed = true;
+      signal->done.notify_all();
+    });
+    std::unique_lock<std::mutex> lock(signal->mutex);
+    TORCH_CHECK(
+        signal->done.wait_for(lock, timeout, [&] { return signal->completed; }),
+        "fairring: ",
+        description_,
+        " did not complete within ",
+        timeout.count(),
+        " ms");
+  }
+  if (future_->hasError()) {
+    std::rethrow_exception(future_->exception_ptr());
+  }
+  return true;
+}
+
+std::vector<at::Tensor> FutureWork::result() {
+  return future_->value().toTensorVector();
+}
 
 AllOfWork::AllOfWork(std::vector<c10::intrusive_ptr<c10d::Work>> works)
     : works_(std::move(works)) {}

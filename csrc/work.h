@@ -2,9 +2,35 @@
 
 #include <vector>
 
+#include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 namespace fairring {
+
+// A Work for an operation whose outcome is `future`. Unlike the Work that
+// c10d::Work::create_from_future makes, wait() rethrows the operation's error
+// (that one returns as if the operation had succeeded) and honours a timeout.
+class FutureWork final : public c10d::Work {
+ public:
+  FutureWork(
+      c10::intrusive_ptr<c10::ivalue::Future> future,
+      c10d::OpType opType,
+      const char* description);
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  // Throws the operation's error, or a timeout error naming the operation.
+  bool wait(std::chrono::milliseconds timeout) override;
+  std::vector<at::Tensor> result() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    return future_;
+  }
+
+ private:
+  const c10::intrusive_ptr<c10::ivalue::Future> future_;
+  const char* const description_;
+};
 
 // One Work standing for several: it completes when all of them have and
 // fails with the first failure. Gloo's point-to-point Works have no Future,

@@ -66,8 +66,10 @@ class Layout:
 class RankFailure(AssertionError):
     """Some rank raised, or did not answer in time; holds each rank's outcome."""
 
-    def __init__(self, what: str, outcomes: dict[int, str]) -> None:
+    def __init__(self, what: str, outcomes: dict[int, str], results: dict[int, Any] | None = None) -> None:
         self.outcomes = outcomes
+        # What the ranks that did not fail returned.
+        self.results = results or {}
         details = "\n".join(f"--- rank {rank} ---\n{outcome}" for rank, outcome in sorted(outcomes.items()))
         super().__init__(f"{what}\n{details}")
 
@@ -259,7 +261,7 @@ class RankPool:
                 failures[rank] = "no answer before the deadline (killed)"
             self.close()
         if failures:
-            raise RankFailure(f"{name} failed on ranks {sorted(failures)} of {self.world_size}", failures)
+            raise RankFailure(f"{name} failed on ranks {sorted(failures)} of {self.world_size}", failures, results)
         return [results[rank] for rank in range(self.world_size)]
 
     def close(self) -> None:
