@@ -33,7 +33,8 @@ void forEachTensor(
 }
 
 // Gloo, which serves CPU tensors, has no PREMUL_SUM and cannot average
-// integers; say so up front instead of failing inside Gloo.
+// integers; say so up front instead of failing inside Gloo. (all_reduce turns
+// PREMUL_SUM into SUM first: see premultiplied().)
 void checkCpuReduction(
     const char* opName,
     const c10d::ReduceOp& op,
@@ -42,8 +43,8 @@ void checkCpuReduction(
       op != c10d::ReduceOp::PREMUL_SUM,
       "fairring: ",
       opName,
-      " with ReduceOp.PREMUL_SUM is not supported for CPU tensors; scale the "
-      "tensor and use ReduceOp.SUM");
+      " with ReduceOp.PREMUL_SUM is not supported for CPU tensors (all_reduce "
+      "supports it); scale the tensor and use ReduceOp.SUM");
   if (op != c10d::ReduceOp::AVG) {
     return;
   }
@@ -56,6 +57,36 @@ void checkCpuReduction(
         tensor.scalar_type(),
         "; use ReduceOp.SUM and divide by the group size");
   }
+}
+
+// PREMUL_SUM is the sum of factor x input over ranks: scaling this rank's
+// input by its own factor first, in place (the all-reduce overwrites it
+// anyway), turns it into a plain SUM that any path can run.
+c10d::AllreduceOptions premultiplied(
+    std::vector<at::Tensor>& tensors,
+    const c10d::AllreduceOptions& opts) {
+  const auto* supplement =
+      dynamic_cast<const c10d::PreMulSumSupplement*>(
+          opts.reduceOp.supplement_.get());
+  TORCH_CHECK(
+      supplement != nullptr,
+      "fairring: all_reduce with ReduceOp.PREMUL_SUM needs a factor; build it "
+      "with torch.distributed._make_nccl_premul_sum(factor)");
+  for (auto& tensor : tensors) {
+    TORCH_CHECK(
+        at::isFloatingType(tensor.scalar_type()),
+        "fairring: all_reduce with ReduceOp.PREMUL_SUM needs a floating-point "
+        "tensor, got ",
+        tensor.scalar_type());
+    if (supplement->tensor_factor.defined()) {
+      tensor.mul_(supplement->tensor_factor.to(tensor.device()));
+    } else {
+      tensor.mul_(supplement->double_factor);
+    }
+  }
+  c10d::AllreduceOptions sum = opts;
+  sum.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+  return sum;
 }
 
 } // namespace
@@ -200,18 +231,22 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
   return forward(
       "allreduce",
       [&](c10d::Backend& inner) {
-        if (isCpu(inner)) {
-          checkCpuReduction("allreduce", opts.reduceOp, tensors);
-          if (cpuEngine_ && tensors.size() == 1 &&
-              Engine::handles(tensors[0], opts.reduceOp)) {
-            return c10::intrusive_ptr<c10d::Work>(
-                c10::make_intrusive<FutureWork>(
-                    cpuEngine_->allreduce(tensors[0], opts.reduceOp),
-                    c10d::OpType::ALLREDUCE,
-                    "all_reduce"));
-          }
+        if (!isCpu(inner)) {
+          return inner.allreduce(tensors, opts);
         }
-        return inner.allreduce(tensors, opts);
+        const c10d::AllreduceOptions cpuOpts =
+            opts.reduceOp == c10d::ReduceOp::PREMUL_SUM
+            ? premultiplied(tensors, opts)
+            : opts;
+        checkCpuReduction("allreduce", cpuOpts.reduceOp, tensors);
+        if (cpuEngine_ && tensors.size() == 1 &&
+            Engine::handles(tensors[0], cpuOpts.reduceOp)) {
+          return c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
+              cpuEngine_->allreduce(tensors[0], cpuOpts.reduceOp),
+              c10d::OpType::ALLREDUCE,
+              "all_reduce"));
+        }
+        return inner.allreduce(tensors, cpuOpts);
       },
       tensors);
 }

@@ -73,9 +73,13 @@ struct Engine::SliceWork {
   std::string describe() const {
     return "op #" + std::to_string(op->seq) + " slice " + std::to_string(index);
   }
+  // Names everything both ends must agree on, so that ranks that issued
+  // different all-reduces fail instead of reducing mismatched data.
   std::string tag(Rails::Lane lane) const {
     return std::to_string(static_cast<int>(lane)) + ":" +
-        std::to_string(op->seq) + ":" + std::to_string(index);
+        std::to_string(op->seq) + ":" + std::to_string(index) + ":" +
+        c10::toString(input.scalar_type()) + ":" +
+        std::to_string(static_cast<int>(op->reduceOp));
   }
 };
 

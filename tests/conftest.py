@@ -14,9 +14,11 @@ from harness import Layout, RankPool
 # machines (rank r on machine r % 3), so nothing may assume machine-major order.
 LAYOUTS = [
     Layout(machines=1, ranks_per_machine=2),
+    Layout(machines=1, ranks_per_machine=4),
     Layout(machines=2, ranks_per_machine=2),
     Layout(machines=4, ranks_per_machine=1),
     Layout(machines=3, ranks_per_machine=2, interleaved=True),
+    Layout(machines=2, ranks_per_machine=3),
 ]
 
 

@@ -127,8 +127,28 @@ def rejected_with(op: str, dtype_name: str) -> str:
 
 @pytest.mark.parametrize(
     ("op", "dtype", "advice"),
-    [("avg", "int32", "use ReduceOp.SUM and divide"), ("premul_sum", "float32", "use ReduceOp.SUM")],
+    [("avg", "int32", "use ReduceOp.SUM and divide"), ("premul_sum", "int64", "needs a floating-point tensor")],
 )
 def test_unsupported_reductions_fail_clearly(pool: RankPool, op: str, dtype: str, advice: str) -> None:
     messages = pool.run(rejected_with, op, dtype)
     assert all("fairring" in message and advice in message for message in messages), messages
+
+
+def premul_sum_matches(factor_kind: str, numel: int) -> None:
+    """Each rank premultiplies by its own factor: the result is sum of factor_r x input_r."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+
+    def factor(r: int) -> float:
+        return 0.5 + r
+
+    tensor = rank_tensor(rank, (numel,), torch.float64, seed=6)
+    wrapped = torch.tensor([factor(rank)], dtype=torch.float64) if factor_kind == "tensor" else factor(rank)
+    dist.all_reduce(tensor, op=dist._make_nccl_premul_sum(wrapped))
+    expected = sum(factor(r) * rank_tensor(r, (numel,), torch.float64, seed=6) for r in range(size))
+    assert_matches(tensor, expected)
+
+
+@pytest.mark.parametrize("factor_kind", ["float", "tensor"])
+@pytest.mark.parametrize("numel", [3, 10_001])
+def test_premul_sum(pool: RankPool, factor_kind: str, numel: int) -> None:
+    pool.run(premul_sum_matches, factor_kind, numel)

@@ -73,3 +73,25 @@ def test_wait_with_timeout_raises_then_the_op_still_completes() -> None:
     with RankPool(Layout(2, 1)) as ranks:
         messages = ranks.run(late_peer_and_bounded_wait)
     assert "all_reduce did not complete within 500 ms" in messages[0], messages
+
+
+def mismatched_all_reduce(difference: str) -> str:
+    rank = dist.get_rank()
+    numel = 8192 if (difference == "size" and rank == 1) else 4096
+    dtype = torch.int32 if (difference == "dtype" and rank == 1) else torch.float32
+    op = dist.ReduceOp.MAX if (difference == "op" and rank == 1) else dist.ReduceOp.SUM
+    try:
+        dist.all_reduce(torch.ones(numel, dtype=dtype), op=op)
+    except RuntimeError as error:
+        return str(error)
+    return "completed"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("difference", ["size", "dtype", "op"])
+def test_ranks_issuing_different_all_reduces_fail_instead_of_mixing_data(difference: str) -> None:
+    with RankPool(Layout(2, 1)) as ranks:
+        messages = ranks.run(mismatched_all_reduce, difference, timeout=90)
+    for message in messages:
+        assert "the ranks issued different all-reduces" in message or "rail peer rank" in message, messages
+    assert any("the ranks issued different all-reduces" in message for message in messages), messages
