@@ -7,15 +7,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from fairring.bench.netns import netns_available
+
+ROOT = Path(__file__).parents[1]
+
+
+def run_bench(arguments: list[str], output: Path) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
+    command = [sys.executable, "-m", "fairring.bench", *arguments, "--json", str(output), "--timeout", "240"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run, json.loads(output.read_text())["records"]
+
 
 def test_bench_runs_and_checks_results(tmp_path: Path) -> None:
-    output = tmp_path / "records.json"
-    command = [sys.executable, "-m", "fairring.bench", "--sizes", "1KiB,64KiB", "--iters", "2", "--warmup", "1"]
-    command += ["--json", str(output), "--timeout", "240"]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[1])
-    assert run.returncode == 0, run.stdout + run.stderr
+    run, records = run_bench(["-b", "1KiB", "-e", "64KiB", "-f", "64", "-n", "2", "-w", "1"], tmp_path / "r.json")
     assert "fairring" in run.stdout and "gloo" in run.stdout
-    records = json.loads(output.read_text())["records"]
     assert {(r["backend"], r["bytes"]) for r in records} == {
         (backend, size) for backend in ("gloo", "fairring") for size in (1024, 65536)
     }
@@ -23,3 +31,30 @@ def test_bench_runs_and_checks_results(tmp_path: Path) -> None:
         assert record["correct"] is True
         assert (record["machines"], record["ranks_per_machine"]) == (2, 2)
         assert record["median_s"] > 0 and record["busbw_GBps"] == record["algbw_GBps"] * 2 * 3 / 4
+        assert record["bound_s"] is None and record["link"] is None
+
+
+def test_bench_on_shaped_hosts_reports_the_bound(tmp_path: Path) -> None:
+    available, reason = netns_available()
+    if not available:
+        pytest.skip(f"network namespaces unavailable: {reason}")
+    arguments = [
+        "--hosts",
+        "2",
+        "--ranks-per-host",
+        "1",
+        "--link",
+        "100mbit",
+        "--sizes",
+        "256KiB",
+        "-n",
+        "2",
+        "-w",
+        "1",
+    ]
+    _, records = run_bench(arguments, tmp_path / "r.json")
+    for record in records:
+        assert record["correct"] is True and record["link"] == "100mbit"
+        # 2(M-1)/M x S through a 12.5 MB/s NIC.
+        assert record["bound_s"] == pytest.approx(256 * 1024 / 12.5e6)
+        assert 0 < record["fraction_of_bound_speed"] <= 1.05

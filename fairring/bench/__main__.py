@@ -1,99 +1,180 @@
-"""Run the all_reduce microbenchmark on local processes that emulate machines.
+"""fairring's all_reduce microbenchmark, against Gloo (CPU) or NCCL (CUDA) in the same run.
 
-Each emulated machine is its own torchrun agent (`--nnodes M --node-rank i`), so
-ranks learn their machine from torchrun's GROUP_RANK exactly as on a cluster.
+Ranks run on local processes that emulate machines: each machine is its own
+torchrun agent (`--nnodes M --node-rank i`), so ranks learn their machine from
+torchrun's GROUP_RANK exactly as on a cluster. With --link (or --netns), each
+machine is also a separate host: a network namespace with its own NIC, shaped
+to the given rate, so that the network rather than this machine's CPUs bounds
+the run, as on a real cluster.
 
-    python -m fairring.bench                      # 2 machines x 2 ranks, CPU
-    python -m fairring.bench --machines 3 --sizes 1MiB,64MiB
+    python -m fairring.bench                                   # 2 machines x 2 ranks, 4 KiB .. 16 MiB
+    python -m fairring.bench --hosts 2 --ranks-per-host 2 --link 1gbit -b 1MiB -e 100MiB -f 10
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from fairring.config import ConfigError, parse_size
+from fairring.config import ConfigError, format_size, parse_size
 
-DEFAULT_SIZES = "4KiB,256KiB,4MiB,32MiB"
+from .netns import Host, NetnsCluster, netns_available, rate_bytes_per_second
+
+MASTER_PORT_IN_NAMESPACE = 29500
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m fairring.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--machines", type=int, default=2, help="emulated machines (default 2)")
-    parser.add_argument("--ranks-per-machine", type=int, default=2, help="ranks on each machine (default 2)")
-    parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"comma-separated sizes (default {DEFAULT_SIZES})")
-    parser.add_argument("--iters", type=int, default=5, help="timed iterations per size (default 5)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed iterations first (default 2)")
-    parser.add_argument(
-        "--json", type=Path, default=Path("bench-results/allreduce.json"), help="where to write records"
+    parser = argparse.ArgumentParser(
+        prog="python -m fairring.bench",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Sizes accept units (4KiB, 25MiB, 1GiB). Records go to --json, one per measurement.",
     )
-    parser.add_argument("--timeout", type=float, default=600, help="seconds before the run is killed (default 600)")
+    parser.add_argument("--machines", "--hosts", type=int, default=2, help="emulated machines (default 2)")
+    parser.add_argument(
+        "--ranks-per-machine", "--ranks-per-host", type=int, default=2, help="ranks per machine (default 2)"
+    )
+    parser.add_argument("-b", "--begin", default="4KiB", help="smallest size (default 4KiB)")
+    parser.add_argument("-e", "--end", default="16MiB", help="largest size (default 16MiB)")
+    parser.add_argument("-f", "--factor", type=int, default=8, help="size multiplier between steps (default 8)")
+    parser.add_argument("--sizes", help="explicit comma-separated sizes, instead of -b/-e/-f")
+    parser.add_argument("-n", "--iters", type=int, default=5, help="timed iterations per size (default 5)")
+    parser.add_argument("-w", "--warmup", type=int, default=2, help="untimed iterations first (default 2)")
+    parser.add_argument("--link", help="shape each host's NIC to this tc rate (e.g. 1gbit); implies --netns")
+    parser.add_argument("--netns", action="store_true", help="run each machine as a host in a network namespace")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="VAR=VALUE",
+        help="environment for the ranks, e.g. FAIRRING_SLICE_SIZE=4MiB",
+    )
+    parser.add_argument("--json", type=Path, default=Path("bench-results/allreduce.json"), help="records file")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds before the run is killed (default 900)")
     args = parser.parse_args(argv)
-    if args.machines < 1 or args.ranks_per_machine < 1 or args.iters < 1 or args.warmup < 0:
-        parser.error("--machines, --ranks-per-machine and --iters must be at least 1, --warmup at least 0")
+    if min(args.machines, args.ranks_per_machine, args.iters, args.factor - 1) < 1 or args.warmup < 0:
+        parser.error("--machines, --ranks-per-machine and --iters must be >= 1, --factor >= 2, --warmup >= 0")
     try:
-        for size in args.sizes.split(","):
-            parse_size("--sizes", size)
-    except ConfigError as error:
+        args.size_list = size_list(args)
+        if args.link:
+            rate_bytes_per_second(args.link)
+    except (ConfigError, ValueError) as error:
         parser.error(str(error))
+    for assignment in args.set:
+        if "=" not in assignment:
+            parser.error(f"--set takes VAR=VALUE, not {assignment!r}")
+    args.netns = args.netns or bool(args.link)
+    if args.netns:
+        available, reason = netns_available()
+        if not available:
+            parser.error(f"--link/--netns need network namespaces, which are unavailable here: {reason}")
     return args
 
 
-def free_port() -> int:
-    import socket
+def size_list(args: argparse.Namespace) -> list[int]:
+    if args.sizes:
+        return [parse_size("--sizes", text) for text in args.sizes.split(",")]
+    begin, end = parse_size("--begin", args.begin), parse_size("--end", args.end)
+    if begin > end:
+        raise ConfigError(f"--begin ({args.begin}) is larger than --end ({args.end})")
+    sizes = [begin]
+    while sizes[-1] * args.factor <= end:
+        sizes.append(sizes[-1] * args.factor)
+    return sizes
 
+
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    port = free_port()
-    worker_args = ["--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup)]
-    worker_args += ["--json", str(args.json.resolve())]
+@contextlib.contextmanager
+def hosts_for(args: argparse.Namespace) -> Iterator[list[Host] | None]:
+    if not args.netns:
+        yield None
+        return
+    with NetnsCluster(args.machines, rate=args.link) as cluster:
+        yield cluster.hosts
+
+
+def agent_command(args: argparse.Namespace, node: int, master: str, port: int) -> list[str]:
+    worker_args = ["--sizes", ",".join(format_size(s) for s in args.size_list)]
+    worker_args += ["--iters", str(args.iters), "--warmup", str(args.warmup), "--json", str(args.json.resolve())]
+    if args.link:
+        worker_args += ["--link", args.link, "--link-bytes-per-s", str(rate_bytes_per_second(args.link))]
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nnodes={args.machines}", f"--node-rank={node}", f"--nproc-per-node={args.ranks_per_machine}",
+        f"--master-addr={master}", f"--master-port={port}",
+        "-m", "fairring.bench.worker", *worker_args,
+    ]  # fmt: skip
+
+
+def run_agents(args: argparse.Namespace, hosts: list[Host] | None) -> int:
+    environment = dict(os.environ)
+    environment.update(assignment.split("=", 1) for assignment in args.set)
+    if hosts is None:
+        master, port = "127.0.0.1", free_port()
+        # Emulated machines share this host: keep every path on loopback.
+        environment.setdefault("TP_SOCKET_IFNAME", "lo")
+        environment.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    else:
+        master, port = hosts[0].address, MASTER_PORT_IN_NAMESPACE
+        environment.update(TP_SOCKET_IFNAME="eth0", GLOO_SOCKET_IFNAME="eth0")
     agents: list[subprocess.Popen[bytes]] = []
-    logs = []
+    logs: list[tempfile._TemporaryFileWrapper[bytes] | None] = []
     try:
         for node in range(args.machines):
-            command = [
-                sys.executable, "-m", "torch.distributed.run",
-                f"--nnodes={args.machines}", f"--node-rank={node}",
-                f"--nproc-per-node={args.ranks_per_machine}",
-                "--master-addr=127.0.0.1", f"--master-port={port}",
-                "-m", "fairring.bench.worker", *worker_args,
-            ]  # fmt: skip
-            # Machine 0's rank 0 prints the table; the other agents log to files.
+            command = agent_command(args, node, master, port)
+            if hosts is not None:
+                command = ["ip", "netns", "exec", hosts[node].name, *command]
+            # Machine 0's rank 0 prints progress; the other agents log to files, shown on failure.
             log = None if node == 0 else tempfile.TemporaryFile()
             logs.append(log)
-            agents.append(subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True))
-        deadline = time.monotonic() + args.timeout
-        while any(agent.poll() is None for agent in agents):
-            failed = [agent for agent in agents if agent.returncode not in (None, 0)]
-            if failed or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        codes = [agent.poll() for agent in agents]
-        if all(code == 0 for code in codes):
-            return 0
-        reason = "timed out" if None in codes else f"exit codes {codes}"
-        print(f"fairring.bench: the run failed ({reason})", file=sys.stderr)
-        for node, log in enumerate(logs):
-            if log is not None:
-                log.seek(0)
-                print(f"--- machine {node} ---\n{log.read().decode(errors='replace')[-4000:]}", file=sys.stderr)
-        return 1
+            agents.append(subprocess.Popen(command, stdout=log, stderr=log, env=environment, start_new_session=True))
+        return wait_for(agents, logs, args.timeout)
     finally:
         for agent in agents:
             if agent.poll() is None:
                 os.killpg(agent.pid, signal.SIGKILL)
                 agent.wait()
+
+
+def wait_for(agents: list[subprocess.Popen[bytes]], logs: list, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while any(agent.poll() is None for agent in agents):
+        if any(agent.returncode not in (None, 0) for agent in agents) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    codes = [agent.poll() for agent in agents]
+    if all(code == 0 for code in codes):
+        return 0
+    reason = "timed out" if None in codes else f"exit codes {codes}"
+    print(f"fairring.bench: the run failed ({reason})", file=sys.stderr)
+    for node, log in enumerate(logs):
+        if log is not None:
+            log.seek(0)
+            print(f"--- machine {node} ---\n{log.read().decode(errors='replace')[-4000:]}", file=sys.stderr)
+    return 1
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    with hosts_for(args) as hosts:
+        status = run_agents(args, hosts)
+    if status == 0:
+        print(f"records: {args.json}")
+    return status
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from functools import cache
 from types import TracebackType
 
-__all__ = ["CommandError", "Host", "NetnsCluster", "enter_namespace", "netns_available"]
+__all__ = ["CommandError", "Host", "NetnsCluster", "enter_namespace", "netns_available", "rate_bytes_per_second"]
 
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = "/var/run/netns"
@@ -113,7 +113,7 @@ def _run(argv: list[str]) -> str:
         raise CommandError(error.returncode, error.cmd, error.output, error.stderr) from None
 
 
-def _rate_bytes_per_second(rate: str) -> float:
+def rate_bytes_per_second(rate: str) -> float:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", rate)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _RATE_UNITS:
@@ -124,7 +124,7 @@ def _rate_bytes_per_second(rate: str) -> float:
 def _tbf_args(rate: str) -> list[str]:
     # A bucket of 10 ms of traffic keeps the rate smooth at the timescale of a collective while
     # letting tbf's timer keep up at high rates.
-    burst = max(int(_rate_bytes_per_second(rate) / 100), MIN_BURST_BYTES)
+    burst = max(int(rate_bytes_per_second(rate) / 100), MIN_BURST_BYTES)
     return ["tbf", "rate", rate, "burst", str(burst), "latency", TBF_LATENCY]
 
 
@@ -171,7 +171,7 @@ class NetnsCluster:
         if hosts < 1:
             raise ValueError(f"a cluster needs at least one host, not {hosts}")
         if rate is not None:
-            _rate_bytes_per_second(rate)  # Fail here, not halfway through setting up.
+            rate_bytes_per_second(rate)  # Fail here, not halfway through setting up.
         self.rate = rate
         self._count = hosts
         pid, serial = os.getpid(), next(_cluster_ids)

@@ -1,8 +1,9 @@
 """One rank of a benchmark run, started by torchrun (see fairring.bench.__main__).
 
-Times all_reduce on a fairring group and on a Gloo group over the same ranks,
-checks every result against the closed-form sum of the known inputs, and has
-rank 0 print a table and write one JSON record per measurement.
+For each size, times all_reduce on the baseline group (Gloo for CPU tensors,
+NCCL for CUDA) and on fairring over the same ranks, checks each result against
+the closed-form sum of known inputs, and has rank 0 print a progress line and
+write one JSON record per measurement.
 """
 
 from __future__ import annotations
@@ -22,96 +23,152 @@ import torch.distributed as dist
 import fairring
 from fairring.config import format_size, parse_size
 
+COLUMNS = (
+    ("size", 10),
+    ("backend", 9),
+    ("median ms", 10),
+    ("algbw GB/s", 11),
+    ("busbw GB/s", 11),
+    ("vs base", 8),
+    ("of bound", 9),
+    ("ok", 3),
+)
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes", required=True)
+    parser.add_argument("--sizes", required=True, help="comma-separated sizes")
     parser.add_argument("--iters", type=int, required=True)
     parser.add_argument("--warmup", type=int, required=True)
+    parser.add_argument("--link-bytes-per-s", type=float, default=0.0, help="shaped NIC rate; 0: unshaped")
+    parser.add_argument("--link", default="", help="the NIC rate as given, for the records")
     parser.add_argument("--json", type=Path, required=True)
     return parser.parse_args(argv)
 
 
-def time_all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup, iters: int, warmup: int) -> list[float]:
+def time_all_reduce(
+    tensor: torch.Tensor, group: dist.ProcessGroup, barrier_group: dist.ProcessGroup, iters: int, warmup: int
+) -> list[float]:
     seconds = []
     for iteration in range(warmup + iters):
-        dist.barrier(group=group)
+        dist.barrier(group=barrier_group)
         start = time.perf_counter()
         dist.all_reduce(tensor, group=group)
-        elapsed = time.perf_counter() - start
+        if tensor.is_cuda:
+            torch.cuda.synchronize()
         if iteration >= warmup:
-            seconds.append(elapsed)
+            seconds.append(time.perf_counter() - start)
     return seconds
 
 
-def check_sum(group: dist.ProcessGroup, elements: int) -> bool:
-    """Rank r contributes r + 1 everywhere: the sum is n(n + 1)/2 exactly."""
+def is_exact_sum(tensor: torch.Tensor, group: dist.ProcessGroup) -> bool:
+    """Rank r contributes r + 1 everywhere: the sum is n(n + 1)/2, exact in float32."""
     size = dist.get_world_size()
-    tensor = torch.full((elements,), float(dist.get_rank() + 1))
+    tensor.fill_(dist.get_rank() + 1)
     dist.all_reduce(tensor, group=group)
     return bool(torch.all(tensor == size * (size + 1) / 2))
+
+
+def hierarchical_bound_s(nbytes: int, machines: int, link_bytes_per_s: float) -> float | None:
+    """Time to push 2(M-1)/M x S bytes through one host's NIC: no all-reduce can beat it."""
+    if link_bytes_per_s <= 0 or machines < 2:
+        return None
+    return 2 * (machines - 1) / machines * nbytes / link_bytes_per_s
+
+
+def environment() -> dict[str, object]:
+    return {
+        "torch": torch.__version__,
+        "fairring": fairring.build_info(),
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "fairring_env": {
+            k: v for k, v in os.environ.items() if k.startswith(("FAIRRING_", "TP_SOCKET", "GLOO_SOCKET"))
+        },
+    }
 
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
     dist.init_process_group("fairring")
     rank, size = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else None
+    if device is not None:
+        torch.cuda.set_device(device)
+    baseline_name = "nccl" if device is not None else "gloo"
+    gloo = dist.new_group(backend="gloo")
+    groups = {baseline_name: dist.new_group(backend=baseline_name) if device else gloo, "fairring": dist.group.WORLD}
     topology = dist.group.WORLD._get_backend(torch.device("cpu")).topology
-    groups = {"gloo": dist.new_group(backend="gloo"), "fairring": dist.group.WORLD}
     records = []
     if rank == 0:
-        print(f"{topology.num_machines} machines x {topology.local_size} ranks, CPU float32 all_reduce", flush=True)
-        columns = ("size", 10), ("backend", 9), ("median ms", 10), ("algbw GB/s", 11), ("busbw GB/s", 11)
-        print(" ".join(f"{name:>{width}}" for name, width in columns), f"{'vs gloo':>8} {'ok':>3}")
+        where = f"CUDA ({torch.cuda.get_device_name(device)})" if device is not None else "CPU"
+        link = f", NICs shaped to {args.link}" if args.link else ""
+        print(f"{topology.num_machines} machines x {topology.local_size} ranks, {where} float32 all_reduce{link}")
+        print(" ".join(f"{name:>{width}}" for name, width in COLUMNS), flush=True)
     for size_text in args.sizes.split(","):
-        nbytes = parse_size("--sizes", size_text)
-        elements = max(1, nbytes // 4)
+        elements = max(1, parse_size("--sizes", size_text) // 4)
+        nbytes = elements * 4
+        tensor = torch.empty(elements, device=device)
+        bound = hierarchical_bound_s(nbytes, topology.num_machines, args.link_bytes_per_s)
         medians: dict[str, float] = {}
         for name, group in groups.items():
-            correct = check_sum(group, elements)
-            seconds = time_all_reduce(torch.ones(elements), group, args.iters, args.warmup)
-            # The op is as slow as its slowest rank.
+            correct = is_exact_sum(tensor, group)
+            seconds = time_all_reduce(tensor, group, gloo, args.iters, args.warmup)
+            # An op is as slow as its slowest rank.
             slowest = torch.tensor(seconds, dtype=torch.float64)
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=groups["gloo"])
-            median = statistics.median(slowest.tolist())
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=gloo)
+            per_iter = slowest.tolist()
+            median = statistics.median(per_iter)
             medians[name] = median
-            algbw = elements * 4 / median / 1e9
+            algbw = nbytes / median / 1e9
             record = {
+                "study": "single",
                 "backend": name,
-                "bytes": elements * 4,
-                "median_s": median,
-                "min_s": min(slowest.tolist()),
-                "max_s": max(slowest.tolist()),
-                "algbw_GBps": algbw,
-                "busbw_GBps": algbw * 2 * (size - 1) / size,
-                "speedup_vs_gloo": medians["gloo"] / median,
-                "correct": correct,
+                "baseline": baseline_name,
+                "bytes": nbytes,
+                "dtype": "float32",
+                "device": "cuda" if device is not None else "cpu",
                 "machines": topology.num_machines,
                 "ranks_per_machine": topology.local_size,
+                "link": args.link or None,
                 "iters": args.iters,
                 "warmup": args.warmup,
+                "seconds": per_iter,
+                "median_s": median,
+                "min_s": min(per_iter),
+                "max_s": max(per_iter),
+                "algbw_GBps": algbw,
+                "busbw_GBps": algbw * 2 * (size - 1) / size,
+                "speedup_vs_baseline": medians[baseline_name] / median,
+                "bound_s": bound,
+                "fraction_of_bound_speed": bound / median if bound else None,
+                "correct": correct,
             }
             records.append(record)
             if rank == 0:
-                print(
-                    f"{format_size(elements * 4):>10} {name:>9} {median * 1e3:>10.3f} {algbw:>11.3f} "
-                    f"{record['busbw_GBps']:>11.3f} {record['speedup_vs_gloo']:>7.2f}x {'yes' if correct else 'NO':>3}",
-                    flush=True,
-                )
+                print_row(record)
     if rank == 0:
-        environment = {
-            "torch": torch.__version__,
-            "fairring": fairring.build_info(),
-            "python": platform.python_version(),
-            "host": platform.node(),
-            "cpus": os.cpu_count(),
-        }
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"environment": environment, "records": records}, indent=1))
-        print(f"wrote {args.json}")
+        args.json.write_text(json.dumps({"environment": environment(), "records": records}, indent=1))
     dist.destroy_process_group()
     if not all(record["correct"] for record in records):
         sys.exit("fairring.bench: some all_reduce results were wrong")
+
+
+def print_row(record: dict[str, object]) -> None:
+    bound = record["fraction_of_bound_speed"]
+    cells = [
+        format_size(int(record["bytes"])),
+        str(record["backend"]),
+        f"{float(record['median_s']) * 1e3:.3f}",
+        f"{float(record['algbw_GBps']):.3f}",
+        f"{float(record['busbw_GBps']):.3f}",
+        f"{float(record['speedup_vs_baseline']):.2f}x",
+        f"{float(bound) * 100:.0f}%" if bound else "-",
+        "yes" if record["correct"] else "NO",
+    ]
+    print(" ".join(f"{cell:>{width}}" for cell, (_, width) in zip(cells, COLUMNS, strict=True)), flush=True)
 
 
 if __name__ == "__main__":
