@@ -94,6 +94,14 @@ PYBIND11_MODULE(_C, module) {
       py::arg("granule"),
       "The slice plan: ([(offset, numel)], tail_offset, tail_numel).");
   module.def(
+      "staging_chunk_bytes",
+      &fairring::stagingChunkBytes,
+      py::arg("slice_bytes"),
+      py::arg("local_size"),
+      py::arg("machines"),
+      "Staging bytes one slice in flight holds (FAIRRING_TOTAL_MEMORY / this "
+      "= slices in flight).");
+  module.def(
       "slice_numel_for",
       &fairring::sliceNumelFor,
       py::arg("slice_bytes"),

@@ -13,13 +13,6 @@ namespace fairring {
 
 namespace {
 
-constexpr int64_t kAlignment = 64;
-constexpr int64_t kLargestElement = 8;
-
-int64_t alignUp(int64_t bytes) {
-  return (bytes + kAlignment - 1) / kAlignment * kAlignment;
-}
-
 // Local steps of AVG sum; the division happens once, on the reduced shard.
 c10d::ReduceOp::RedOpType localOp(c10d::ReduceOp::RedOpType op) {
   return op == c10d::ReduceOp::AVG ? c10d::ReduceOp::SUM : op;
@@ -93,13 +86,12 @@ Engine::Engine(
       groups_(std::move(groups)),
       granule_(
           static_cast<int64_t>(topology.localSize()) * topology.numMachines()),
-      slotCapacityBytes_(alignUp(
-          std::max(config.sliceSizeBytes, granule_ * kLargestElement) /
-          topology.localSize())),
       pool_(
           config.totalMemoryBytes,
-          // A slot (unless it is the user's memory) and the received shards.
-          (topology.localSize() > 1 ? 2 : 1) * slotCapacityBytes_,
+          stagingChunkBytes(
+              config.sliceSizeBytes,
+              topology.localSize(),
+              topology.numMachines()),
           at::TensorOptions().device(at::kCPU)),
       rails_(std::move(rails)),
       expected_(topology.numMachines()),
@@ -238,8 +230,9 @@ void Engine::attachStaging(SliceWork& slice, StagingPool::Lease lease) {
   at::Tensor bytes = lease.bytes();
   int64_t shardsOffset = 0;
   if (topology_.localSize() > 1) {
+    // The chunk holds two slot-sized halves: the slot, then the shards.
     slice.slot = bytes.narrow(0, 0, slotBytes).view(dtype);
-    shardsOffset = slotCapacityBytes_;
+    shardsOffset = pool_.chunkBytes() / 2;
   } else {
     slice.slot = slice.input;
   }

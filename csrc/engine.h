@@ -127,7 +127,6 @@ class Engine {
   const Config config_;
   const Groups groups_;
   const int64_t granule_; // ranks per machine x machines
-  const int64_t slotCapacityBytes_;
   StagingPool pool_;
   // Reset first in the destructor: its callbacks use the members below.
   std::unique_ptr<Rails> rails_;

@@ -1,5 +1,7 @@
 #include "staging.h"
 
+#include <algorithm>
+
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
@@ -12,6 +14,15 @@ int64_t alignUp(int64_t bytes) {
   return (bytes + kAlignment - 1) / kAlignment * kAlignment;
 }
 } // namespace
+
+int64_t stagingChunkBytes(int64_t sliceBytes, int localSize, int machines) {
+  // A slice is at least one element per (local rank, machine) pair.
+  constexpr int64_t kLargestElement = 8;
+  const int64_t granule = static_cast<int64_t>(localSize) * machines;
+  const int64_t slot =
+      alignUp(std::max(sliceBytes, granule * kLargestElement) / localSize);
+  return (localSize > 1 ? 2 : 1) * slot;
+}
 
 StagingPool::StagingPool(
     int64_t capacityBytes,

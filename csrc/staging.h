@@ -11,6 +11,11 @@
 
 namespace fairring {
 
+// Bytes of staging one slice holds, for slices of at most `sliceBytes`, with
+// `localSize` ranks per machine and `machines` machines: a slot (unless it is
+// the user's memory, with one rank per machine) and the received shards.
+int64_t stagingChunkBytes(int64_t sliceBytes, int localSize, int machines);
+
 struct StagingStats {
   int64_t capacityBytes; // allocated once, at construction
   int64_t chunkBytes;

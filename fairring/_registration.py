@@ -9,7 +9,7 @@ from typing import Any
 import torch.distributed as dist
 
 from . import _C
-from .config import apply_log_level, load_config
+from .config import SLICE_SIZE, TOTAL_MEMORY, Config, ConfigError, apply_log_level, format_size, load_config
 from .topology import exchange_identities, group_into_machines, identify_self
 
 logger = logging.getLogger("fairring")
@@ -32,6 +32,7 @@ def _create_backend(dist_options: Any, backend_options: Any) -> _C.Backend:
     identities = exchange_identities(store, rank, size, identify_self(config), config, timeout)
     topology = _C.Topology(rank, group_into_machines(identities))
     logger.debug("group %s: %s", dist_options.group_id, topology)
+    check_staging_fits(config, topology)
 
     # The CPU group: Gloo, in its own key space of the group's store.
     cpu_backend = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
@@ -49,6 +50,20 @@ def _create_backend(dist_options: Any, backend_options: Any) -> _C.Backend:
         local_reduce_scatter,
         local_all_gather,
     )
+
+
+def check_staging_fits(config: Config, topology: _C.Topology) -> None:
+    """The staging pool must hold at least one slice; say which variable to change if not."""
+    if topology.num_machines == 1:
+        return  # no engine, no staging
+    chunk = _C.staging_chunk_bytes(config.slice_size, topology.local_size, topology.num_machines)
+    if config.total_memory < chunk:
+        raise ConfigError(
+            f"{TOTAL_MEMORY}={format_size(config.total_memory)} cannot hold one slice in flight: with "
+            f"{SLICE_SIZE}={format_size(config.slice_size)} and {topology.local_size} rank(s) per machine a "
+            f"slice needs {format_size(chunk)} of staging. Raise {TOTAL_MEMORY} to at least {chunk} bytes "
+            f"or lower {SLICE_SIZE}."
+        )
 
 
 def _local_groups(

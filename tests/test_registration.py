@@ -160,3 +160,11 @@ def test_effective_configuration_is_logged_in_debug() -> None:
         records = ranks.run_per_rank(init_capturing_logs, ranks.init_args)
     for lines in records:
         assert any("effective configuration" in line and "FAIRRING_SLICE_SIZE=4MiB" in line for line in lines), lines
+
+
+def test_staging_too_small_for_one_slice_is_rejected_at_init() -> None:
+    env = {"FAIRRING_TOTAL_MEMORY": "1MiB", "FAIRRING_SLICE_SIZE": "4MiB"}
+    outcomes = expect_init_failure(Layout(2, 2), {r: env for r in range(4)})
+    for outcome in outcomes.values():
+        assert "FAIRRING_TOTAL_MEMORY=1MiB cannot hold one slice in flight" in outcome, outcome
+        assert "a slice needs 4MiB of staging" in outcome, outcome

@@ -9,12 +9,19 @@ the run, as on a real cluster.
 
     python -m fairring.bench                                   # 2 machines x 2 ranks, 4 KiB .. 16 MiB
     python -m fairring.bench --hosts 2 --ranks-per-host 2 --link 1gbit -b 1MiB -e 100MiB -f 10
+    python -m fairring.bench --link 1gbit --study overlap      # 64 x 25 MiB, 1/2/4/8 slices in flight
+    python -m fairring.bench --link 1gbit --study scaling --hosts 4
+
+Studies: single (one all-reduce per size), overlap (many buckets back to back,
+with staging sized for 1, 2, 4, 8 slices in flight), scaling (the same
+all-reduce over 1, 2, ... machines), all.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -23,9 +30,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from fairring.config import ConfigError, format_size, parse_size
+from fairring.config import ConfigError, parse_size
 
 from .netns import Host, NetnsCluster, netns_available, rate_bytes_per_second
 
@@ -58,17 +66,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="VAR=VALUE",
         help="environment for the ranks, e.g. FAIRRING_SLICE_SIZE=4MiB",
     )
+    parser.add_argument("--study", default="single", choices=("single", "overlap", "scaling", "all"))
+    parser.add_argument("--buckets", type=int, default=64, help="overlap: buckets per measurement (default 64)")
+    parser.add_argument("--bucket-size", default="25MiB", help="overlap: bucket size (default 25MiB)")
+    parser.add_argument("--inflight", default="1,2,4,8", help="overlap: slices in flight to try (default 1,2,4,8)")
+    parser.add_argument("--scaling-size", default="64MiB", help="scaling: all-reduce size (default 64MiB)")
     parser.add_argument("--json", type=Path, default=Path("bench-results/allreduce.json"), help="records file")
+    parser.add_argument("--plots", type=Path, default=Path("bench-results"), help="folder for PNG and SVG plots")
     parser.add_argument("--timeout", type=float, default=900, help="seconds before the run is killed (default 900)")
     args = parser.parse_args(argv)
     if min(args.machines, args.ranks_per_machine, args.iters, args.factor - 1) < 1 or args.warmup < 0:
         parser.error("--machines, --ranks-per-machine and --iters must be >= 1, --factor >= 2, --warmup >= 0")
     try:
         args.size_list = size_list(args)
+        args.bucket_bytes = parse_size("--bucket-size", args.bucket_size)
+        args.scaling_bytes = parse_size("--scaling-size", args.scaling_size)
+        args.inflight_list = [int(k) for k in args.inflight.split(",")]
         if args.link:
             rate_bytes_per_second(args.link)
     except (ConfigError, ValueError) as error:
         parser.error(str(error))
+    if min(args.inflight_list) < 1 or args.buckets < 1:
+        parser.error("--inflight values and --buckets must be at least 1")
     for assignment in args.set:
         if "=" not in assignment:
             parser.error(f"--set takes VAR=VALUE, not {assignment!r}")
@@ -92,6 +111,43 @@ def size_list(args: argparse.Namespace) -> list[int]:
     return sizes
 
 
+@dataclass(frozen=True)
+class Run:
+    """One launch of the ranks: a study's measurements under one set of settings."""
+
+    study: str
+    machines: int
+    sizes: list[int]
+    buckets: int = 1
+    inflight: int = 0
+    environment: dict[str, str] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        extra = f", {self.inflight} slice(s) in flight" if self.inflight else ""
+        return f"{self.study}: {self.machines} machine(s){extra}"
+
+
+def runs_for(args: argparse.Namespace) -> list[Run]:
+    user_env = dict(assignment.split("=", 1) for assignment in args.set)
+    studies = ("single", "overlap", "scaling") if args.study == "all" else (args.study,)
+    runs = []
+    if "single" in studies:
+        runs.append(Run("single", args.machines, args.size_list, environment=user_env))
+    if "overlap" in studies:
+        from fairring import _C
+        from fairring.config import load_config
+
+        slice_bytes = load_config({**os.environ, **user_env}).slice_size
+        chunk = _C.staging_chunk_bytes(slice_bytes, args.ranks_per_machine, args.machines)
+        for inflight in args.inflight_list:
+            environment = {**user_env, "FAIRRING_TOTAL_MEMORY": str(inflight * chunk)}
+            runs.append(Run("overlap", args.machines, [args.bucket_bytes], args.buckets, inflight, environment))
+    if "scaling" in studies:
+        for machines in range(1, args.machines + 1):
+            runs.append(Run("scaling", machines, [args.scaling_bytes], environment=user_env))
+    return runs
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -99,30 +155,30 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def hosts_for(args: argparse.Namespace) -> Iterator[list[Host] | None]:
+def hosts_for(args: argparse.Namespace, machines: int) -> Iterator[list[Host] | None]:
     if not args.netns:
         yield None
         return
-    with NetnsCluster(args.machines, rate=args.link) as cluster:
+    with NetnsCluster(machines, rate=args.link) as cluster:
         yield cluster.hosts
 
 
-def agent_command(args: argparse.Namespace, node: int, master: str, port: int) -> list[str]:
-    worker_args = ["--sizes", ",".join(format_size(s) for s in args.size_list)]
-    worker_args += ["--iters", str(args.iters), "--warmup", str(args.warmup), "--json", str(args.json.resolve())]
+def agent_command(args: argparse.Namespace, run: Run, node: int, master: str, port: int, output: Path) -> list[str]:
+    worker_args = ["--sizes", ",".join(str(s) for s in run.sizes), "--study", run.study]
+    worker_args += ["--buckets", str(run.buckets), "--inflight", str(run.inflight)]
+    worker_args += ["--iters", str(args.iters), "--warmup", str(args.warmup), "--json", str(output)]
     if args.link:
         worker_args += ["--link", args.link, "--link-bytes-per-s", str(rate_bytes_per_second(args.link))]
     return [
         sys.executable, "-m", "torch.distributed.run",
-        f"--nnodes={args.machines}", f"--node-rank={node}", f"--nproc-per-node={args.ranks_per_machine}",
+        f"--nnodes={run.machines}", f"--node-rank={node}", f"--nproc-per-node={args.ranks_per_machine}",
         f"--master-addr={master}", f"--master-port={port}",
         "-m", "fairring.bench.worker", *worker_args,
     ]  # fmt: skip
 
 
-def run_agents(args: argparse.Namespace, hosts: list[Host] | None) -> int:
-    environment = dict(os.environ)
-    environment.update(assignment.split("=", 1) for assignment in args.set)
+def run_agents(args: argparse.Namespace, run: Run, hosts: list[Host] | None, output: Path) -> int:
+    environment = {**os.environ, **run.environment}
     if hosts is None:
         master, port = "127.0.0.1", free_port()
         # Emulated machines share this host: keep every path on loopback.
@@ -134,8 +190,8 @@ def run_agents(args: argparse.Namespace, hosts: list[Host] | None) -> int:
     agents: list[subprocess.Popen[bytes]] = []
     logs: list[tempfile._TemporaryFileWrapper[bytes] | None] = []
     try:
-        for node in range(args.machines):
-            command = agent_command(args, node, master, port)
+        for node in range(run.machines):
+            command = agent_command(args, run, node, master, port, output)
             if hosts is not None:
                 command = ["ip", "netns", "exec", hosts[node].name, *command]
             # Machine 0's rank 0 prints progress; the other agents log to files, shown on failure.
@@ -170,11 +226,28 @@ def wait_for(agents: list[subprocess.Popen[bytes]], logs: list, timeout: float) 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    with hosts_for(args) as hosts:
-        status = run_agents(args, hosts)
-    if status == 0:
-        print(f"records: {args.json}")
-    return status
+    records: list[dict] = []
+    environment: dict = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for index, run in enumerate(runs_for(args)):
+            print(f"== {run.describe()}", flush=True)
+            output = Path(scratch) / f"run{index}.json"
+            with hosts_for(args, run.machines) as hosts:
+                status = run_agents(args, run, hosts, output)
+            if status != 0:
+                return status
+            result = json.loads(output.read_text())
+            environment = result["environment"]
+            records += result["records"]
+    command = ["python", "-m", "fairring.bench", *argv]
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"command": command, "environment": environment, "records": records}, indent=1))
+    print(f"records: {args.json}")
+    from .plots import plot_records
+
+    for path in plot_records(records, args.plots, title_suffix=f", NICs at {args.link}" if args.link else ""):
+        print(f"plot: {path}")
+    return 0
 
 
 if __name__ == "__main__":

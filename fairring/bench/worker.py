@@ -43,30 +43,41 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--link-bytes-per-s", type=float, default=0.0, help="shaped NIC rate; 0: unshaped")
     parser.add_argument("--link", default="", help="the NIC rate as given, for the records")
     parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--study", default="single", choices=("single", "overlap", "scaling"))
+    parser.add_argument("--buckets", type=int, default=1, help="all-reduces issued back to back per measurement")
+    parser.add_argument(
+        "--inflight", type=int, default=0, help="slices the staging memory allows in flight, for records"
+    )
     return parser.parse_args(argv)
 
 
-def time_all_reduce(
-    tensor: torch.Tensor, group: dist.ProcessGroup, barrier_group: dist.ProcessGroup, iters: int, warmup: int
+def time_all_reduces(
+    tensors: list[torch.Tensor], group: dist.ProcessGroup, barrier_group: dist.ProcessGroup, iters: int, warmup: int
 ) -> list[float]:
+    """Seconds to all-reduce every tensor, issued back to back like DDP's buckets, per iteration."""
     seconds = []
     for iteration in range(warmup + iters):
         dist.barrier(group=barrier_group)
         start = time.perf_counter()
-        dist.all_reduce(tensor, group=group)
-        if tensor.is_cuda:
+        works = [dist.all_reduce(tensor, group=group, async_op=True) for tensor in tensors]
+        for work in works:
+            work.wait()
+        if tensors[0].is_cuda:
             torch.cuda.synchronize()
         if iteration >= warmup:
             seconds.append(time.perf_counter() - start)
     return seconds
 
 
-def is_exact_sum(tensor: torch.Tensor, group: dist.ProcessGroup) -> bool:
+def is_exact_sum(tensors: list[torch.Tensor], group: dist.ProcessGroup) -> bool:
     """Rank r contributes r + 1 everywhere: the sum is n(n + 1)/2, exact in float32."""
     size = dist.get_world_size()
-    tensor.fill_(dist.get_rank() + 1)
-    dist.all_reduce(tensor, group=group)
-    return bool(torch.all(tensor == size * (size + 1) / 2))
+    for tensor in tensors:
+        tensor.fill_(dist.get_rank() + 1)
+    works = [dist.all_reduce(tensor, group=group, async_op=True) for tensor in tensors]
+    for work in works:
+        work.wait()
+    return all(bool(torch.all(tensor == size * (size + 1) / 2)) for tensor in tensors)
 
 
 def hierarchical_bound_s(nbytes: int, machines: int, link_bytes_per_s: float) -> float | None:
@@ -109,24 +120,27 @@ def main(argv: list[str]) -> None:
     for size_text in args.sizes.split(","):
         elements = max(1, parse_size("--sizes", size_text) // 4)
         nbytes = elements * 4
-        tensor = torch.empty(elements, device=device)
-        bound = hierarchical_bound_s(nbytes, topology.num_machines, args.link_bytes_per_s)
+        tensors = [torch.empty(elements, device=device) for _ in range(args.buckets)]
+        total_bytes = nbytes * args.buckets
+        bound = hierarchical_bound_s(total_bytes, topology.num_machines, args.link_bytes_per_s)
         medians: dict[str, float] = {}
         for name, group in groups.items():
-            correct = is_exact_sum(tensor, group)
-            seconds = time_all_reduce(tensor, group, gloo, args.iters, args.warmup)
+            correct = is_exact_sum(tensors, group)
+            seconds = time_all_reduces(tensors, group, gloo, args.iters, args.warmup)
             # An op is as slow as its slowest rank.
             slowest = torch.tensor(seconds, dtype=torch.float64)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=gloo)
             per_iter = slowest.tolist()
             median = statistics.median(per_iter)
             medians[name] = median
-            algbw = nbytes / median / 1e9
+            algbw = total_bytes / median / 1e9
             record = {
-                "study": "single",
+                "study": args.study,
                 "backend": name,
                 "baseline": baseline_name,
                 "bytes": nbytes,
+                "buckets": args.buckets,
+                "inflight": args.inflight or None,
                 "dtype": "float32",
                 "device": "cuda" if device is not None else "cpu",
                 "machines": topology.num_machines,
@@ -158,8 +172,9 @@ def main(argv: list[str]) -> None:
 
 def print_row(record: dict[str, object]) -> None:
     bound = record["fraction_of_bound_speed"]
+    size = format_size(int(record["bytes"]))
     cells = [
-        format_size(int(record["bytes"])),
+        f"{record['buckets']}x{size}" if int(record["buckets"]) > 1 else size,
         str(record["backend"]),
         f"{float(record['median_s']) * 1e3:.3f}",
         f"{float(record['algbw_GBps']):.3f}",
