@@ -29,6 +29,15 @@ py::dict buildInfo() {
   return info;
 }
 
+// `describe(engine)` for the backend's CPU engine, or None where the group
+// spans one machine and has none.
+template <typename Describe>
+py::object engineDict(const fairring::Backend& backend, Describe&& describe) {
+  const fairring::Engine* engine = backend.cpuEngine();
+  return engine == nullptr ? py::object(py::none())
+                           : py::object(describe(*engine));
+}
+
 } // namespace
 
 PYBIND11_MODULE(_C, module) {
@@ -143,37 +152,33 @@ PYBIND11_MODULE(_C, module) {
           py::call_guard<py::gil_scoped_release>())
       .def(
           "staging_stats",
-          [](const fairring::Backend& backend) -> py::object {
-            const auto* engine = backend.cpuEngine();
-            if (engine == nullptr) {
-              return py::none();
-            }
-            const auto stats = engine->stagingStats();
-            py::dict result;
-            result["capacity_bytes"] = stats.capacityBytes;
-            result["chunk_bytes"] = stats.chunkBytes;
-            result["chunks"] = stats.chunks;
-            result["chunks_in_use"] = stats.chunksInUse;
-            result["peak_chunks_in_use"] = stats.peakChunksInUse;
-            result["leases_granted"] = stats.leasesGranted;
-            return result;
+          [](const fairring::Backend& backend) {
+            return engineDict(backend, [](const fairring::Engine& engine) {
+              const auto stats = engine.stagingStats();
+              py::dict result;
+              result["capacity_bytes"] = stats.capacityBytes;
+              result["chunk_bytes"] = stats.chunkBytes;
+              result["chunks"] = stats.chunks;
+              result["chunks_in_use"] = stats.chunksInUse;
+              result["peak_chunks_in_use"] = stats.peakChunksInUse;
+              result["leases_granted"] = stats.leasesGranted;
+              return result;
+            });
           },
           "Staging memory of the CPU engine; None on a single machine.")
       .def(
           "engine_stats",
-          [](const fairring::Backend& backend) -> py::object {
-            const auto* engine = backend.cpuEngine();
-            if (engine == nullptr) {
-              return py::none();
-            }
-            const auto stats = engine->stats();
-            py::dict result;
-            result["ops"] = stats.ops;
-            result["slices"] = stats.slices;
-            result["flat_ops"] = stats.flatOps;
-            result["rail_bytes_sent"] = stats.railBytesSent;
-            result["rail_bytes_received"] = stats.railBytesReceived;
-            return result;
+          [](const fairring::Backend& backend) {
+            return engineDict(backend, [](const fairring::Engine& engine) {
+              const auto stats = engine.stats();
+              py::dict result;
+              result["ops"] = stats.ops;
+              result["slices"] = stats.slices;
+              result["flat_ops"] = stats.flatOps;
+              result["rail_bytes_sent"] = stats.railBytesSent;
+              result["rail_bytes_received"] = stats.railBytesReceived;
+              return result;
+            });
           },
           "Counters of the CPU engine; None on a single machine.")
       .def_property_readonly("topology", &fairring::Backend::topology)
