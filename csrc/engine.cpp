@@ -160,7 +160,6 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
     const at::Tensor& tensor,
     c10d::ReduceOp::RedOpType reduceOp) {
   auto op = std::make_shared<Op>();
-  op->seq = nextSeq_++;
   op->tensor = tensor;
   op->copyBack = !tensor.is_contiguous();
   op->flat = tensor.contiguous().view({-1});
@@ -176,6 +175,7 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
   const bool hasTail = plan.tailNumel > 0;
   op->partsLeft = static_cast<int64_t>(plan.slices.size()) + (hasTail ? 1 : 0);
   if (op->partsLeft == 0) {
+    op->seq = nextSeq_++;
     op->partsLeft = 1;
     op->finishPart();
     return op->future;
@@ -183,6 +183,8 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
 
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    // Numbered under the lock that queues its slices: numbers follow queue order.
+    op->seq = nextSeq_++;
     if (!error_.empty()) {
       op->fail(std::make_exception_ptr(std::runtime_error(
           "fairring: all_reduce op #" + std::to_string(op->seq) +
