@@ -171,6 +171,7 @@ def ddp_parity(steps: int, hook: str) -> float:
 def test_ddp_matches_gloo(hook: str) -> None:
     with RankPool(Layout(2, 2)) as ranks:
         gaps = ranks.run(ddp_parity, 200, hook, timeout=240)
-    # Summation order differs from Gloo's, so allow float rounding, not more.
-    tolerance = 1e-4 if hook == "none" else 2e-2
+    # Summation order differs from Gloo's: allow float rounding, not more
+    # (measured gaps: 3e-8 without a hook, 2e-4 with bf16 compression).
+    tolerance = 1e-6 if hook == "none" else 5e-3
     assert max(gaps) < tolerance, gaps
