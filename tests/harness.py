@@ -19,7 +19,6 @@ import ctypes
 import multiprocessing as mp
 import os
 import signal
-import socket
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -72,12 +71,6 @@ class RankFailure(AssertionError):
         self.results = results or {}
         details = "\n".join(f"--- rank {rank} ---\n{outcome}" for rank, outcome in sorted(outcomes.items()))
         super().__init__(f"{what}\n{details}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

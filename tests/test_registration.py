@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import InitSpec, Layout, RankFailure, RankPool, free_port, init_process_group
+from fairring.bench import free_port
+from harness import InitSpec, Layout, RankFailure, RankPool, init_process_group
 from reference import assert_matches, rank_tensor, reduce_reference
 
 

@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from pathlib import Path
 
 from fairring.config import ConfigError, parse_size
 
+from . import free_port
 from .netns import Host, NetnsCluster, netns_available, rate_bytes_per_second
 
 MASTER_PORT_IN_NAMESPACE = 29500
@@ -146,12 +146,6 @@ def runs_for(args: argparse.Namespace) -> list[Run]:
         for machines in range(1, args.machines + 1):
             runs.append(Run("scaling", machines, [args.scaling_bytes], environment=user_env))
     return runs
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextlib.contextmanager
