@@ -67,6 +67,12 @@ def reduce_reference(tensors: list[torch.Tensor], op: str) -> torch.Tensor:
     return result.to(dtype)
 
 
+def all_ranks_reduced(shape: tuple[int, ...], dtype: torch.dtype, op: str = "sum", seed: int = 0) -> torch.Tensor:
+    """The expected all-reduce of every rank's rank_tensor(rank, shape, dtype, seed, op)."""
+    inputs = [rank_tensor(r, shape, dtype, seed, op) for r in range(dist.get_world_size())]
+    return reduce_reference(inputs, op)
+
+
 def assert_matches(actual: torch.Tensor, expected: torch.Tensor) -> None:
     assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
     assert actual.shape == expected.shape, (actual.shape, expected.shape)

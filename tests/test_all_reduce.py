@@ -13,21 +13,20 @@ from reference import (
     FLOAT_DTYPES,
     INT_DTYPES,
     REDUCE_OPS,
+    all_ranks_reduced,
     assert_matches,
     rank_tensor,
-    reduce_reference,
 )
 
 
 def all_reduce_matches(shape: tuple[int, ...], dtype_name: str, op: str, async_op: bool, seed: int) -> None:
-    rank, size = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     dtype = getattr(torch, dtype_name)
     tensor = rank_tensor(rank, shape, dtype, seed, op)
     work = dist.all_reduce(tensor, op=REDUCE_OPS[op], async_op=async_op)
     if async_op:
         assert work.wait()
-    expected = reduce_reference([rank_tensor(r, shape, dtype, seed, op) for r in range(size)], op)
-    assert_matches(tensor, expected)
+    assert_matches(tensor, all_ranks_reduced(shape, dtype, op, seed))
 
 
 @pytest.mark.parametrize("op", ARITHMETIC_OPS)
@@ -50,15 +49,14 @@ def test_shapes(pool: RankPool, shape: tuple[int, ...] | int, async_op: bool) ->
 
 
 def many_in_flight(count: int) -> None:
-    rank, size = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     shapes = [(1 + 97 * i,) for i in range(count)]
     tensors = [rank_tensor(rank, shape, torch.float32, seed=i) for i, shape in enumerate(shapes)]
     works = [dist.all_reduce(t, async_op=True) for t in tensors]
     for work in reversed(works):
         work.wait()
     for i, (shape, tensor) in enumerate(zip(shapes, tensors, strict=True)):
-        expected = reduce_reference([rank_tensor(r, shape, torch.float32, seed=i) for r in range(size)], "sum")
-        assert_matches(tensor, expected)
+        assert_matches(tensor, all_ranks_reduced(shape, torch.float32, seed=i))
 
 
 def test_many_concurrent_async_ops(pool: RankPool) -> None:
@@ -66,11 +64,11 @@ def test_many_concurrent_async_ops(pool: RankPool) -> None:
 
 
 def future_chaining() -> None:
-    rank, size = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     tensor = rank_tensor(rank, (64,), torch.float32)
     future = dist.all_reduce(tensor, async_op=True).get_future()
     doubled = future.then(lambda done: done.value()[0] * 2).wait()
-    expected = reduce_reference([rank_tensor(r, (64,), torch.float32) for r in range(size)], "sum")
+    expected = all_ranks_reduced((64,), torch.float32)
     assert_matches(doubled, expected * 2)
     assert_matches(tensor, expected)
 
@@ -80,7 +78,7 @@ def test_future_chaining(pool: RankPool) -> None:
 
 
 def coalesced(api: str) -> None:
-    rank, size = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     shapes = [(5,), (0,), (3, 4), (1000,)]
     tensors = [rank_tensor(rank, shape, torch.float64, seed=i) for i, shape in enumerate(shapes)]
     if api == "all_reduce_coalesced":
@@ -91,8 +89,7 @@ def coalesced(api: str) -> None:
                 dist.all_reduce(tensor)
         manager.wait()
     for i, (shape, tensor) in enumerate(zip(shapes, tensors, strict=True)):
-        expected = reduce_reference([rank_tensor(r, shape, torch.float64, seed=i) for r in range(size)], "sum")
-        assert_matches(tensor, expected)
+        assert_matches(tensor, all_ranks_reduced(shape, torch.float64, seed=i))
 
 
 @pytest.mark.parametrize("api", ["all_reduce_coalesced", "coalescing_manager"])
@@ -105,8 +102,7 @@ def avg_matches(dtype_name: str) -> None:
     dtype = getattr(torch, dtype_name)
     tensor = rank_tensor(rank, (37,), dtype, seed=4)
     dist.all_reduce(tensor, op=dist.ReduceOp.AVG)
-    inputs = [rank_tensor(r, (37,), dtype, seed=4) for r in range(size)]
-    expected = (reduce_reference(inputs, "sum").double() / size).to(dtype)
+    expected = (all_ranks_reduced((37,), dtype, seed=4).double() / size).to(dtype)
     assert_matches(tensor, expected)
 
 

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from harness import RankPool
-from reference import assert_matches, rank_tensor, reduce_reference
+from reference import all_ranks_reduced, assert_matches, rank_tensor, reduce_reference
 
 SHAPE = (5, 3)
 
@@ -77,7 +77,7 @@ def reduce_scatter_tensor() -> None:
     shape = (size * 4, 3)
     output = torch.empty((4, 3))
     dist.reduce_scatter_tensor(output, rank_tensor(rank, shape, torch.float32))
-    total = reduce_reference([rank_tensor(r, shape, torch.float32) for r in range(size)], "sum")
+    total = all_ranks_reduced(shape, torch.float32)
     assert_matches(output, total[rank * 4 : (rank + 1) * 4])
 
 

@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from fairring import _C
 from harness import InitSpec, Layout, RankPool
-from reference import REDUCE_OPS, assert_matches, rank_tensor, reduce_reference
+from reference import REDUCE_OPS, all_ranks_reduced, assert_matches, rank_tensor
 
 
 def cpu_backend() -> _C.Backend:
@@ -40,12 +40,11 @@ def engine_state() -> dict[str, object] | None:
 
 
 def sum_and_stats(numel: int, count: int) -> tuple[dict[str, int], dict[str, int]]:
-    rank, size = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     for seed in range(count):
         tensor = rank_tensor(rank, (numel,), torch.float32, seed=seed)
         dist.all_reduce(tensor)
-        inputs = [rank_tensor(r, (numel,), torch.float32, seed=seed) for r in range(size)]
-        assert_matches(tensor, reduce_reference(inputs, "sum"))
+        assert_matches(tensor, all_ranks_reduced((numel,), torch.float32, seed=seed))
     return cpu_backend().engine_stats(), cpu_backend().staging_stats()
 
 
@@ -76,7 +75,7 @@ def test_tensors_far_larger_than_staging_stream_through_it(layout: Layout) -> No
 
 
 def mixed_ops_in_flight() -> None:
-    rank, size = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     kinds = [("float32", "sum"), ("float64", "max"), ("int32", "min"), ("bfloat16", "sum"), ("int64", "product")]
     cases = [(shape, dtype, op) for shape in [(1,), (5, 7), (4096,), (100_003,)] for dtype, op in kinds]
     tensors, works = [], []
@@ -87,8 +86,7 @@ def mixed_ops_in_flight() -> None:
     for work in works:
         work.wait()
     for seed, ((shape, dtype, op), tensor) in enumerate(zip(cases, tensors, strict=True)):
-        inputs = [rank_tensor(r, shape, getattr(torch, dtype), seed, op) for r in range(size)]
-        assert_matches(tensor, reduce_reference(inputs, op))
+        assert_matches(tensor, all_ranks_reduced(shape, getattr(torch, dtype), op, seed))
 
 
 def test_mixed_sizes_dtypes_and_ops_in_flight(pool: RankPool) -> None:
@@ -101,7 +99,7 @@ def rank_dependent_waiting() -> None:
     Legal under c10d (same order, any timing). A rank that is ahead must not
     block one that is behind, whatever the staging bound.
     """
-    rank, size = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     tensors = [rank_tensor(rank, (50_000,), torch.float32, seed=s) for s in range(6)]
     works = []
     for tensor in tensors:
@@ -111,8 +109,7 @@ def rank_dependent_waiting() -> None:
     for work in works:
         work.wait()
     for seed, tensor in enumerate(tensors):
-        inputs = [rank_tensor(r, (50_000,), torch.float32, seed=seed) for r in range(size)]
-        assert_matches(tensor, reduce_reference(inputs, "sum"))
+        assert_matches(tensor, all_ranks_reduced((50_000,), torch.float32, seed=seed))
 
 
 def test_ranks_that_wait_at_different_points_do_not_deadlock() -> None:
@@ -121,12 +118,11 @@ def test_ranks_that_wait_at_different_points_do_not_deadlock() -> None:
 
 
 def non_contiguous_tensor() -> None:
-    rank, size = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     base = rank_tensor(rank, (64, 30), torch.float32)
     view = base.t()  # not contiguous
     dist.all_reduce(view)
-    expected = reduce_reference([rank_tensor(r, (64, 30), torch.float32) for r in range(size)], "sum")
-    assert_matches(base, expected)
+    assert_matches(base, all_ranks_reduced((64, 30), torch.float32))
 
 
 def test_non_contiguous_tensor(pool: RankPool) -> None:

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from fairring.bench.netns import NetnsCluster, netns_available
 from harness import Layout, RankPool
-from reference import assert_matches, rank_tensor, reduce_reference
+from reference import all_ranks_reduced, assert_matches, rank_tensor
 
 MiB = 1 << 20
 _state: dict[str, object] = {}
@@ -39,9 +39,8 @@ def all_reduce_prepared(backend: str) -> None:
     tensor = _state["tensor"].clone()
     group = _state["gloo"] if backend == "gloo" else None
     dist.all_reduce(tensor, group=group)
-    size, numel = dist.get_world_size(), tensor.numel()
-    expected = reduce_reference([rank_tensor(r, (numel,), torch.float32) for r in range(size)], "sum")
-    assert_matches(tensor, expected)
+    numel = tensor.numel()
+    assert_matches(tensor, all_ranks_reduced((numel,), torch.float32))
 
 
 def tx_bytes_per_host(cluster: NetnsCluster, ranks: RankPool, backend: str) -> list[int]:

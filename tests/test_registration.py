@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from fairring.bench import free_port
 from harness import InitSpec, Layout, RankFailure, RankPool, init_process_group
-from reference import assert_matches, rank_tensor, reduce_reference
+from reference import all_ranks_reduced, assert_matches, rank_tensor, reduce_reference
 
 
 def backend_state() -> dict[str, object]:
@@ -44,10 +44,10 @@ def test_backend_reports_the_layout_it_was_given(pool: RankPool) -> None:
 
 
 def sum_on_fresh_group() -> str:
-    rank, size = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     tensor = rank_tensor(rank, (9,), torch.float32)
     dist.all_reduce(tensor)
-    assert_matches(tensor, reduce_reference([rank_tensor(r, (9,), torch.float32) for r in range(size)], "sum"))
+    assert_matches(tensor, all_ranks_reduced((9,), torch.float32))
     return dist.get_backend()
 
 
