@@ -29,18 +29,16 @@ StagingPool::StagingPool(
     int64_t chunkBytes,
     at::TensorOptions options)
     : chunkBytes_(alignUp(chunkBytes)),
-      memory_(at::empty(
-          {capacityBytes / chunkBytes_ * chunkBytes_},
-          options.dtype(at::kByte))) {
-  const int64_t chunks = memory_.numel() / chunkBytes_;
+      chunks_(capacityBytes / chunkBytes_),
+      memory_(at::empty({chunks_ * chunkBytes_}, options.dtype(at::kByte))) {
   TORCH_CHECK(
-      chunks >= 1,
+      chunks_ >= 1,
       "fairring: staging memory of ",
       capacityBytes,
       " bytes cannot hold one slice, which needs ",
       chunkBytes_,
       " bytes");
-  for (int64_t chunk = chunks - 1; chunk >= 0; --chunk) {
+  for (int64_t chunk = chunks_ - 1; chunk >= 0; --chunk) {
     freeChunks_.push_back(chunk);
   }
 }
@@ -55,9 +53,8 @@ std::optional<StagingPool::Lease> StagingPool::acquire(
   const int64_t chunk = freeChunks_.back();
   freeChunks_.pop_back();
   ++granted_;
-  const int64_t inUse = memory_.numel() / chunkBytes_ -
-      static_cast<int64_t>(freeChunks_.size());
-  peakInUse_ = std::max(peakInUse_, inUse);
+  peakInUse_ = std::max(
+      peakInUse_, chunks_ - static_cast<int64_t>(freeChunks_.size()));
   return Lease(*this, chunk);
 }
 
@@ -78,12 +75,11 @@ at::Tensor StagingPool::chunkView(int64_t chunk) const {
 
 StagingStats StagingPool::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  const int64_t chunks = memory_.numel() / chunkBytes_;
   return StagingStats{
       memory_.numel(),
       chunkBytes_,
-      chunks,
-      chunks - static_cast<int64_t>(freeChunks_.size()),
+      chunks_,
+      chunks_ - static_cast<int64_t>(freeChunks_.size()),
       peakInUse_,
       granted_};
 }

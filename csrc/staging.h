@@ -72,6 +72,7 @@ class StagingPool {
   at::Tensor chunkView(int64_t chunk) const;
 
   const int64_t chunkBytes_;
+  const int64_t chunks_;
   const at::Tensor memory_;
   mutable std::mutex mutex_;
   std::condition_variable freed_;
