@@ -8,6 +8,7 @@
 #include "config.h"
 #include "cuda_support.h"
 #include "plan.h"
+#include "staging.h"
 #include "topology.h"
 
 namespace py = pybind11;
@@ -36,6 +37,17 @@ py::object engineDict(const fairring::Backend& backend, Describe&& describe) {
   const fairring::Engine* engine = backend.cpuEngine();
   return engine == nullptr ? py::object(py::none())
                            : py::object(describe(*engine));
+}
+
+py::dict stagingDict(const fairring::StagingStats& stats) {
+  py::dict result;
+  result["capacity_bytes"] = stats.capacityBytes;
+  result["bytes_in_use"] = stats.bytesInUse;
+  result["peak_bytes_in_use"] = stats.peakBytesInUse;
+  result["leases_in_use"] = stats.leasesInUse;
+  result["peak_leases_in_use"] = stats.peakLeasesInUse;
+  result["leases_granted"] = stats.leasesGranted;
+  return result;
 }
 
 } // namespace
@@ -103,13 +115,39 @@ PYBIND11_MODULE(_C, module) {
       py::arg("granule"),
       "The slice plan: ([(offset, numel)], tail_offset, tail_numel).");
   module.def(
-      "staging_chunk_bytes",
-      &fairring::stagingChunkBytes,
+      "staging_bytes_for",
+      &fairring::stagingBytesFor,
       py::arg("slice_bytes"),
       py::arg("local_size"),
       py::arg("machines"),
-      "Staging bytes one slice in flight holds (FAIRRING_TOTAL_MEMORY / this "
-      "= slices in flight).");
+      "Staging bytes one slice of `slice_bytes` holds while in flight.");
+
+  // The engine's staging allocator, on its own, for tests.
+  using fairring::StagingRing;
+  py::class_<StagingRing::Lease>(module, "StagingLease")
+      .def_property_readonly("offset", &StagingRing::Lease::offset)
+      .def_property_readonly("size", &StagingRing::Lease::size)
+      .def("release", &StagingRing::Lease::release);
+  py::class_<StagingRing>(module, "StagingRing")
+      .def(
+          py::init([](int64_t capacityBytes) {
+            return std::make_unique<StagingRing>(
+                capacityBytes, at::TensorOptions().device(at::kCPU));
+          }),
+          py::arg("capacity_bytes"))
+      .def(
+          "try_acquire",
+          [](StagingRing& ring, int64_t bytes) {
+            auto lease = ring.tryAcquire(bytes);
+            return lease ? std::make_unique<StagingRing::Lease>(std::move(*lease))
+                         : nullptr;
+          },
+          py::arg("bytes"),
+          py::keep_alive<0, 1>(),
+          "A lease of `bytes` (rounded up to 64) if they fit now, else None.")
+      .def("stats", [](const StagingRing& ring) {
+        return stagingDict(ring.stats());
+      });
   module.def(
       "slice_numel_for",
       &fairring::sliceNumelFor,
@@ -154,15 +192,7 @@ PYBIND11_MODULE(_C, module) {
           "staging_stats",
           [](const fairring::Backend& backend) {
             return engineDict(backend, [](const fairring::Engine& engine) {
-              const auto stats = engine.stagingStats();
-              py::dict result;
-              result["capacity_bytes"] = stats.capacityBytes;
-              result["chunk_bytes"] = stats.chunkBytes;
-              result["chunks"] = stats.chunks;
-              result["chunks_in_use"] = stats.chunksInUse;
-              result["peak_chunks_in_use"] = stats.peakChunksInUse;
-              result["leases_granted"] = stats.leasesGranted;
-              return result;
+              return stagingDict(engine.stagingStats());
             });
           },
           "Staging memory of the CPU engine; None on a single machine.")

@@ -55,7 +55,7 @@ struct Engine::SliceWork {
   std::shared_ptr<Op> op;
   int64_t index;
   at::Tensor input; // the slice of op->flat: reduce-scatter input, all-gather output
-  std::optional<StagingPool::Lease> lease;
+  std::optional<StagingRing::Lease> lease;
   at::Tensor slot; // this rank's slot of the slice; aliases input with one rank per machine
   at::Tensor shards; // [machines, shard]: every machine's contribution to my shard
   // Guarded by the engine's mutex_.
@@ -86,13 +86,7 @@ Engine::Engine(
       groups_(std::move(groups)),
       granule_(
           static_cast<int64_t>(topology.localSize()) * topology.numMachines()),
-      pool_(
-          config.totalMemoryBytes,
-          stagingChunkBytes(
-              config.sliceSizeBytes,
-              topology.localSize(),
-              topology.numMachines()),
-          at::TensorOptions().device(at::kCPU)),
+      staging_(config.totalMemoryBytes, at::TensorOptions().device(at::kCPU)),
       rails_(std::move(rails)),
       expected_(topology.numMachines()),
       reading_(topology.numMachines(), {false, false}) {
@@ -225,16 +219,16 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
   return op->future;
 }
 
-void Engine::attachStaging(SliceWork& slice, StagingPool::Lease lease) {
+void Engine::attachStaging(SliceWork& slice, StagingRing::Lease lease) {
   const int64_t slotNumel = slice.input.numel() / topology_.localSize();
   const int64_t slotBytes = slotNumel * slice.input.element_size();
   const auto dtype = slice.input.scalar_type();
   at::Tensor bytes = lease.bytes();
   int64_t shardsOffset = 0;
   if (topology_.localSize() > 1) {
-    // The chunk holds two slot-sized halves: the slot, then the shards.
+    // The lease holds two aligned slot-sized halves: the slot, then the shards.
     slice.slot = bytes.narrow(0, 0, slotBytes).view(dtype);
-    shardsOffset = pool_.chunkBytes() / 2;
+    shardsOffset = lease.size() / 2;
   } else {
     slice.slot = slice.input;
   }
@@ -257,7 +251,12 @@ void Engine::reduceScatterLoop() {
     if (!slice) {
       return;
     }
-    auto lease = pool_.acquire([this] { return failed(); });
+    auto lease = staging_.acquire(
+        stagingBytesFor(
+            slice->input.numel() * slice->input.element_size(),
+            topology_.localSize(),
+            topology_.numMachines()),
+        [this] { return failed(); });
     if (!lease) {
       return;
     }
@@ -528,7 +527,7 @@ void Engine::fail(const std::string& message) {
     }
   }
   progress_.notify_all();
-  pool_.interrupt();
+  staging_.interrupt();
   rails_->closePipes();
   const auto error = std::make_exception_ptr(std::runtime_error(
       "fairring: rank " + std::to_string(topology_.rank()) + ": " + message));

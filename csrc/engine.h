@@ -83,7 +83,7 @@ class Engine {
   void abort(const std::string& reason);
 
   StagingStats stagingStats() const {
-    return pool_.stats();
+    return staging_.stats();
   }
   EngineStats stats() const;
 
@@ -106,7 +106,7 @@ class Engine {
       std::deque<std::shared_ptr<SliceWork>>& queue,
       std::shared_ptr<SliceWork> slice);
 
-  void attachStaging(SliceWork& slice, StagingPool::Lease lease);
+  void attachStaging(SliceWork& slice, StagingRing::Lease lease);
   void reduceShards(SliceWork& slice);
   // Registers the messages `slice` will receive on both lanes.
   void expectMessages(const std::shared_ptr<SliceWork>& slice);
@@ -127,7 +127,7 @@ class Engine {
   const Config config_;
   const Groups groups_;
   const int64_t granule_; // ranks per machine x machines
-  StagingPool pool_;
+  StagingRing staging_;
   // Reset first in the destructor: its callbacks use the members below.
   std::unique_ptr<Rails> rails_;
 

@@ -2,83 +2,112 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <optional>
-#include <vector>
 
 #include <ATen/core/Tensor.h>
 
 namespace fairring {
 
-// Bytes of staging one slice holds, for slices of at most `sliceBytes`, with
-// `localSize` ranks per machine and `machines` machines: a slot (unless it is
-// the user's memory, with one rank per machine) and the received shards.
-int64_t stagingChunkBytes(int64_t sliceBytes, int localSize, int machines);
+// Staging one slice of `sliceBytes` holds, with `localSize` ranks per machine
+// and `machines` machines: a slot (unless it is the user's memory, with one
+// rank per machine) and the received shards, each 64-byte aligned.
+int64_t stagingBytesFor(int64_t sliceBytes, int localSize, int machines);
 
 struct StagingStats {
   int64_t capacityBytes; // allocated once, at construction
-  int64_t chunkBytes;
-  int64_t chunks;
-  int64_t chunksInUse;
-  int64_t peakChunksInUse;
+  int64_t bytesInUse;
+  int64_t peakBytesInUse;
+  int64_t leasesInUse;
+  int64_t peakLeasesInUse;
   int64_t leasesGranted;
 };
 
-// All staging memory of one engine: one allocation, made at construction, cut
-// into equal chunks, one per slice in flight. The number of chunks is thus the
-// number of slices that can be in flight; acquire() blocks while all are used.
-class StagingPool {
+// All staging memory of one engine: one allocation, made at construction,
+// leased out as a ring. Slices take their lease in issue order and, in normal
+// operation, give it back in that order too (the all-gather stage finishes
+// slices in issue order), so a ring wastes nothing but the unused end when a
+// lease wraps around. Each lease is exactly as large as its slice needs, so a
+// small all-reduce does not take a full slice's worth of memory: the number of
+// slices in flight is whatever fits. Leases released out of order (on failure)
+// are reclaimed once every older lease is back.
+class StagingRing {
  public:
   class Lease {
    public:
-    Lease(StagingPool& pool, int64_t chunk) : pool_(&pool), chunk_(chunk) {}
+    Lease(StagingRing& ring, uint64_t id, int64_t offset, int64_t bytes)
+        : ring_(&ring), id_(id), offset_(offset), bytes_(bytes) {}
     Lease(Lease&& other) noexcept
-        : pool_(std::exchange(other.pool_, nullptr)), chunk_(other.chunk_) {}
+        : ring_(std::exchange(other.ring_, nullptr)),
+          id_(other.id_),
+          offset_(other.offset_),
+          bytes_(other.bytes_) {}
     Lease& operator=(Lease&&) = delete;
     Lease(const Lease&) = delete;
     Lease& operator=(const Lease&) = delete;
     ~Lease() {
-      if (pool_ != nullptr) {
-        pool_->release(chunk_);
-      }
+      release();
     }
-    // The chunk's bytes, as a 1-D uint8 tensor.
-    at::Tensor bytes() const {
-      return pool_->chunkView(chunk_);
+
+    // The leased bytes, as a 1-D uint8 tensor.
+    at::Tensor bytes() const;
+    int64_t offset() const {
+      return offset_;
     }
+    int64_t size() const {
+      return bytes_;
+    }
+    // Gives the bytes back now rather than at destruction.
+    void release();
 
    private:
-    StagingPool* pool_;
-    int64_t chunk_;
+    StagingRing* ring_;
+    uint64_t id_;
+    int64_t offset_;
+    int64_t bytes_;
   };
 
-  // `chunkBytes` is rounded up to keep every chunk 64-byte aligned.
-  StagingPool(int64_t capacityBytes, int64_t chunkBytes, at::TensorOptions options);
+  // The capacity is rounded down to keep every lease 64-byte aligned.
+  StagingRing(int64_t capacityBytes, at::TensorOptions options);
 
-  // Blocks until a chunk is free; returns nullopt if `cancelled()` turns true
-  // first (checked whenever the pool is notified, see interrupt()).
-  std::optional<Lease> acquire(const std::function<bool()>& cancelled);
+  // Blocks until `bytes` fit; returns nullopt if `cancelled()` turns true
+  // first (checked whenever the ring is notified, see interrupt()).
+  std::optional<Lease> acquire(
+      int64_t bytes,
+      const std::function<bool()>& cancelled);
+  // The lease if `bytes` fit now, else nullopt.
+  std::optional<Lease> tryAcquire(int64_t bytes);
   // Wakes acquire() so it rechecks its cancellation predicate.
   void interrupt();
 
   StagingStats stats() const;
-  int64_t chunkBytes() const {
-    return chunkBytes_;
+  int64_t capacity() const {
+    return capacity_;
   }
 
  private:
-  void release(int64_t chunk);
-  at::Tensor chunkView(int64_t chunk) const;
+  struct Extent {
+    uint64_t id;
+    int64_t begin;
+    int64_t end;
+    bool released;
+  };
 
-  const int64_t chunkBytes_;
-  const int64_t chunks_;
+  std::optional<Lease> placeLocked(int64_t bytes);
+  int64_t leasesInUseLocked() const;
+  void release(uint64_t id);
+
+  const int64_t capacity_;
   const at::Tensor memory_;
   mutable std::mutex mutex_;
   std::condition_variable freed_;
-  std::vector<int64_t> freeChunks_; // guarded by mutex_
-  int64_t peakInUse_ = 0; // guarded by mutex_
-  int64_t granted_ = 0; // guarded by mutex_
+  std::deque<Extent> extents_; // live leases, oldest first; guarded by mutex_
+  uint64_t nextId_ = 0; // guarded by mutex_
+  int64_t bytesInUse_ = 0; // guarded by mutex_
+  int64_t peakBytesInUse_ = 0; // guarded by mutex_
+  int64_t peakLeasesInUse_ = 0; // guarded by mutex_
 };
 
 } // namespace fairring

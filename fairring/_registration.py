@@ -56,12 +56,12 @@ def check_staging_fits(config: Config, topology: _C.Topology) -> None:
     """The staging pool must hold at least one slice; say which variable to change if not."""
     if topology.num_machines == 1:
         return  # no engine, no staging
-    chunk = _C.staging_chunk_bytes(config.slice_size, topology.local_size, topology.num_machines)
-    if config.total_memory < chunk:
+    needed = _C.staging_bytes_for(config.slice_size, topology.local_size, topology.num_machines)
+    if config.total_memory < needed:
         raise ConfigError(
             f"{TOTAL_MEMORY}={format_size(config.total_memory)} cannot hold one slice in flight: with "
             f"{SLICE_SIZE}={format_size(config.slice_size)} and {topology.local_size} rank(s) per machine a "
-            f"slice needs {format_size(chunk)} of staging. Raise {TOTAL_MEMORY} to at least {chunk} bytes "
+            f"slice needs {format_size(needed)} of staging. Raise {TOTAL_MEMORY} to at least {needed} bytes "
             f"or lower {SLICE_SIZE}."
         )
 

@@ -68,8 +68,9 @@ def test_tensors_far_larger_than_staging_stream_through_it(layout: Layout) -> No
         results = ranks.run(sum_and_stats, 300_001, 3)
     for stats, staging in results:
         assert staging["capacity_bytes"] <= 12 * 1024
-        assert 1 <= staging["peak_chunks_in_use"] <= staging["chunks"]
-        assert staging["chunks_in_use"] == 0
+        assert 0 < staging["peak_bytes_in_use"] <= staging["capacity_bytes"]
+        assert staging["peak_leases_in_use"] >= 1
+        assert staging["bytes_in_use"] == 0 and staging["leases_in_use"] == 0
         # 1.2 MB per op through 12 KiB of staging: hundreds of slices.
         assert stats["slices"] >= 3 * (300_001 * 4 // 4096)
 

@@ -137,10 +137,10 @@ def runs_for(args: argparse.Namespace) -> list[Run]:
         from fairring import _C
         from fairring.config import load_config
 
-        slice_bytes = load_config({**os.environ, **user_env}).slice_size
-        chunk = _C.staging_chunk_bytes(slice_bytes, args.ranks_per_machine, args.machines)
+        slice_bytes = min(load_config({**os.environ, **user_env}).slice_size, args.bucket_bytes)
+        per_slice = _C.staging_bytes_for(slice_bytes, args.ranks_per_machine, args.machines)
         for inflight in args.inflight_list:
-            environment = {**user_env, "FAIRRING_TOTAL_MEMORY": str(inflight * chunk)}
+            environment = {**user_env, "FAIRRING_TOTAL_MEMORY": str(inflight * per_slice)}
             runs.append(Run("overlap", args.machines, [args.bucket_bytes], args.buckets, inflight, environment))
     if "scaling" in studies:
         for machines in range(1, args.machines + 1):

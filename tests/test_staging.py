@@ -1,0 +1,83 @@
+"""The staging ring on its own: placement, wrap-around, out-of-order release, bounds."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from fairring import _C
+
+
+def test_leases_are_aligned_and_sized_to_the_request() -> None:
+    ring = _C.StagingRing(1000)
+    assert ring.stats()["capacity_bytes"] == 960  # rounded down to 64-byte lines
+    first = ring.try_acquire(1)
+    second = ring.try_acquire(100)
+    assert (first.offset, first.size) == (0, 64)
+    assert (second.offset, second.size) == (64, 128)
+
+
+def test_leases_wrap_around_once_the_oldest_is_back() -> None:
+    ring = _C.StagingRing(1024)
+    a = ring.try_acquire(384)
+    b = ring.try_acquire(384)
+    assert (a.offset, b.offset) == (0, 384)
+    assert ring.try_acquire(384) is None  # 256 bytes left at the end, none at the start
+    a.release()
+    c = ring.try_acquire(384)
+    assert c.offset == 0  # wrapped; the end stays unused meanwhile
+    assert ring.try_acquire(64) is None  # between c's end and b's start: nothing
+    b.release()
+    d = ring.try_acquire(256)
+    assert d.offset == 384
+    stats = ring.stats()
+    assert (stats["bytes_in_use"], stats["leases_in_use"], stats["leases_granted"]) == (640, 2, 4)
+    assert stats["peak_bytes_in_use"] == 768
+
+
+def test_space_freed_out_of_order_is_reused_once_older_leases_are_back() -> None:
+    ring = _C.StagingRing(768)
+    a, b, c = (ring.try_acquire(256) for _ in range(3))
+    b.release()  # as on failure: younger first
+    assert ring.stats()["bytes_in_use"] == 512
+    assert ring.try_acquire(256) is None  # b's bytes wait behind a
+    a.release()
+    assert ring.try_acquire(512).offset == 0
+    del c
+
+
+def test_a_request_larger_than_the_ring_names_the_variable() -> None:
+    ring = _C.StagingRing(4096)
+    with pytest.raises(RuntimeError, match="FAIRRING_TOTAL_MEMORY"):
+        ring.try_acquire(4097)
+
+
+def test_random_fifo_use_never_overlaps_and_never_exceeds_capacity() -> None:
+    capacity = 64 * 100
+    ring = _C.StagingRing(capacity)
+    rng = random.Random(7)
+    live: list = []
+    granted = 0
+    for _ in range(5000):
+        if live and (rng.random() < 0.45 or len(live) > 20):
+            # Mostly oldest first, as the engine releases; sometimes any.
+            index = 0 if rng.random() < 0.8 else rng.randrange(len(live))
+            live.pop(index).release()
+            continue
+        lease = ring.try_acquire(rng.randint(1, capacity // 3))
+        if lease is None:
+            continue
+        granted += 1
+        assert 0 <= lease.offset and lease.offset + lease.size <= capacity
+        for other in live:
+            assert lease.offset + lease.size <= other.offset or other.offset + other.size <= lease.offset
+        live.append(lease)
+        stats = ring.stats()
+        assert stats["bytes_in_use"] == sum(held.size for held in live) <= capacity
+        assert stats["leases_in_use"] == len(live)
+    for lease in live:
+        lease.release()
+    stats = ring.stats()
+    assert (stats["bytes_in_use"], stats["leases_in_use"], stats["leases_granted"]) == (0, 0, granted)
+    assert ring.try_acquire(capacity).offset == 0  # all of it is back
