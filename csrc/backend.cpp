@@ -1,5 +1,7 @@
 #include "backend.h"
 
+#include <algorithm>
+
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
@@ -87,6 +89,44 @@ c10d::AllreduceOptions premultiplied(
   c10d::AllreduceOptions sum = opts;
   sum.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
   return sum;
+}
+
+// Whether the engine takes every tensor of a coalesced all-reduce, all of one
+// dtype so that they travel as one packed tensor.
+bool engineHandlesAll(
+    const std::vector<at::Tensor>& tensors,
+    c10d::ReduceOp::RedOpType op) {
+  return !tensors.empty() &&
+      std::all_of(tensors.begin(), tensors.end(), [&](const at::Tensor& t) {
+           return t.scalar_type() == tensors[0].scalar_type() &&
+               Engine::handles(t, op);
+         });
+}
+
+// One engine all-reduce of the tensors packed end to end; the result is
+// unpacked into them when it completes (on the engine's all-gather thread).
+c10::intrusive_ptr<c10::ivalue::Future> packedAllreduce(
+    Engine& engine,
+    const std::vector<at::Tensor>& tensors,
+    c10d::ReduceOp::RedOpType op) {
+  std::vector<at::Tensor> flattened;
+  flattened.reserve(tensors.size());
+  for (const auto& tensor : tensors) {
+    flattened.push_back(tensor.reshape({-1}));
+  }
+  at::Tensor packed = at::cat(flattened);
+  return engine.allreduce(packed, op)->then(
+      [tensors, packed](c10::ivalue::Future& done) {
+        done.value(); // rethrows the engine's error into the returned future
+        int64_t offset = 0;
+        for (const auto& tensor : tensors) {
+          tensor.copy_(
+              packed.narrow(0, offset, tensor.numel()).view(tensor.sizes()));
+          offset += tensor.numel();
+        }
+        return c10::IValue(tensors);
+      },
+      c10::ListType::create(c10::TensorType::get()));
 }
 
 } // namespace
@@ -268,8 +308,15 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(
   return forward(
       "allreduce_coalesced",
       [&](c10d::Backend& inner) {
-        if (isCpu(inner)) {
-          checkCpuReduction("allreduce_coalesced", opts.reduceOp, tensors);
+        if (!isCpu(inner)) {
+          return inner.allreduce_coalesced(tensors, opts);
+        }
+        checkCpuReduction("allreduce_coalesced", opts.reduceOp, tensors);
+        if (cpuEngine_ && engineHandlesAll(tensors, opts.reduceOp)) {
+          return c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
+              packedAllreduce(*cpuEngine_, tensors, opts.reduceOp),
+              c10d::OpType::ALLREDUCE_COALESCED,
+              "all_reduce_coalesced"));
         }
         return inner.allreduce_coalesced(tensors, opts);
       },

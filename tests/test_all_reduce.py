@@ -82,7 +82,11 @@ def coalesced(api: str) -> None:
     shapes = [(5,), (0,), (3, 4), (1000,)]
     tensors = [rank_tensor(rank, shape, torch.float64, seed=i) for i, shape in enumerate(shapes)]
     if api == "all_reduce_coalesced":
+        engine = dist.group.WORLD._get_backend(torch.device("cpu")).engine_stats
+        ops_before = engine()["ops"] if engine() else None
         dist.all_reduce_coalesced(tensors)
+        if ops_before is not None:  # the group spans machines: packed into one engine op
+            assert engine()["ops"] == ops_before + 1
     else:
         with dist._coalescing_manager(async_ops=True) as manager:
             for tensor in tensors:
