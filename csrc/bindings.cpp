@@ -149,6 +149,12 @@ PYBIND11_MODULE(_C, module) {
         return stagingDict(ring.stats());
       });
   module.def(
+      "slice_bytes_for",
+      &fairring::sliceBytesFor,
+      py::arg("tensor_bytes"),
+      py::arg("max_slice_bytes"),
+      "The slice size the engine uses for an all-reduce of `tensor_bytes`.");
+  module.def(
       "slice_numel_for",
       &fairring::sliceNumelFor,
       py::arg("slice_bytes"),

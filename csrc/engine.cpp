@@ -164,7 +164,11 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
   const Plan plan = makePlan(
       op->flat.numel(),
       sliceNumelFor(
-          config_.sliceSizeBytes, op->flat.element_size(), granule_),
+          sliceBytesFor(
+              op->flat.numel() * op->flat.element_size(),
+              config_.sliceSizeBytes),
+          op->flat.element_size(),
+          granule_),
       granule_);
   const bool hasTail = plan.tailNumel > 0;
   op->partsLeft = static_cast<int64_t>(plan.slices.size()) + (hasTail ? 1 : 0);

@@ -24,6 +24,16 @@ struct Plan {
   int64_t tailNumel = 0;
 };
 
+// Slices an all-reduce is cut into, when it is long enough: fewer, and the
+// local steps of the first and last slice are not overlapped with the network.
+constexpr int64_t kPipelineDepth = 8;
+
+// The slice size, in bytes, for an all-reduce of `tensorBytes`: at most
+// `maxSliceBytes` (FAIRRING_SLICE_SIZE), and smaller for tensors shorter than
+// kPipelineDepth such slices so that they pipeline too, but never below a
+// quarter of the maximum, where per-slice costs start to show.
+int64_t sliceBytesFor(int64_t tensorBytes, int64_t maxSliceBytes);
+
 // The largest slice (in elements) that fits `sliceBytes` and divides evenly:
 // a positive multiple of `granule` (ranks per machine x machines).
 int64_t sliceNumelFor(int64_t sliceBytes, int64_t elementSize, int64_t granule);

@@ -25,7 +25,7 @@ LOG_LEVEL = "FAIRRING_LOG_LEVEL"
 SOCKET_IFNAME = "TP_SOCKET_IFNAME"
 
 DEFAULT_TOTAL_MEMORY = 50 * MiB
-DEFAULT_SLICE_SIZE = 25 * MiB
+DEFAULT_SLICE_SIZE = 4 * MiB
 
 # Binary multiples for the bare letter and the "i" forms (as NCCL and most ML
 # tooling read "50M"), decimal ones for the SI forms.

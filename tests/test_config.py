@@ -49,7 +49,7 @@ def test_parse_size_rejects_with_variable_value_and_accepted_forms(raw: str) -> 
 def test_defaults() -> None:
     config = load_config({})
     assert config.total_memory == DEFAULT_TOTAL_MEMORY == 50 * 2**20
-    assert config.slice_size == DEFAULT_SLICE_SIZE == 25 * 2**20
+    assert config.slice_size == DEFAULT_SLICE_SIZE == 4 * 2**20
     assert config.machine_id is None and config.log_level is None
 
 

@@ -35,8 +35,22 @@ def test_slice_numel_is_a_positive_multiple_of_the_granule() -> None:
     assert _C.slice_numel_for(8, 8, 6) == 6  # never zero: one granule at least
 
 
-def engine_state() -> dict[str, object] | None:
-    return cpu_backend().engine_stats()
+MiB = 2**20
+
+
+@pytest.mark.parametrize(
+    ("tensor_bytes", "max_slice", "expected"),
+    [
+        (100 * MiB, 4 * MiB, 4 * MiB),  # long: the maximum
+        (16 * MiB, 4 * MiB, 2 * MiB),  # 8 slices deep
+        (4 * MiB, 4 * MiB, 1 * MiB),  # not below a quarter of the maximum
+        (1024, 4 * MiB, 1 * MiB),  # one slice, as short as the tensor
+        (0, 4 * MiB, 1 * MiB),
+        (10, 1, 1),
+    ],
+)
+def test_slice_size_pipelines_short_tensors(tensor_bytes: int, max_slice: int, expected: int) -> None:
+    assert _C.slice_bytes_for(tensor_bytes, max_slice) == expected
 
 
 def sum_and_stats(numel: int, count: int) -> tuple[dict[str, int], dict[str, int]]:

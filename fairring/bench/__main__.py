@@ -137,7 +137,7 @@ def runs_for(args: argparse.Namespace) -> list[Run]:
         from fairring import _C
         from fairring.config import load_config
 
-        slice_bytes = min(load_config({**os.environ, **user_env}).slice_size, args.bucket_bytes)
+        slice_bytes = _C.slice_bytes_for(args.bucket_bytes, load_config({**os.environ, **user_env}).slice_size)
         per_slice = _C.staging_bytes_for(slice_bytes, args.ranks_per_machine, args.machines)
         for inflight in args.inflight_list:
             environment = {**user_env, "FAIRRING_TOTAL_MEMORY": str(inflight * per_slice)}
