@@ -107,6 +107,7 @@ class Engine {
       std::shared_ptr<SliceWork> slice);
 
   void attachStaging(SliceWork& slice, StagingRing::Lease lease);
+  void localReduceScatter(SliceWork& slice);
   void reduceShards(SliceWork& slice);
   // Registers the messages `slice` will receive on both lanes.
   void expectMessages(const std::shared_ptr<SliceWork>& slice);

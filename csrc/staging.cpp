@@ -21,7 +21,9 @@ int64_t stagingBytesFor(int64_t sliceBytes, int localSize, int machines) {
   const int64_t granule = static_cast<int64_t>(localSize) * machines;
   const int64_t slot =
       alignUp(std::max(sliceBytes, granule * kLargestElement) / localSize);
-  return (localSize > 1 ? 2 : 1) * slot;
+  // With one rank per machine the slot is the user's memory; otherwise the
+  // local reduce-scatter receives every local rank's part of it first.
+  return (localSize > 1 ? localSize + 1 : 1) * slot;
 }
 
 at::Tensor StagingRing::Lease::bytes() const {

@@ -12,8 +12,8 @@
 namespace fairring {
 
 // Staging one slice of `sliceBytes` holds, with `localSize` ranks per machine
-// and `machines` machines: a slot (unless it is the user's memory, with one
-// rank per machine) and the received shards, each 64-byte aligned.
+// and `machines` machines: every local rank's part of this rank's slot (none
+// with one rank per machine) and the received shards, each 64-byte aligned.
 int64_t stagingBytesFor(int64_t sliceBytes, int localSize, int machines);
 
 struct StagingStats {
