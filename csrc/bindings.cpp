@@ -89,15 +89,22 @@ PYBIND11_MODULE(_C, module) {
       .def(
           py::init([](int64_t totalMemoryBytes,
                       int64_t sliceSizeBytes,
+                      int64_t flatThresholdBytes,
                       std::string socketInterface) {
             return fairring::Config{
-                totalMemoryBytes, sliceSizeBytes, std::move(socketInterface)};
+                totalMemoryBytes,
+                sliceSizeBytes,
+                flatThresholdBytes,
+                std::move(socketInterface)};
           }),
           py::arg("total_memory_bytes"),
           py::arg("slice_size_bytes"),
+          py::arg("flat_threshold_bytes"),
           py::arg("socket_interface"))
       .def_readonly("total_memory_bytes", &fairring::Config::totalMemoryBytes)
       .def_readonly("slice_size_bytes", &fairring::Config::sliceSizeBytes)
+      .def_readonly(
+          "flat_threshold_bytes", &fairring::Config::flatThresholdBytes)
       .def_readonly("socket_interface", &fairring::Config::socketInterface);
 
   module.def(

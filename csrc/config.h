@@ -11,7 +11,9 @@ struct Config {
   // Upper bound on staging memory per device (FAIRRING_TOTAL_MEMORY).
   int64_t totalMemoryBytes = 50 * 1024 * 1024;
   // Largest slice an all-reduce is cut into (FAIRRING_SLICE_SIZE).
-  int64_t sliceSizeBytes = 25 * 1024 * 1024;
+  int64_t sliceSizeBytes = 4 * 1024 * 1024;
+  // All-reduces smaller than this take the flat path (FAIRRING_FLAT_THRESHOLD).
+  int64_t flatThresholdBytes = 0;
   // Network interface for the rails (TP_SOCKET_IFNAME); empty: automatic.
   std::string socketInterface;
 };

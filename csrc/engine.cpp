@@ -187,15 +187,17 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
   op->future = c10::make_intrusive<c10::ivalue::Future>(
       c10::ListType::create(c10::TensorType::get()));
 
-  const Plan plan = makePlan(
-      op->flat.numel(),
-      sliceNumelFor(
-          sliceBytesFor(
-              op->flat.numel() * op->flat.element_size(),
-              config_.sliceSizeBytes),
-          op->flat.element_size(),
-          granule_),
-      granule_);
+  const int64_t bytes = op->flat.numel() * op->flat.element_size();
+  // Below the threshold, latency rules and the flat all-reduce has fewer steps.
+  const Plan plan = bytes < config_.flatThresholdBytes
+      ? Plan{{}, 0, op->flat.numel()}
+      : makePlan(
+            op->flat.numel(),
+            sliceNumelFor(
+                sliceBytesFor(bytes, config_.sliceSizeBytes),
+                op->flat.element_size(),
+                granule_),
+            granule_);
   const bool hasTail = plan.tailNumel > 0;
   op->partsLeft = static_cast<int64_t>(plan.slices.size()) + (hasTail ? 1 : 0);
   if (op->partsLeft == 0) {
@@ -228,8 +230,8 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
   }
   progress_.notify_all();
 
-  // The tail is too short to shard: a flat all-reduce, issued here so that
-  // it keeps the issue order on the flat group.
+  // The tail is too short to shard (or the tensor too small to bother): a
+  // flat all-reduce, issued here so it keeps the issue order on the flat group.
   if (hasTail) {
     ++flatOps_;
     std::vector<at::Tensor> tail{

@@ -43,6 +43,7 @@ def _create_backend(dist_options: Any, backend_options: Any) -> _C.Backend:
         _C.Config(
             total_memory_bytes=config.total_memory,
             slice_size_bytes=config.slice_size,
+            flat_threshold_bytes=config.flat_threshold,
             socket_interface=config.socket_interface or "",
         ),
         timeout,

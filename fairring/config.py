@@ -20,12 +20,14 @@ GiB = 1024 * MiB
 
 TOTAL_MEMORY = "FAIRRING_TOTAL_MEMORY"
 SLICE_SIZE = "FAIRRING_SLICE_SIZE"
+FLAT_THRESHOLD = "FAIRRING_FLAT_THRESHOLD"
 MACHINE_ID = "FAIRRING_MACHINE_ID"
 LOG_LEVEL = "FAIRRING_LOG_LEVEL"
 SOCKET_IFNAME = "TP_SOCKET_IFNAME"
 
 DEFAULT_TOTAL_MEMORY = 50 * MiB
 DEFAULT_SLICE_SIZE = 4 * MiB
+DEFAULT_FLAT_THRESHOLD = 0
 
 # Binary multiples for the bare letter and the "i" forms (as NCCL and most ML
 # tooling read "50M"), decimal ones for the SI forms.
@@ -49,7 +51,7 @@ class ConfigError(ValueError):
     """An environment variable holds a value fairring cannot use."""
 
 
-def parse_size(name: str, raw: str) -> int:
+def parse_size(name: str, raw: str, allow_zero: bool = False) -> int:
     """Bytes in `raw`, the value of variable `name`; ConfigError if invalid."""
     match = _SIZE_PATTERN.match(raw)
     unit = match.group(2).lower() if match else None
@@ -61,7 +63,7 @@ def parse_size(name: str, raw: str) -> int:
         raise ConfigError(f"{name}={raw!r} is not a size; expected {_SIZE_HELP}") from error
     if size != size.to_integral_value():
         raise ConfigError(f"{name}={raw!r} is not a whole number of bytes; expected {_SIZE_HELP}")
-    if size <= 0:
+    if size < 0 or (size == 0 and not allow_zero):
         raise ConfigError(f"{name}={raw!r} must be larger than zero; expected {_SIZE_HELP}")
     return int(size)
 
@@ -80,6 +82,8 @@ class Config:
 
     total_memory: int = DEFAULT_TOTAL_MEMORY
     slice_size: int = DEFAULT_SLICE_SIZE
+    # All-reduces smaller than this skip the Herring path for a flat one; 0: none do.
+    flat_threshold: int = DEFAULT_FLAT_THRESHOLD
     # Overrides machine discovery: ranks with equal ids share a machine.
     machine_id: str | None = None
     log_level: str | None = None
@@ -88,12 +92,13 @@ class Config:
 
     def must_agree(self) -> dict[str, int]:
         """Settings that every rank of a group must share, by variable name."""
-        return {TOTAL_MEMORY: self.total_memory, SLICE_SIZE: self.slice_size}
+        return {TOTAL_MEMORY: self.total_memory, SLICE_SIZE: self.slice_size, FLAT_THRESHOLD: self.flat_threshold}
 
     def describe(self) -> str:
         return (
             f"{TOTAL_MEMORY}={format_size(self.total_memory)} "
             f"{SLICE_SIZE}={format_size(self.slice_size)} "
+            f"{FLAT_THRESHOLD}={format_size(self.flat_threshold)} "
             f"{MACHINE_ID}={self.machine_id or '(discover)'} "
             f"{LOG_LEVEL}={self.log_level or '(unset)'} "
             f"{SOCKET_IFNAME}={self.socket_interface or '(automatic)'}"
@@ -104,9 +109,9 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
     """Reads and validates fairring's variables from `env` (default os.environ)."""
     env = os.environ if env is None else env
 
-    def size(name: str, default: int) -> int:
+    def size(name: str, default: int, allow_zero: bool = False) -> int:
         raw = env.get(name)
-        return default if raw is None or raw.strip() == "" else parse_size(name, raw)
+        return default if raw is None or raw.strip() == "" else parse_size(name, raw, allow_zero)
 
     machine_id = env.get(MACHINE_ID)
     if machine_id is not None and machine_id.strip() == "":
@@ -122,6 +127,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
     return Config(
         total_memory=size(TOTAL_MEMORY, DEFAULT_TOTAL_MEMORY),
         slice_size=size(SLICE_SIZE, DEFAULT_SLICE_SIZE),
+        flat_threshold=size(FLAT_THRESHOLD, DEFAULT_FLAT_THRESHOLD, allow_zero=True),
         machine_id=machine_id.strip() if machine_id else None,
         log_level=log_level,
         socket_interface=_socket_interface(env.get(SOCKET_IFNAME)),

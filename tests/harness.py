@@ -34,6 +34,9 @@ COLLECTIVE_TIMEOUT = timedelta(seconds=60)
 CALL_TIMEOUT = 120.0
 # How long the other ranks get to report once one rank has failed.
 FAILURE_GRACE = 10.0
+# Tests use small tensors, which must reach the Herring path whatever the default
+# flat threshold is (the test of the threshold sets its own).
+ENGINE_AT_EVERY_SIZE = {"FAIRRING_FLAT_THRESHOLD": "0"}
 
 
 @dataclass(frozen=True)
@@ -180,7 +183,12 @@ class RankPool:
             )
             store_port = self._store.port
         for rank in range(self.world_size):
-            env = {**self._placement_env(rank), **self.spec.extra_env, **self.rank_env.get(rank, {})}
+            env = {
+                **ENGINE_AT_EVERY_SIZE,
+                **self._placement_env(rank),
+                **self.spec.extra_env,
+                **self.rank_env.get(rank, {}),
+            }
             namespace = self.hosts[self.layout.machine_of(rank)].name if self.hosts else None
             parent, child = context.Pipe()
             process = context.Process(

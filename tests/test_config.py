@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fairring.config import (
+    DEFAULT_FLAT_THRESHOLD,
     DEFAULT_SLICE_SIZE,
     DEFAULT_TOTAL_MEMORY,
     ConfigError,
@@ -50,6 +51,7 @@ def test_defaults() -> None:
     config = load_config({})
     assert config.total_memory == DEFAULT_TOTAL_MEMORY == 50 * 2**20
     assert config.slice_size == DEFAULT_SLICE_SIZE == 4 * 2**20
+    assert config.flat_threshold == DEFAULT_FLAT_THRESHOLD == 0
     assert config.machine_id is None and config.log_level is None
 
 
@@ -58,6 +60,7 @@ def test_values_from_environment() -> None:
         {
             "FAIRRING_TOTAL_MEMORY": "1GiB",
             "FAIRRING_SLICE_SIZE": "4M",
+            "FAIRRING_FLAT_THRESHOLD": "1MiB",
             "FAIRRING_MACHINE_ID": " rack3-node7 ",
             "FAIRRING_LOG_LEVEL": "debug",
         }
@@ -65,8 +68,18 @@ def test_values_from_environment() -> None:
     assert (config.total_memory, config.slice_size) == (2**30, 4 * 2**20)
     assert config.machine_id == "rack3-node7"
     assert config.log_level == "DEBUG"
-    assert config.must_agree() == {"FAIRRING_TOTAL_MEMORY": 2**30, "FAIRRING_SLICE_SIZE": 4 * 2**20}
+    assert config.must_agree() == {
+        "FAIRRING_TOTAL_MEMORY": 2**30,
+        "FAIRRING_SLICE_SIZE": 4 * 2**20,
+        "FAIRRING_FLAT_THRESHOLD": 2**20,
+    }
     assert "FAIRRING_SLICE_SIZE=4MiB" in config.describe()
+
+
+def test_flat_threshold_may_be_zero_but_not_negative() -> None:
+    assert load_config({"FAIRRING_FLAT_THRESHOLD": "0"}).flat_threshold == 0
+    with pytest.raises(ConfigError, match="FAIRRING_FLAT_THRESHOLD='-1'"):
+        load_config({"FAIRRING_FLAT_THRESHOLD": "-1"})
 
 
 def test_empty_size_variable_means_default() -> None:

@@ -73,6 +73,29 @@ def test_engine_runs_when_machines_are_several(pool: RankPool) -> None:
         assert stats["rail_bytes_sent"] > 0 and stats["rail_bytes_received"] == stats["rail_bytes_sent"]
 
 
+def small_then_large() -> list[dict[str, int]]:
+    """Engine counters before, after a 4 KB and after a 400 KB all-reduce."""
+    rank = dist.get_rank()
+    counters = [cpu_backend().engine_stats()]
+    for seed, numel in enumerate((1_000, 100_000)):
+        tensor = rank_tensor(rank, (numel,), torch.float32, seed=seed)
+        dist.all_reduce(tensor)
+        assert_matches(tensor, all_ranks_reduced((numel,), torch.float32, seed=seed))
+        counters.append(cpu_backend().engine_stats())
+    return counters
+
+
+def test_all_reduces_below_the_flat_threshold_skip_the_herring_path() -> None:
+    spec = InitSpec(extra_env={"FAIRRING_FLAT_THRESHOLD": "64KiB"})
+    with RankPool(Layout(2, 2), spec) as ranks:
+        results = ranks.run(small_then_large)
+    for before, after_small, after_large in results:
+        assert after_small["flat_ops"] == before["flat_ops"] + 1
+        assert after_small["slices"] == before["slices"]
+        assert after_large["slices"] > after_small["slices"]
+        assert after_large["flat_ops"] == after_small["flat_ops"]  # 100_000 divides by 4: no tail
+
+
 STREAMING_ENV = {"FAIRRING_SLICE_SIZE": "4KiB", "FAIRRING_TOTAL_MEMORY": "12KiB"}
 
 
