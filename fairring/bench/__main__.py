@@ -137,10 +137,18 @@ def runs_for(args: argparse.Namespace) -> list[Run]:
         from fairring import _C
         from fairring.config import load_config
 
-        slice_bytes = _C.slice_bytes_for(args.bucket_bytes, load_config({**os.environ, **user_env}).slice_size)
+        # The buckets' own slice size becomes the maximum, so that init's check
+        # (staging for one full slice) asks for no more than the buckets need. This keeps the
+        # buckets' slicing as it is for buckets of 2+ maximum slices (the 25 MiB default).
+        max_slice = load_config({**os.environ, **user_env}).slice_size
+        slice_bytes = min(args.bucket_bytes, _C.slice_bytes_for(args.bucket_bytes, max_slice))
         per_slice = _C.staging_bytes_for(slice_bytes, args.ranks_per_machine, args.machines)
         for inflight in args.inflight_list:
-            environment = {**user_env, "FAIRRING_TOTAL_MEMORY": str(inflight * per_slice)}
+            environment = {
+                **user_env,
+                "FAIRRING_SLICE_SIZE": str(slice_bytes),
+                "FAIRRING_TOTAL_MEMORY": str(inflight * per_slice),
+            }
             runs.append(Run("overlap", args.machines, [args.bucket_bytes], args.buckets, inflight, environment))
     if "scaling" in studies:
         for machines in range(1, args.machines + 1):
@@ -209,7 +217,8 @@ def wait_for(agents: list[subprocess.Popen[bytes]], logs: list, timeout: float) 
     codes = [agent.poll() for agent in agents]
     if all(code == 0 for code in codes):
         return 0
-    reason = "timed out" if None in codes else f"exit codes {codes}"
+    failed = {node: code for node, code in enumerate(codes) if code not in (None, 0)}
+    reason = f"the agents of machines {failed} exited with those codes" if failed else f"timed out after {timeout:g} s"
     print(f"fairring.bench: the run failed ({reason})", file=sys.stderr)
     for node, log in enumerate(logs):
         if log is not None:
