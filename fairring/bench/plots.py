@@ -48,6 +48,8 @@ def plot_records(records: list[dict], folder: Path, title_suffix: str = "") -> l
         if logscale:
             axes.set_xscale("log")
             axes.set_yscale("log")
+        else:
+            axes.set_xticks(sorted({float(r[key]) * scale for r in chosen}))  # the values measured, no fractions
         sample = chosen[0]
         machines = "" if study == "scaling" else f"{sample['machines']} machines x "
         axes.set_title(f"{study}: {machines}{sample['ranks_per_machine']} ranks, {sample['device']}{title_suffix}")
