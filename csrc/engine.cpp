@@ -259,8 +259,8 @@ void Engine::attachStaging(SliceWork& slice, StagingRing::Lease lease) {
   at::Tensor bytes = lease.bytes();
   int64_t shardsOffset = 0;
   if (localSize > 1) {
-    // L aligned slot-sized rows (every local rank's part of my slot; row 0
-    // becomes the slot), then the shards: see stagingBytesFor().
+    // L slot-sized rows (every local rank's part of my slot; row 0 becomes
+    // the slot), then the shards at an aligned offset: see stagingBytesFor().
     slice.localParts = bytes.narrow(0, 0, localSize * slotBytes)
                            .view(dtype)
                            .view({localSize, slotNumel});
