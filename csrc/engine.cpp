@@ -251,25 +251,25 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
   return op->future;
 }
 
-void Engine::attachStaging(SliceWork& slice, StagingRing::Lease lease) {
+void Engine::attachStaging(
+    SliceWork& slice,
+    StagingRing::Lease lease,
+    const StagingLayout& layout) {
   const int localSize = topology_.localSize();
   const int64_t slotNumel = slice.input.numel() / localSize;
   const int64_t slotBytes = slotNumel * slice.input.element_size();
   const auto dtype = slice.input.scalar_type();
   at::Tensor bytes = lease.bytes();
-  int64_t shardsOffset = 0;
   if (localSize > 1) {
-    // L slot-sized rows (every local rank's part of my slot; row 0 becomes
-    // the slot), then the shards at an aligned offset: see stagingBytesFor().
+    // Every local rank's part of my slot; row 0 becomes the slot.
     slice.localParts = bytes.narrow(0, 0, localSize * slotBytes)
                            .view(dtype)
                            .view({localSize, slotNumel});
     slice.slot = slice.localParts[0];
-    shardsOffset = lease.size() / (localSize + 1) * localSize;
   } else {
     slice.slot = slice.input;
   }
-  slice.shards = bytes.narrow(0, shardsOffset, slotBytes)
+  slice.shards = bytes.narrow(0, layout.shardsOffset, slotBytes)
                      .view(dtype)
                      .view({topology_.numMachines(), -1});
   slice.lease.emplace(std::move(lease));
@@ -288,16 +288,15 @@ void Engine::reduceScatterLoop() {
     if (!slice) {
       return;
     }
-    auto lease = staging_.acquire(
-        stagingBytesFor(
-            slice->input.numel() * slice->input.element_size(),
-            topology_.localSize(),
-            topology_.numMachines()),
-        [this] { return failed(); });
+    const StagingLayout layout = stagingLayoutFor(
+        slice->input.numel() * slice->input.element_size(),
+        topology_.localSize(),
+        topology_.numMachines());
+    auto lease = staging_.acquire(layout.bytes, [this] { return failed(); });
     if (!lease) {
       return;
     }
-    attachStaging(*slice, std::move(*lease));
+    attachStaging(*slice, std::move(*lease), layout);
     expectMessages(slice);
     if (groups_.reduceScatter) {
       try {

@@ -106,7 +106,10 @@ class Engine {
       std::deque<std::shared_ptr<SliceWork>>& queue,
       std::shared_ptr<SliceWork> slice);
 
-  void attachStaging(SliceWork& slice, StagingRing::Lease lease);
+  void attachStaging(
+      SliceWork& slice,
+      StagingRing::Lease lease,
+      const StagingLayout& layout);
   void localReduceScatter(SliceWork& slice);
   void reduceShards(SliceWork& slice);
   // Registers the messages `slice` will receive on both lanes.

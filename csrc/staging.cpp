@@ -15,15 +15,17 @@ int64_t alignUp(int64_t bytes) {
 }
 } // namespace
 
-int64_t stagingBytesFor(int64_t sliceBytes, int localSize, int machines) {
+StagingLayout stagingLayoutFor(
+    int64_t sliceBytes,
+    int localSize,
+    int machines) {
   // A slice is at least one element per (local rank, machine) pair.
   constexpr int64_t kLargestElement = 8;
   const int64_t granule = static_cast<int64_t>(localSize) * machines;
   const int64_t slot =
       alignUp(std::max(sliceBytes, granule * kLargestElement) / localSize);
-  // With one rank per machine the slot is the user's memory; otherwise the
-  // local reduce-scatter receives every local rank's part of it first.
-  return (localSize > 1 ? localSize + 1 : 1) * slot;
+  const int64_t shardsOffset = localSize > 1 ? localSize * slot : 0;
+  return StagingLayout{shardsOffset, shardsOffset + slot};
 }
 
 at::Tensor StagingRing::Lease::bytes() const {

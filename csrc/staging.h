@@ -11,10 +11,21 @@
 
 namespace fairring {
 
-// Staging one slice of `sliceBytes` holds, with `localSize` ranks per machine
-// and `machines` machines: every local rank's part of this rank's slot (none
-// with one rank per machine) and the received shards, each 64-byte aligned.
-int64_t stagingBytesFor(int64_t sliceBytes, int localSize, int machines);
+// Where a slice's staging lies in its lease: every local rank's part of this
+// rank's slot (none with one rank per machine, whose slot is the user's
+// memory), then the received shards from a 64-byte aligned offset.
+struct StagingLayout {
+  int64_t shardsOffset;
+  int64_t bytes; // the whole lease
+};
+
+// The layout for a slice of `sliceBytes`, with `localSize` ranks per machine
+// and `machines` machines.
+StagingLayout stagingLayoutFor(int64_t sliceBytes, int localSize, int machines);
+
+inline int64_t stagingBytesFor(int64_t sliceBytes, int localSize, int machines) {
+  return stagingLayoutFor(sliceBytes, localSize, machines).bytes;
+}
 
 struct StagingStats {
   int64_t capacityBytes; // allocated once, at construction
