@@ -5,6 +5,7 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "cuda_support.h"
 #include "work.h"
@@ -92,14 +93,14 @@ c10d::AllreduceOptions premultiplied(
 }
 
 // Whether the engine takes every tensor of a coalesced all-reduce, all of one
-// dtype so that they travel as one packed tensor.
+// dtype and device so that they travel as one packed tensor.
 bool engineHandlesAll(
     const std::vector<at::Tensor>& tensors,
     c10d::ReduceOp::RedOpType op) {
   return !tensors.empty() &&
       std::all_of(tensors.begin(), tensors.end(), [&](const at::Tensor& t) {
            return t.scalar_type() == tensors[0].scalar_type() &&
-               Engine::handles(t, op);
+               t.device() == tensors[0].device() && Engine::handles(t, op);
          });
 }
 
@@ -162,12 +163,14 @@ Backend::Backend(
     cpuEngine_ = std::make_unique<Engine>(
         topology_,
         config_,
+        c10::Device(c10::kCPU),
         std::move(cpuLocalGroups),
         std::make_unique<Rails>(
             store_,
             "fairring/rails/cpu/",
             topology_,
             resolveListenAddress(config_.socketInterface),
+            c10::Device(c10::kCPU),
             timeout_));
   }
   init();
@@ -241,6 +244,10 @@ c10::intrusive_ptr<c10d::Work> Backend::forward(
 
 c10d::Backend& Backend::cudaBackend() {
   std::lock_guard<std::mutex> lock(cudaMutex_);
+  return cudaBackendLocked();
+}
+
+c10d::Backend& Backend::cudaBackendLocked() {
   if (!cudaBackend_) {
     cudaBackend_ = cuda::makeNcclBackend(
         store_, topology_.rank(), topology_.worldSize(), timeout_);
@@ -254,6 +261,66 @@ c10d::Backend& Backend::cudaBackend() {
 c10::intrusive_ptr<c10d::Backend> Backend::cudaBackendIfCreated() {
   std::lock_guard<std::mutex> lock(cudaMutex_);
   return cudaBackend_;
+}
+
+const Engine* Backend::cudaEngine() const {
+  std::lock_guard<std::mutex> lock(cudaMutex_);
+  return cudaEngine_.get();
+}
+
+Engine* Backend::engineFor(
+    const c10d::Backend& inner,
+    const at::Tensor& tensor) {
+  if (isCpu(inner)) {
+    return cpuEngine_.get();
+  }
+  if (!config_.cudaEngine || topology_.numMachines() == 1 ||
+      !tensor.is_cuda()) {
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(cudaMutex_);
+  if (!cudaEngine_) {
+    cudaEngine_ = makeCudaEngine(tensor.device());
+  }
+  // One engine per group, on the device of its first all-reduce; c10d binds
+  // a rank to one device, so tensors elsewhere are unusual: NCCL takes them.
+  return cudaEngine_->device() == tensor.device() ? cudaEngine_.get()
+                                                  : nullptr;
+}
+
+// Called with cudaMutex_ held.
+std::unique_ptr<Engine> Backend::makeCudaEngine(c10::Device device) {
+  Engine::Groups groups;
+  cudaBackendLocked();
+  groups.flat = cudaBackend_;
+  if (topology_.localSize() > 1) {
+    // One NCCL group per local step, for the reason the CPU engine has one
+    // Gloo group per step (see fairring/_registration.py).
+    auto localGroup = [&](const std::string& step) {
+      return cuda::makeNcclBackend(
+          c10::make_intrusive<c10d::PrefixStore>(
+              "fairring/machine" + std::to_string(topology_.machine()) + "/" +
+                  step + "/cuda/",
+              store_),
+          topology_.localRank(),
+          topology_.localSize(),
+          timeout_);
+    };
+    groups.reduceScatter = localGroup("reduce-scatter");
+    groups.allGather = localGroup("all-gather");
+  }
+  return std::make_unique<Engine>(
+      topology_,
+      config_,
+      device,
+      std::move(groups),
+      std::make_unique<Rails>(
+          store_,
+          "fairring/rails/cuda/",
+          topology_,
+          resolveListenAddress(config_.socketInterface),
+          device,
+          timeout_));
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::broadcast(
@@ -271,22 +338,25 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
   return forward(
       "allreduce",
       [&](c10d::Backend& inner) {
-        if (!isCpu(inner)) {
-          return inner.allreduce(tensors, opts);
+        Engine* engine =
+            tensors.size() == 1 ? engineFor(inner, tensors[0]) : nullptr;
+        if (!isCpu(inner) && engine == nullptr) {
+          return inner.allreduce(tensors, opts); // NCCL: every op natively
         }
-        const c10d::AllreduceOptions cpuOpts =
+        const c10d::AllreduceOptions ownOpts =
             opts.reduceOp == c10d::ReduceOp::PREMUL_SUM
             ? premultiplied(tensors, opts)
             : opts;
-        checkCpuReduction("allreduce", cpuOpts.reduceOp, tensors);
-        if (cpuEngine_ && tensors.size() == 1 &&
-            Engine::handles(tensors[0], cpuOpts.reduceOp)) {
+        if (isCpu(inner)) {
+          checkCpuReduction("allreduce", ownOpts.reduceOp, tensors);
+        }
+        if (engine && Engine::handles(tensors[0], ownOpts.reduceOp)) {
           return c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
-              cpuEngine_->allreduce(tensors[0], cpuOpts.reduceOp),
+              engine->allreduce(tensors[0], ownOpts.reduceOp),
               c10d::OpType::ALLREDUCE,
               "all_reduce"));
         }
-        return inner.allreduce(tensors, cpuOpts);
+        return inner.allreduce(tensors, ownOpts);
       },
       tensors);
 }
@@ -308,13 +378,14 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(
   return forward(
       "allreduce_coalesced",
       [&](c10d::Backend& inner) {
-        if (!isCpu(inner)) {
-          return inner.allreduce_coalesced(tensors, opts);
+        Engine* engine =
+            tensors.empty() ? nullptr : engineFor(inner, tensors[0]);
+        if (isCpu(inner)) {
+          checkCpuReduction("allreduce_coalesced", opts.reduceOp, tensors);
         }
-        checkCpuReduction("allreduce_coalesced", opts.reduceOp, tensors);
-        if (cpuEngine_ && engineHandlesAll(tensors, opts.reduceOp)) {
+        if (engine && engineHandlesAll(tensors, opts.reduceOp)) {
           return c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
-              packedAllreduce(*cpuEngine_, tensors, opts.reduceOp),
+              packedAllreduce(*engine, tensors, opts.reduceOp),
               c10d::OpType::ALLREDUCE_COALESCED,
               "all_reduce_coalesced"));
         }
@@ -615,10 +686,18 @@ void Backend::setBoundDeviceId(std::optional<at::Device> device) {
   }
 }
 
+void Backend::abortCudaEngine(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(cudaMutex_);
+  if (cudaEngine_) {
+    cudaEngine_->abort(reason);
+  }
+}
+
 void Backend::abort() {
   if (cpuEngine_) {
     cpuEngine_->abort("the process group was aborted");
   }
+  abortCudaEngine("the process group was aborted");
   if (auto cuda = cudaBackendIfCreated()) {
     cuda->abort();
   }
@@ -629,6 +708,7 @@ void Backend::shutdown() {
   if (cpuEngine_) {
     cpuEngine_->abort("the process group was shut down");
   }
+  abortCudaEngine("the process group was shut down");
   if (auto cuda = cudaBackendIfCreated()) {
     cuda->shutdown();
   }

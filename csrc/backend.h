@@ -18,8 +18,10 @@ namespace fairring {
 // It owns a process group's state and routes each collective by the device
 // of its tensors: CPU tensors go to an inner Gloo group (built in Python,
 // since the torch wheel ships no Gloo headers), CUDA tensors to an inner NCCL
-// group created on first use, and only where a GPU exists. All-reduces of CPU
-// tensors that span several machines run on the Herring engine instead.
+// group created on first use, and only where a GPU exists. All-reduces that
+// span several machines run on the Herring engine instead: always for CPU
+// tensors; for CUDA tensors when Config::cudaEngine is set, on an engine
+// created by the first CUDA all-reduce for that tensor's device.
 //
 // Any thread may call the collectives (DDP issues them from autograd
 // threads); c10d requires that every rank issues them in the same order.
@@ -46,6 +48,8 @@ class Backend final : public c10d::Backend {
   const Engine* cpuEngine() const {
     return cpuEngine_.get();
   }
+  // Null until a CUDA all-reduce created it (see Config::cudaEngine).
+  const Engine* cudaEngine() const;
 
   const std::string getBackendName() const override {
     return "fairring";
@@ -184,7 +188,15 @@ class Backend final : public c10d::Backend {
       const c10d::AllToAllOptions& opts);
 
   c10d::Backend& cudaBackend();
+  c10d::Backend& cudaBackendLocked();
   c10::intrusive_ptr<c10d::Backend> cudaBackendIfCreated();
+
+  // The engine for an all-reduce of `tensor` on `inner`, or null: delegate.
+  // Creates the CUDA engine on first use: a collective step, as every rank
+  // makes its first CUDA all-reduce at the same point of its sequence.
+  Engine* engineFor(const c10d::Backend& inner, const at::Tensor& tensor);
+  std::unique_ptr<Engine> makeCudaEngine(c10::Device device);
+  void abortCudaEngine(const std::string& reason);
 
   const c10::intrusive_ptr<c10d::Store> store_;
   const Topology topology_;
@@ -193,8 +205,9 @@ class Backend final : public c10d::Backend {
   const c10::intrusive_ptr<c10d::Backend> cpuBackend_;
   std::unique_ptr<Engine> cpuEngine_;
 
-  std::mutex cudaMutex_;
+  mutable std::mutex cudaMutex_;
   c10::intrusive_ptr<c10d::Backend> cudaBackend_; // guarded by cudaMutex_
+  std::unique_ptr<Engine> cudaEngine_; // guarded by cudaMutex_
 
   struct CoalescingBlock {
     c10d::Backend* inner = nullptr; // set by the block's first operation

@@ -30,11 +30,20 @@ py::dict buildInfo() {
   return info;
 }
 
-// `describe(engine)` for the backend's CPU engine, or None where the group
-// spans one machine and has none.
+// `describe(engine)` for the backend's engine on `device` ("cpu" or "cuda"),
+// or None where it has none.
 template <typename Describe>
-py::object engineDict(const fairring::Backend& backend, Describe&& describe) {
-  const fairring::Engine* engine = backend.cpuEngine();
+py::object engineDict(
+    const fairring::Backend& backend,
+    const std::string& device,
+    Describe&& describe) {
+  TORCH_CHECK(
+      device == "cpu" || device == "cuda",
+      "fairring: device must be 'cpu' or 'cuda', not '",
+      device,
+      "'");
+  const fairring::Engine* engine =
+      device == "cpu" ? backend.cpuEngine() : backend.cudaEngine();
   return engine == nullptr ? py::object(py::none())
                            : py::object(describe(*engine));
 }
@@ -90,27 +99,35 @@ PYBIND11_MODULE(_C, module) {
           py::init([](int64_t totalMemoryBytes,
                       int64_t sliceSizeBytes,
                       int64_t flatThresholdBytes,
-                      std::string socketInterface) {
+                      std::string socketInterface,
+                      bool cudaEngine) {
             return fairring::Config{
                 totalMemoryBytes,
                 sliceSizeBytes,
                 flatThresholdBytes,
-                std::move(socketInterface)};
+                std::move(socketInterface),
+                cudaEngine};
           }),
           py::arg("total_memory_bytes"),
           py::arg("slice_size_bytes"),
           py::arg("flat_threshold_bytes"),
-          py::arg("socket_interface"))
+          py::arg("socket_interface"),
+          py::arg("cuda_engine") = false)
       .def_readonly("total_memory_bytes", &fairring::Config::totalMemoryBytes)
       .def_readonly("slice_size_bytes", &fairring::Config::sliceSizeBytes)
       .def_readonly(
           "flat_threshold_bytes", &fairring::Config::flatThresholdBytes)
-      .def_readonly("socket_interface", &fairring::Config::socketInterface);
+      .def_readonly("socket_interface", &fairring::Config::socketInterface)
+      .def_readonly("cuda_engine", &fairring::Config::cudaEngine);
 
   module.def(
       "plan",
-      [](int64_t numel, int64_t sliceNumel, int64_t granule) {
-        const auto plan = fairring::makePlan(numel, sliceNumel, granule);
+      [](int64_t numel,
+         int64_t sliceNumel,
+         int64_t granule,
+         int64_t minSliceNumel) {
+        const auto plan =
+            fairring::makePlan(numel, sliceNumel, granule, minSliceNumel);
         std::vector<std::pair<int64_t, int64_t>> slices;
         for (const auto& slice : plan.slices) {
           slices.emplace_back(slice.offset, slice.numel);
@@ -120,6 +137,7 @@ PYBIND11_MODULE(_C, module) {
       py::arg("numel"),
       py::arg("slice_numel"),
       py::arg("granule"),
+      py::arg("min_slice_numel") = 0,
       "The slice plan: ([(offset, numel)], tail_offset, tail_numel).");
   module.def(
       "staging_bytes_for",
@@ -203,16 +221,20 @@ PYBIND11_MODULE(_C, module) {
           py::call_guard<py::gil_scoped_release>())
       .def(
           "staging_stats",
-          [](const fairring::Backend& backend) {
-            return engineDict(backend, [](const fairring::Engine& engine) {
-              return stagingDict(engine.stagingStats());
-            });
+          [](const fairring::Backend& backend, const std::string& device) {
+            return engineDict(
+                backend, device, [](const fairring::Engine& engine) {
+                  return stagingDict(engine.stagingStats());
+                });
           },
-          "Staging memory of the CPU engine; None on a single machine.")
+          py::arg("device") = "cpu",
+          "Staging memory of the engine for `device` ('cpu' or 'cuda'); None "
+          "where there is none (one machine; CUDA before its first all-reduce "
+          "or without FAIRRING_CUDA_ENGINE).")
       .def(
           "engine_stats",
-          [](const fairring::Backend& backend) {
-            return engineDict(backend, [](const fairring::Engine& engine) {
+          [](const fairring::Backend& backend, const std::string& device) {
+            return engineDict(backend, device, [](const fairring::Engine& engine) {
               const auto stats = engine.stats();
               py::dict result;
               result["ops"] = stats.ops;
@@ -223,7 +245,8 @@ PYBIND11_MODULE(_C, module) {
               return result;
             });
           },
-          "Counters of the CPU engine; None on a single machine.")
+          py::arg("device") = "cpu",
+          "Counters of the engine for `device`; None where there is none.")
       .def_property_readonly("topology", &fairring::Backend::topology)
       .def_property_readonly("config", &fairring::Backend::config)
       .def_property_readonly("timeout", &fairring::Backend::timeout);

@@ -16,6 +16,9 @@ struct Config {
   int64_t flatThresholdBytes = 0;
   // Network interface for the rails (TP_SOCKET_IFNAME); empty: automatic.
   std::string socketInterface;
+  // All-reduces of CUDA tensors run on the engine rather than NCCL
+  // (FAIRRING_CUDA_ENGINE).
+  bool cudaEngine = false;
 };
 
 } // namespace fairring

@@ -8,8 +8,14 @@
 #include <optional>
 #include <string>
 
+#include <c10/core/Stream.h>
+#include <tensorpipe/common/buffer.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+
+namespace tensorpipe {
+class Context;
+} // namespace tensorpipe
 
 namespace fairring::cuda {
 
@@ -30,5 +36,23 @@ c10::intrusive_ptr<c10d::Backend> makeNcclBackend(
     int rank,
     int size,
     std::chrono::milliseconds timeout);
+
+struct RailsChannels {
+  std::string names; // best first, for logs
+  // GPUDirect RDMA carries CUDA buffers. TensorPipe's channel for it has
+  // crashed on buffers under kGpuDirectMinBytes: callers keep shards larger.
+  bool gpuDirect = false;
+};
+constexpr int64_t kGpuDirectMinBytes = 32;
+
+// Registers the channels that move CUDA buffers between machines: GPUDirect
+// RDMA (cuda_gdr) where viable, else staging through host memory
+// (cuda_basic). Never cuda_ipc or cuda_xth: rail peers share no host.
+RailsChannels registerRailsChannels(tensorpipe::Context& context);
+
+// A TensorPipe view of device memory at `ptr`, ordered on `stream`: a send
+// reads it after the work queued on `stream` so far, a receive makes it
+// available to work queued on `stream` after its callback.
+tensorpipe::Buffer tensorpipeBuffer(void* ptr, const c10::Stream& stream);
 
 } // namespace fairring::cuda

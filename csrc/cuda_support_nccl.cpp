@@ -4,6 +4,9 @@
 #include <nccl.h>
 
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#include <tensorpipe/tensorpipe.h>
+#include <tensorpipe/tensorpipe_cuda.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
@@ -41,6 +44,31 @@ c10::intrusive_ptr<c10d::Backend> makeNcclBackend(
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("nccl", store);
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(
       prefixed, rank, size, std::move(options));
+}
+
+RailsChannels registerRailsChannels(tensorpipe::Context& context) {
+  RailsChannels chosen;
+#if TENSORPIPE_HAS_CUDA_GDR_CHANNEL
+  auto gpuDirect = tensorpipe::channel::cuda_gdr::create();
+  if (gpuDirect->isViable()) {
+    context.registerChannel(20, "cuda_gdr", gpuDirect);
+    chosen.names = "cuda_gdr, ";
+    chosen.gpuDirect = true;
+  }
+#endif
+  auto staged = tensorpipe::channel::cuda_basic::create(
+      tensorpipe::channel::basic::create());
+  TORCH_CHECK(
+      staged->isViable(),
+      "fairring: TensorPipe cannot move CUDA buffers in this process (its "
+      "cuda_basic channel is not viable: is libcuda.so.1 loadable?)");
+  context.registerChannel(10, "cuda_basic", staged);
+  chosen.names += "cuda_basic";
+  return chosen;
+}
+
+tensorpipe::Buffer tensorpipeBuffer(void* ptr, const c10::Stream& stream) {
+  return tensorpipe::CudaBuffer{ptr, c10::cuda::CUDAStream(stream).stream()};
 }
 
 } // namespace fairring::cuda

@@ -6,9 +6,13 @@
 #include <ATen/ops/minimum.h>
 #include <ATen/ops/prod.h>
 #include <ATen/ops/sum.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <tensorpipe/tensorpipe.h>
 
+#include "cuda_support.h"
 #include "plan.h"
 
 namespace fairring {
@@ -22,6 +26,24 @@ c10d::ReduceOp::RedOpType localOp(c10d::ReduceOp::RedOpType op) {
 
 const char* laneName(Rails::Lane lane) {
   return lane == Rails::kShards ? "shards" : "reduced shards";
+}
+
+// A stream of the engine's own on a CUDA device; none on the CPU.
+std::optional<c10::Stream> engineStreamFor(c10::Device device) {
+  if (device.is_cpu()) {
+    return std::nullopt;
+  }
+  return c10::impl::VirtualGuardImpl(device.type())
+      .getStreamFromGlobalPool(device);
+}
+
+// Work queued on `stream` from now on runs after the work queued so far on
+// the current stream of its device; neither host thread waits.
+void orderAfterCurrentStream(const c10::Stream& stream) {
+  const c10::impl::VirtualGuardImpl guard(stream.device_type());
+  c10::Event ready(stream.device_type());
+  ready.record(guard.getStream(stream.device()));
+  ready.block(stream);
 }
 
 // `into` op= `other`, elementwise and in place.
@@ -105,18 +127,25 @@ struct Engine::SliceWork {
 Engine::Engine(
     const Topology& topology,
     const Config& config,
+    c10::Device device,
     Groups groups,
     std::unique_ptr<Rails> rails)
     : topology_(topology),
       config_(config),
+      device_(device),
+      stream_(engineStreamFor(device)),
       groups_(std::move(groups)),
       granule_(
           static_cast<int64_t>(topology.localSize()) * topology.numMachines()),
-      staging_(config.totalMemoryBytes, at::TensorOptions().device(at::kCPU)),
+      staging_(config.totalMemoryBytes, at::TensorOptions().device(device)),
       rails_(std::move(rails)),
       expected_(topology.numMachines()),
       reading_(topology.numMachines(), {false, false}) {
   TORCH_CHECK(topology_.numMachines() > 1, "fairring: engine needs 2+ machines");
+  TORCH_CHECK(
+      device_.is_cpu() || (device_.is_cuda() && device_.has_index()),
+      "fairring: the engine runs on the CPU or one indexed CUDA device, not ",
+      device_);
   TORCH_CHECK(
       (topology_.localSize() > 1) ==
           (groups_.reduceScatter && groups_.allGather),
@@ -136,10 +165,22 @@ Engine::~Engine() {
   }
   // Closes the pipes and joins TensorPipe's loop: no callback runs after this.
   rails_.reset();
+  if (stream_) {
+    // Staging is freed next, possibly under queued copies and kernels.
+    try {
+      stream_->synchronize();
+    } catch (const std::exception&) {
+      // A failed device has nothing left to run; there is nothing to wait for.
+    }
+  }
 }
 
 void Engine::runStage(const char* stage, void (Engine::*loop)()) {
   try {
+    std::optional<c10::StreamGuard> onEngineStream;
+    if (stream_) {
+      onEngineStream.emplace(*stream_);
+    }
     (this->*loop)();
   } catch (const std::exception& error) {
     fail(std::string("the ") + stage + " stage failed: " + error.what());
@@ -170,7 +211,7 @@ bool Engine::handles(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op) {
     case at::kByte:
     case at::kInt:
     case at::kLong:
-      return tensor.is_cpu();
+      return true;
     default:
       return false;
   }
@@ -184,10 +225,17 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
   op->copyBack = !tensor.is_contiguous();
   op->flat = tensor.contiguous().view({-1});
   op->reduceOp = reduceOp;
+  // With CUDA devices, completion records events on the completing thread's
+  // current streams: the engine stream, see finishPart's callers.
   op->future = c10::make_intrusive<c10::ivalue::Future>(
-      c10::ListType::create(c10::TensorType::get()));
+      c10::ListType::create(c10::TensorType::get()),
+      stream_ ? std::vector<c10::Device>{device_} : std::vector<c10::Device>{});
 
   const int64_t bytes = op->flat.numel() * op->flat.element_size();
+  const int64_t elementSize = op->flat.element_size();
+  // Shards below the transfer's floor go flat, with the tail.
+  const int64_t minShardBytes =
+      rails_->gpuDirect() ? cuda::kGpuDirectMinBytes : 1;
   // Below the threshold, latency rules and the flat all-reduce has fewer steps.
   const Plan plan = bytes < config_.flatThresholdBytes
       ? Plan{{}, 0, op->flat.numel()}
@@ -195,9 +243,10 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
             op->flat.numel(),
             sliceNumelFor(
                 sliceBytesFor(bytes, config_.sliceSizeBytes),
-                op->flat.element_size(),
+                elementSize,
                 granule_),
-            granule_);
+            granule_,
+            granule_ * ((minShardBytes + elementSize - 1) / elementSize));
   const bool hasTail = plan.tailNumel > 0;
   op->partsLeft = static_cast<int64_t>(plan.slices.size()) + (hasTail ? 1 : 0);
   if (op->partsLeft == 0) {
@@ -205,6 +254,14 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
     op->partsLeft = 1;
     op->finishPart();
     return op->future;
+  }
+  if (stream_) {
+    // The input (made contiguous above, on the caller's stream) is ready for
+    // the engine stream, and its memory not reused before the engine is done.
+    orderAfterCurrentStream(*stream_);
+    const c10::impl::VirtualGuardImpl guard(device_.type());
+    guard.recordDataPtrOnStream(op->flat.storage().data_ptr(), *stream_);
+    guard.recordDataPtrOnStream(op->tensor.storage().data_ptr(), *stream_);
   }
 
   {
@@ -239,14 +296,22 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
     c10d::AllreduceOptions options;
     options.reduceOp = c10d::ReduceOp(reduceOp);
     auto work = groups_.flat->allreduce(tail, options);
-    // Runs on the flat group's thread: only settles the op.
-    work->getFuture()->addCallback([op](c10::ivalue::Future& done) {
-      if (done.hasError()) {
-        op->fail(done.exception_ptr());
-      } else {
-        op->finishPart();
-      }
-    });
+    // Runs on the flat group's thread (with CUDA, on a stream that waits for
+    // the tail): only settles the op, on the engine stream as its slices do.
+    work->getFuture()->addCallback(
+        [op, stream = stream_](c10::ivalue::Future& done) {
+          if (done.hasError()) {
+            op->fail(done.exception_ptr());
+            return;
+          }
+          if (!stream) {
+            op->finishPart();
+            return;
+          }
+          orderAfterCurrentStream(*stream);
+          const c10::StreamGuard onEngineStream(*stream);
+          op->finishPart();
+        });
   }
   return op->future;
 }
@@ -273,6 +338,13 @@ void Engine::attachStaging(
                      .view(dtype)
                      .view({topology_.numMachines(), -1});
   slice.lease.emplace(std::move(lease));
+}
+
+tensorpipe::Buffer Engine::bufferFor(const at::Tensor& tensor) const {
+  if (stream_) {
+    return cuda::tensorpipeBuffer(tensor.data_ptr(), *stream_);
+  }
+  return tensorpipe::CpuBuffer{tensor.data_ptr()};
 }
 
 at::Tensor Engine::shardOf(const SliceWork& slice, int machine) const {
@@ -496,7 +568,7 @@ void Engine::readNext(int machine, Rails::Lane lane) {
       return;
     }
     tensorpipe::Allocation allocation;
-    allocation.tensors.push_back({tensorpipe::CpuBuffer{target.data_ptr()}});
+    allocation.tensors.push_back({bufferFor(target)});
     pipe.read(
         std::move(allocation),
         [this, slice, machine, lane, bytes, where](
@@ -530,8 +602,10 @@ void Engine::send(
   const size_t bytes = shard.numel() * shard.element_size();
   tensorpipe::Message message;
   message.metadata = slice->tag(lane);
+  // Naming the target device lets TensorPipe send the data at once instead of
+  // waiting for the reader to allocate: one round trip less per shard.
   message.tensors.push_back(
-      {tensorpipe::CpuBuffer{shard.data_ptr()}, bytes, std::nullopt, ""});
+      {bufferFor(shard), bytes, rails_->peerDevice(machine), ""});
   const int peer = rails_->peerRank(machine);
   // Runs on TensorPipe's loop once the data is handed to the transport.
   rails_->pipe(machine, lane).write(

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include <ATen/core/ivalue.h>
+#include <c10/core/Stream.h>
+#include <tensorpipe/common/buffer.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "config.h"
@@ -29,7 +31,8 @@ struct EngineStats {
   int64_t railBytesReceived;
 };
 
-// The Herring all-reduce for one process group and one device type.
+// The Herring all-reduce for one process group and one device: the CPU, or
+// one CUDA device.
 //
 // An all-reduce is cut into slices (see plan.h). Each slice lives through:
 //
@@ -50,6 +53,13 @@ struct EngineStats {
 // TensorPipe's loop thread only records arrivals and starts the next read.
 // A failure anywhere fails every pending op and every later one, naming the
 // stage, op and peer; the engine does not recover.
+//
+// On CUDA, every kernel, copy and transfer of the engine is queued on one
+// stream of its own, current on all three stage threads: queue order is then
+// GPU order, so the host never waits for the GPU. An op's input is ordered
+// after the caller's stream when it is issued, and its future carries events
+// on the engine stream, which DDP hooks and wait() order the caller after.
+// NCCL groups stand in for the local Gloo groups.
 class Engine {
  public:
   struct Groups {
@@ -63,6 +73,7 @@ class Engine {
   Engine(
       const Topology& topology,
       const Config& config,
+      c10::Device device,
       Groups groups,
       std::unique_ptr<Rails> rails);
   ~Engine();
@@ -70,11 +81,17 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Whether the engine reduces this tensor with this op (else: delegate).
+  // Whether the engine reduces tensors of this dtype with this op (else:
+  // delegate). The device is the caller's to check.
   static bool handles(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op);
 
-  // Starts an all-reduce of `tensor`, in place. Must be called in the same
-  // order on every rank (c10d's rule). The future holds [tensor] when done.
+  c10::Device device() const {
+    return device_;
+  }
+
+  // Starts an all-reduce of `tensor` (on device()), in place. Must be called
+  // in the same order on every rank (c10d's rule). The future holds [tensor]
+  // when done.
   c10::intrusive_ptr<c10::ivalue::Future> allreduce(
       const at::Tensor& tensor,
       c10d::ReduceOp::RedOpType op);
@@ -121,6 +138,7 @@ class Engine {
       int machine,
       const at::Tensor& shard);
   at::Tensor shardOf(const SliceWork& slice, int machine) const;
+  tensorpipe::Buffer bufferFor(const at::Tensor& tensor) const;
 
   void fail(const std::string& message);
   bool failed() const {
@@ -129,6 +147,8 @@ class Engine {
 
   const Topology topology_;
   const Config config_;
+  const c10::Device device_;
+  const std::optional<c10::Stream> stream_; // the engine stream; CUDA only
   const Groups groups_;
   const int64_t granule_; // ranks per machine x machines
   StagingRing staging_;

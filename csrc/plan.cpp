@@ -21,15 +21,26 @@ int64_t sliceNumelFor(
   return std::max<int64_t>(1, sliceBytes / elementSize / granule) * granule;
 }
 
-Plan makePlan(int64_t numel, int64_t sliceNumel, int64_t granule) {
-  TORCH_CHECK(numel >= 0 && granule > 0 && sliceNumel % granule == 0);
+Plan makePlan(
+    int64_t numel,
+    int64_t sliceNumel,
+    int64_t granule,
+    int64_t minSliceNumel) {
+  TORCH_CHECK(
+      numel >= 0 && granule > 0 && sliceNumel > 0 &&
+      sliceNumel % granule == 0);
   Plan plan;
   const int64_t even = numel / granule * granule;
-  for (int64_t offset = 0; offset < even; offset += sliceNumel) {
-    plan.slices.push_back({offset, std::min(sliceNumel, even - offset)});
+  int64_t offset = 0;
+  for (; offset < even; offset += sliceNumel) {
+    const int64_t length = std::min(sliceNumel, even - offset);
+    if (length < minSliceNumel) {
+      break;
+    }
+    plan.slices.push_back({offset, length});
   }
-  plan.tailOffset = even;
-  plan.tailNumel = numel - even;
+  plan.tailOffset = std::min(offset, even);
+  plan.tailNumel = numel - plan.tailOffset;
   return plan;
 }
 

@@ -38,6 +38,12 @@ int64_t sliceBytesFor(int64_t tensorBytes, int64_t maxSliceBytes);
 // a positive multiple of `granule` (ranks per machine x machines).
 int64_t sliceNumelFor(int64_t sliceBytes, int64_t elementSize, int64_t granule);
 
-Plan makePlan(int64_t numel, int64_t sliceNumel, int64_t granule);
+// Slices shorter than `minSliceNumel` (at most the last one, unless
+// sliceNumel itself is shorter) join the tail instead.
+Plan makePlan(
+    int64_t numel,
+    int64_t sliceNumel,
+    int64_t granule,
+    int64_t minSliceNumel = 0);
 
 } // namespace fairring

@@ -7,24 +7,45 @@
 #include <c10/util/Exception.h>
 #include <tensorpipe/tensorpipe.h>
 
+#include "cuda_support.h"
+
 namespace fairring {
 
 namespace {
 
 constexpr const char* kHello = "fairring-rails-hello";
 
-std::string helloMetadata(int rank, Rails::Lane lane) {
+// Says who opens a pipe: rank, lane, and the index of the device its buffers
+// are on (the type is the mesh's).
+std::string helloMetadata(int rank, Rails::Lane lane, int deviceIndex) {
   return std::string(kHello) + " " + std::to_string(rank) + " " +
-      std::to_string(static_cast<int>(lane));
+      std::to_string(static_cast<int>(lane)) + " " +
+      std::to_string(deviceIndex);
 }
+
+tensorpipe::Device tensorpipeDevice(c10::Device device) {
+  TORCH_CHECK(
+      device.is_cpu() || (device.is_cuda() && device.has_index()),
+      "fairring: rails carry CPU or indexed CUDA buffers, not ",
+      device);
+  return device.is_cuda()
+      ? tensorpipe::Device{tensorpipe::kCudaDeviceType, device.index()}
+      : tensorpipe::Device{tensorpipe::kCpuDeviceType, 0};
+}
+
+struct AcceptedPipe {
+  int rank;
+  int lane;
+  int deviceIndex;
+  std::shared_ptr<tensorpipe::Pipe> pipe;
+};
 
 // Pipes accepted so far; written by TensorPipe's loop thread, read by the
 // constructing thread.
 struct Accepted {
   std::mutex mutex;
   std::condition_variable changed;
-  std::vector<std::pair<int, std::pair<int, std::shared_ptr<tensorpipe::Pipe>>>>
-      pipes; // (rank, (lane, pipe))
+  std::vector<AcceptedPipe> pipes;
   std::string error;
 };
 
@@ -51,8 +72,10 @@ void acceptNext(
       std::string word;
       int rank = -1;
       int lane = -1;
-      hello >> word >> rank >> lane;
-      if (error || word != kHello || lane < 0 || lane >= Rails::kLanes) {
+      int deviceIndex = -1;
+      hello >> word >> rank >> lane >> deviceIndex;
+      if (error || word != kHello || lane < 0 || lane >= Rails::kLanes ||
+          deviceIndex < 0) {
         std::lock_guard<std::mutex> lock(accepted->mutex);
         accepted->error = error
             ? "reading a rail peer's hello: " + error.what()
@@ -62,13 +85,14 @@ void acceptNext(
       }
       pipe->read(
           tensorpipe::Allocation{},
-          [pipe, accepted, rank, lane](const tensorpipe::Error& error) {
+          [pipe, accepted, rank, lane, deviceIndex](
+              const tensorpipe::Error& error) {
             std::lock_guard<std::mutex> lock(accepted->mutex);
             if (error) {
               accepted->error = "reading the hello of rank " +
                   std::to_string(rank) + ": " + error.what();
             } else {
-              accepted->pipes.push_back({rank, {lane, pipe}});
+              accepted->pipes.push_back({rank, lane, deviceIndex, pipe});
             }
             accepted->changed.notify_all();
           });
@@ -99,20 +123,31 @@ Rails::Rails(
     const std::string& storePrefix,
     const Topology& topology,
     const std::string& listenAddress,
+    c10::Device device,
     std::chrono::milliseconds timeout)
-    : topology_(topology), pipes_(topology.numMachines()) {
+    : topology_(topology),
+      pipes_(topology.numMachines()),
+      peerDevices_(topology.numMachines()) {
   const int rank = topology_.rank();
+  const tensorpipe::Device ownDevice = tensorpipeDevice(device);
   context_ = std::make_shared<tensorpipe::Context>(
       tensorpipe::ContextOptions().name("fairring-rank-" + std::to_string(rank)));
   context_->registerTransport(0, "uv", tensorpipe::transport::uv::create());
   context_->registerChannel(0, "basic", tensorpipe::channel::basic::create());
-  transports_ = "transport uv, channel basic";
+  transports_ = "transport uv, channels basic";
+  if (device.is_cuda()) {
+    const auto channels = cuda::registerRailsChannels(*context_);
+    transports_ += ", " + channels.names;
+    gpuDirect_ = channels.gpuDirect;
+  }
 
   listener_ = context_->listen({"uv://" + listenAddress});
   url_ = listener_->url("uv");
+  // "<device index> <url>": what a connecting peer needs to know.
+  const std::string published = std::to_string(ownDevice.index) + " " + url_;
   store->set(
       storePrefix + "url/" + std::to_string(rank),
-      std::vector<uint8_t>(url_.begin(), url_.end()));
+      std::vector<uint8_t>(published.begin(), published.end()));
 
   // Peers on lower machines connect to us, one pipe per lane.
   auto accepted = std::make_shared<Accepted>();
@@ -124,11 +159,25 @@ Rails::Rails(
        ++machine) {
     const int peer = peerRank(machine);
     const auto bytes = store->get(storePrefix + "url/" + std::to_string(peer));
-    const std::string peerUrl(bytes.begin(), bytes.end());
+    std::istringstream published(std::string(bytes.begin(), bytes.end()));
+    int peerDeviceIndex = -1;
+    std::string peerUrl;
+    published >> peerDeviceIndex >> peerUrl;
+    TORCH_CHECK(
+        peerDeviceIndex >= 0 && !peerUrl.empty(),
+        "fairring: rank ",
+        rank,
+        ": rails mesh: rank ",
+        peer,
+        " published a malformed address '",
+        std::string(bytes.begin(), bytes.end()),
+        "' (are all ranks running the same fairring?)");
+    peerDevices_[machine] = tensorpipe::Device{ownDevice.type, peerDeviceIndex};
     for (int lane = 0; lane < kLanes; ++lane) {
       auto pipe = context_->connect(peerUrl);
       tensorpipe::Message hello;
-      hello.metadata = helloMetadata(rank, static_cast<Lane>(lane));
+      hello.metadata =
+          helloMetadata(rank, static_cast<Lane>(lane), ownDevice.index);
       pipe->write(
           std::move(hello), [writeError, peer](const tensorpipe::Error& error) {
             if (error) {
@@ -152,7 +201,7 @@ Rails::Rails(
     for (int machine = 0; machine < topology_.machine(); ++machine) {
       int lanes = 0;
       for (const auto& entry : accepted->pipes) {
-        lanes += entry.first == peerRank(machine);
+        lanes += entry.rank == peerRank(machine);
       }
       if (lanes < kLanes) {
         missing << " " << peerRank(machine);
@@ -162,10 +211,12 @@ Rails::Rails(
         " ms waiting for rail peer rank(s)" + missing.str() +
         " to connect to " + url_;
   }
-  for (const auto& [peer, lanePipe] : accepted->pipes) {
+  for (const auto& entry : accepted->pipes) {
     for (int machine = 0; machine < topology_.machine(); ++machine) {
-      if (peerRank(machine) == peer) {
-        pipes_[machine][lanePipe.first] = lanePipe.second;
+      if (peerRank(machine) == entry.rank) {
+        pipes_[machine][entry.lane] = entry.pipe;
+        peerDevices_[machine] =
+            tensorpipe::Device{ownDevice.type, entry.deviceIndex};
       }
     }
   }

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
+#include <tensorpipe/common/device.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "topology.h"
@@ -26,9 +28,14 @@ namespace fairring {
 // Each peer gets two pipes, one per lane, so that reduced shards coming back
 // never queue behind shards of a slice the receiver has not started yet.
 //
+// The mesh carries buffers of one device type: with CUDA, TensorPipe's CUDA
+// channels are registered too, and each rank tells its peers which device its
+// buffers live on, so that a write names its target device and goes out
+// without waiting for the reader to say where the data should land.
+//
 // Construction is collective over the rail: every rank listens, publishes its
-// address in the store, connects to the peers on higher machines and accepts
-// the others. It returns once every pipe is up, or throws naming the peers
+// address and device in the store, connects to the peers on higher machines
+// and accepts the others. It returns once every pipe is up, or throws naming the peers
 // still missing after `timeout`. TensorPipe runs every callback on its own
 // loop thread; the destructor closes the context and joins that thread, so no
 // callback outlives the mesh.
@@ -42,6 +49,7 @@ class Rails {
       const std::string& storePrefix,
       const Topology& topology,
       const std::string& listenAddress,
+      c10::Device device,
       std::chrono::milliseconds timeout);
   ~Rails();
 
@@ -52,6 +60,14 @@ class Rails {
   tensorpipe::Pipe& pipe(int machine, Lane lane) const;
   int peerRank(int machine) const {
     return topology_.railPeers()[machine];
+  }
+  // Where the rail peer on `machine` receives: the target of every write.
+  const tensorpipe::Device& peerDevice(int machine) const {
+    return peerDevices_.at(machine);
+  }
+  // Whether CUDA buffers travel by GPUDirect RDMA (see cuda_support.h).
+  bool gpuDirect() const {
+    return gpuDirect_;
   }
   const std::string& url() const {
     return url_;
@@ -72,8 +88,10 @@ class Rails {
   std::shared_ptr<tensorpipe::Listener> listener_;
   std::string url_;
   std::string transports_;
+  bool gpuDirect_ = false;
   // By machine; empty for this rank's own machine.
   std::vector<std::array<std::shared_ptr<tensorpipe::Pipe>, kLanes>> pipes_;
+  std::vector<tensorpipe::Device> peerDevices_;
 };
 
 // The address to listen on: that of `interfaceName`, or, if empty, the one

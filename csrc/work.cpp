@@ -30,9 +30,7 @@ std::exception_ptr FutureWork::exception() const {
 }
 
 bool FutureWork::wait(std::chrono::milliseconds timeout) {
-  if (timeout == kNoTimeout) {
-    future_->wait();
-  } else {
+  if (timeout != kNoTimeout) {
     struct Signal {
       std::mutex mutex;
       std::condition_variable done;
@@ -54,6 +52,9 @@ bool FutureWork::wait(std::chrono::milliseconds timeout) {
         timeout.count(),
         " ms");
   }
+  // Also orders the caller's current CUDA streams after the operation, as
+  // NCCL's wait() does; on the CPU it only waits.
+  future_->wait();
   if (future_->hasError()) {
     std::rethrow_exception(future_->exception_ptr());
   }

@@ -21,6 +21,8 @@ class FutureWork final : public c10d::Work {
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
   // Throws the operation's error, or a timeout error naming the operation.
+  // With CUDA tensors, the caller's current streams then wait for the
+  // operation's; the host does not wait for the GPU.
   bool wait(std::chrono::milliseconds timeout) override;
   std::vector<at::Tensor> result() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {

@@ -45,6 +45,7 @@ def _create_backend(dist_options: Any, backend_options: Any) -> _C.Backend:
             slice_size_bytes=config.slice_size,
             flat_threshold_bytes=config.flat_threshold,
             socket_interface=config.socket_interface or "",
+            cuda_engine=config.cuda_engine,
         ),
         timeout,
         cpu_backend,

@@ -24,6 +24,7 @@ FLAT_THRESHOLD = "FAIRRING_FLAT_THRESHOLD"
 MACHINE_ID = "FAIRRING_MACHINE_ID"
 LOG_LEVEL = "FAIRRING_LOG_LEVEL"
 SOCKET_IFNAME = "TP_SOCKET_IFNAME"
+CUDA_ENGINE = "FAIRRING_CUDA_ENGINE"
 
 DEFAULT_TOTAL_MEMORY = 50 * MiB
 DEFAULT_SLICE_SIZE = 4 * MiB
@@ -45,6 +46,7 @@ _SIZE_HELP = (
     "G/GiB, T/TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000), e.g. 25MiB"
 )
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
 class ConfigError(ValueError):
@@ -70,6 +72,8 @@ def parse_size(name: str, raw: str, allow_zero: bool = False) -> int:
 
 def format_size(size: int) -> str:
     """`size` bytes in the largest binary unit that divides it, e.g. '25MiB'."""
+    if size == 0:
+        return "0B"
     for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if size % scale == 0:
             return f"{size // scale}{unit}"
@@ -89,10 +93,17 @@ class Config:
     log_level: str | None = None
     # Network interface for the rails; None: chosen like NCCL does.
     socket_interface: str | None = None
+    # CUDA all-reduces take the Herring engine instead of NCCL (not yet validated on GPUs).
+    cuda_engine: bool = False
 
     def must_agree(self) -> dict[str, int]:
         """Settings that every rank of a group must share, by variable name."""
-        return {TOTAL_MEMORY: self.total_memory, SLICE_SIZE: self.slice_size, FLAT_THRESHOLD: self.flat_threshold}
+        return {
+            TOTAL_MEMORY: self.total_memory,
+            SLICE_SIZE: self.slice_size,
+            FLAT_THRESHOLD: self.flat_threshold,
+            CUDA_ENGINE: int(self.cuda_engine),
+        }
 
     def describe(self) -> str:
         return (
@@ -101,7 +112,8 @@ class Config:
             f"{FLAT_THRESHOLD}={format_size(self.flat_threshold)} "
             f"{MACHINE_ID}={self.machine_id or '(discover)'} "
             f"{LOG_LEVEL}={self.log_level or '(unset)'} "
-            f"{SOCKET_IFNAME}={self.socket_interface or '(automatic)'}"
+            f"{SOCKET_IFNAME}={self.socket_interface or '(automatic)'} "
+            f"{CUDA_ENGINE}={int(self.cuda_engine)}"
         )
 
 
@@ -131,7 +143,18 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         machine_id=machine_id.strip() if machine_id else None,
         log_level=log_level,
         socket_interface=_socket_interface(env.get(SOCKET_IFNAME)),
+        cuda_engine=parse_flag(CUDA_ENGINE, env.get(CUDA_ENGINE)),
     )
+
+
+def parse_flag(name: str, raw: str | None) -> bool:
+    """The switch in `raw`, the value of variable `name` (unset or empty: off)."""
+    if raw is None or raw.strip() == "":
+        return False
+    flag = _FLAGS.get(raw.strip().lower())
+    if flag is None:
+        raise ConfigError(f"{name}={raw!r} is not a switch; use 1, true, yes or on, or 0, false, no or off")
+    return flag
 
 
 def _socket_interface(raw: str | None) -> str | None:

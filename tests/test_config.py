@@ -53,6 +53,7 @@ def test_defaults() -> None:
     assert config.slice_size == DEFAULT_SLICE_SIZE == 4 * 2**20
     assert config.flat_threshold == DEFAULT_FLAT_THRESHOLD == 0
     assert config.machine_id is None and config.log_level is None
+    assert config.cuda_engine is False
 
 
 def test_values_from_environment() -> None:
@@ -63,6 +64,7 @@ def test_values_from_environment() -> None:
             "FAIRRING_FLAT_THRESHOLD": "1MiB",
             "FAIRRING_MACHINE_ID": " rack3-node7 ",
             "FAIRRING_LOG_LEVEL": "debug",
+            "FAIRRING_CUDA_ENGINE": "1",
         }
     )
     assert (config.total_memory, config.slice_size) == (2**30, 4 * 2**20)
@@ -72,8 +74,21 @@ def test_values_from_environment() -> None:
         "FAIRRING_TOTAL_MEMORY": 2**30,
         "FAIRRING_SLICE_SIZE": 4 * 2**20,
         "FAIRRING_FLAT_THRESHOLD": 2**20,
+        "FAIRRING_CUDA_ENGINE": 1,
     }
     assert "FAIRRING_SLICE_SIZE=4MiB" in config.describe()
+    assert "FAIRRING_CUDA_ENGINE=1" in config.describe()
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        *[("1", True), ("true", True), (" Yes ", True), ("ON", True)],
+        *[("0", False), ("false", False), ("off", False), ("", False)],
+    ],
+)
+def test_cuda_engine_switch(raw: str, expected: bool) -> None:
+    assert load_config({"FAIRRING_CUDA_ENGINE": raw}).cuda_engine is expected
 
 
 def test_flat_threshold_may_be_zero_but_not_negative() -> None:
@@ -92,6 +107,7 @@ def test_empty_size_variable_means_default() -> None:
         ({"FAIRRING_MACHINE_ID": "  "}, "FAIRRING_MACHINE_ID is set but empty"),
         ({"FAIRRING_LOG_LEVEL": "chatty"}, "FAIRRING_LOG_LEVEL='chatty' is not a log level"),
         ({"FAIRRING_TOTAL_MEMORY": "lots"}, "FAIRRING_TOTAL_MEMORY='lots' is not a size"),
+        ({"FAIRRING_CUDA_ENGINE": "maybe"}, "FAIRRING_CUDA_ENGINE='maybe' is not a switch; use 1, true"),
     ],
 )
 def test_invalid_environment(env: dict[str, str], expected: str) -> None:
@@ -99,6 +115,8 @@ def test_invalid_environment(env: dict[str, str], expected: str) -> None:
         load_config(env)
 
 
-@pytest.mark.parametrize(("size", "text"), [(25 * 2**20, "25MiB"), (2**30, "1GiB"), (4096, "4KiB"), (1000, "1000B")])
+@pytest.mark.parametrize(
+    ("size", "text"), [(25 * 2**20, "25MiB"), (2**30, "1GiB"), (4096, "4KiB"), (1000, "1000B"), (0, "0B")]
+)
 def test_format_size(size: int, text: str) -> None:
     assert format_size(size) == text

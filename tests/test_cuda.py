@@ -1,7 +1,11 @@
-"""CUDA tensors through fairring (routed to NCCL). Needs a GPU.
+"""CUDA tensors through fairring: routed to NCCL, or on the engine. Needs a GPU.
 
-One process per GPU: NCCL refuses two ranks of one communicator on one GPU, and
-the machines lent to this project have one GPU, so these run a 1-rank group.
+NCCL refuses two ranks of one communicator on one GPU, and the machines lent to
+this project have one GPU. So the NCCL tests run a 1-rank group, and the engine
+test on one GPU runs two machines of one rank each: with one rank per machine
+there is no local NCCL group, and sizes that divide evenly leave no flat tail,
+so no NCCL communicator is ever made; the rails carry CUDA buffers between the
+two processes. Tests with tails and local NCCL groups need one GPU per rank.
 """
 
 from __future__ import annotations
@@ -10,8 +14,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import Layout, RankPool
-from reference import assert_matches, rank_tensor
+from harness import InitSpec, Layout, RankPool
+from reference import (
+    ARITHMETIC_OPS,
+    FLOAT_DTYPES,
+    INT_DTYPES,
+    REDUCE_OPS,
+    all_ranks_reduced,
+    assert_matches,
+    rank_tensor,
+)
 
 pytestmark = [
     pytest.mark.cuda,
@@ -38,3 +50,99 @@ def cuda_collectives() -> None:
 def test_cuda_collectives_single_rank() -> None:
     with RankPool(Layout(1, 1)) as ranks:
         ranks.run(cuda_collectives)
+
+
+# Small slices and staging: many slices per op, and the staging ring wraps.
+CUDA_ENGINE_ENV = {
+    "FAIRRING_CUDA_ENGINE": "1",
+    "FAIRRING_SLICE_SIZE": "64KiB",
+    "FAIRRING_TOTAL_MEMORY": "1MiB",
+}
+
+
+def cuda_backend() -> object:
+    return dist.group.WORLD._get_backend(torch.device("cuda"))
+
+
+def engine_matches_reference(device_of_rank: str, sizes: list[int]) -> dict[str, int]:
+    """Every dtype and op at each size, several ops in flight, against torch on the CPU."""
+    rank = dist.get_rank()
+    device = torch.device(device_of_rank.format(rank=rank))
+    torch.cuda.set_device(device)
+    cases = [(d, op) for d in (*FLOAT_DTYPES, *INT_DTYPES) for op in ARITHMETIC_OPS]
+    cases += [(d, "avg") for d in FLOAT_DTYPES]
+    for numel in sizes:
+        tensors, works = [], []
+        for seed, (dtype_name, op) in enumerate(cases):
+            dtype = getattr(torch, dtype_name)
+            source_op = "sum" if op == "avg" else op
+            tensor = rank_tensor(rank, (numel,), dtype, seed=seed, op=source_op).to(device)
+            tensors.append(tensor)
+            works.append(dist.all_reduce(tensor, op=REDUCE_OPS[op], async_op=True))
+        for seed, ((dtype_name, op), tensor, work) in enumerate(zip(cases, tensors, works, strict=True)):
+            work.wait()
+            dtype = getattr(torch, dtype_name)
+            if op == "avg":
+                expected = (all_ranks_reduced((numel,), torch.float64, seed=seed) / dist.get_world_size()).to(dtype)
+            else:
+                expected = all_ranks_reduced((numel,), dtype, op, seed=seed)
+            assert_matches(tensor.cpu(), expected)
+    return cuda_backend().engine_stats("cuda")
+
+
+def engine_orders_streams(device_of_rank: str) -> None:
+    """Input written and result read on a side stream, with no host sync between."""
+    rank = dist.get_rank()
+    device = torch.device(device_of_rank.format(rank=rank))
+    torch.cuda.set_device(device)
+    numel = 1 << 20
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        tensor = torch.zeros(numel, device=device)
+        torch.cuda._sleep(50_000_000)  # the input is late: the engine must wait for it
+        tensor.add_(rank + 1)
+        work = dist.all_reduce(tensor, async_op=True)
+        work.wait()  # orders the side stream after the all-reduce, without blocking
+        doubled = tensor * 2
+        future = dist.all_reduce(doubled, async_op=True).get_future().then(lambda f: f.value()[0] + 1)
+    side.synchronize()
+    total = sum(r + 1 for r in range(dist.get_world_size()))
+    assert_matches(tensor.cpu(), torch.full((numel,), float(total)))
+    assert_matches(future.wait().cpu(), torch.full((numel,), float(2 * total * dist.get_world_size() + 1)))
+
+
+def engine_premul_sum_and_non_contiguous(device_of_rank: str) -> None:
+    rank = dist.get_rank()
+    device = torch.device(device_of_rank.format(rank=rank))
+    torch.cuda.set_device(device)
+    world = dist.get_world_size()
+    tensor = rank_tensor(rank, (64, 32), torch.float32).to(device).t()  # not contiguous
+    dist.all_reduce(tensor, op=dist._make_nccl_premul_sum(float(rank + 1)))
+    inputs = [rank_tensor(r, (64, 32), torch.float64) * (r + 1) for r in range(world)]
+    assert_matches(tensor.cpu(), torch.stack(inputs).sum(0).to(torch.float32).t())
+
+
+ONE_GPU = "cuda:0"
+GPU_PER_RANK = "cuda:{rank}"
+
+
+def test_cuda_engine_two_machines_on_one_gpu() -> None:
+    with RankPool(Layout(2, 1), InitSpec(extra_env=CUDA_ENGINE_ENV)) as ranks:
+        # Even sizes: no tail for the flat NCCL group, which one GPU cannot host.
+        results = ranks.run(engine_matches_reference, ONE_GPU, [2, 1000, 40_000, 300_000], timeout=600)
+        ranks.run(engine_orders_streams, ONE_GPU)
+        ranks.run(engine_premul_sum_and_non_contiguous, ONE_GPU)
+    for stats in results:
+        print(f"fairring: CUDA engine counters on one GPU: {stats}")
+        assert stats is not None and stats["ops"] > 0 and stats["flat_ops"] == 0
+        assert stats["rail_bytes_received"] == stats["rail_bytes_sent"] > 0
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs 4 GPUs (one per rank of a 2x2 layout)")
+def test_cuda_engine_with_local_groups_and_tails() -> None:
+    with RankPool(Layout(2, 2), InitSpec(extra_env=CUDA_ENGINE_ENV)) as ranks:
+        results = ranks.run(engine_matches_reference, GPU_PER_RANK, [1, 3, 1001, 300_001], timeout=600)
+        ranks.run(engine_orders_streams, GPU_PER_RANK)
+        ranks.run(engine_premul_sum_and_non_contiguous, GPU_PER_RANK)
+    for stats in results:
+        assert stats is not None and stats["slices"] > 0 and stats["flat_ops"] > 0

@@ -29,6 +29,20 @@ def test_plan(numel: int, slice_numel: int, granule: int, slices: list, tail: tu
     assert _C.plan(numel, slice_numel, granule) == (slices, *tail)
 
 
+@pytest.mark.parametrize(
+    ("numel", "min_slice", "slices", "tail"),
+    [
+        (21, 8, [(0, 8), (8, 8)], (16, 5)),  # the short last slice joins the tail
+        (21, 4, [(0, 8), (8, 8), (16, 4)], (20, 1)),  # long enough: unchanged
+        (6, 8, [], (0, 6)),  # nothing long enough: all flat
+        (32, 12, [], (0, 32)),  # slices themselves too short
+    ],
+)
+def test_plan_sends_short_slices_flat(numel: int, min_slice: int, slices: list, tail: tuple[int, int]) -> None:
+    # Where GPUDirect carries CUDA shards, they must not be tiny (see cuda_support.h).
+    assert _C.plan(numel, 8, 4, min_slice) == (slices, *tail)
+
+
 def test_slice_numel_is_a_positive_multiple_of_the_granule() -> None:
     assert _C.slice_numel_for(25 * 2**20, 4, 4) == 25 * 2**20 // 4
     assert _C.slice_numel_for(100, 4, 6) == 24  # 25 elements fit, 24 divide evenly
@@ -51,6 +65,22 @@ MiB = 2**20
 )
 def test_slice_size_pipelines_short_tensors(tensor_bytes: int, max_slice: int, expected: int) -> None:
     assert _C.slice_bytes_for(tensor_bytes, max_slice) == expected
+
+
+def cuda_engine_stats() -> tuple[object, object, str]:
+    try:
+        cpu_backend().engine_stats("gpu")
+    except RuntimeError as error:
+        message = str(error)
+    else:
+        message = "no error"
+    return cpu_backend().engine_stats("cuda"), cpu_backend().staging_stats(device="cuda"), message
+
+
+def test_no_cuda_engine_without_cuda_all_reduces(pool: RankPool) -> None:
+    for stats, staging, bad_device in pool.run(cuda_engine_stats):
+        assert stats is None and staging is None
+        assert "device must be 'cpu' or 'cuda', not 'gpu'" in bad_device
 
 
 def sum_and_stats(numel: int, count: int) -> tuple[dict[str, int], dict[str, int]]:
