@@ -171,6 +171,7 @@ Backend::Backend(
             topology_,
             resolveListenAddress(config_.socketInterface),
             c10::Device(c10::kCPU),
+            !config_.infinibandDisabled,
             timeout_));
   }
   init();
@@ -320,6 +321,7 @@ std::unique_ptr<Engine> Backend::makeCudaEngine(c10::Device device) {
           topology_,
           resolveListenAddress(config_.socketInterface),
           device,
+          !config_.infinibandDisabled,
           timeout_));
 }
 

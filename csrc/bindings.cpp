@@ -100,25 +100,30 @@ PYBIND11_MODULE(_C, module) {
                       int64_t sliceSizeBytes,
                       int64_t flatThresholdBytes,
                       std::string socketInterface,
-                      bool cudaEngine) {
+                      bool cudaEngine,
+                      bool infinibandDisabled) {
             return fairring::Config{
                 totalMemoryBytes,
                 sliceSizeBytes,
                 flatThresholdBytes,
                 std::move(socketInterface),
-                cudaEngine};
+                cudaEngine,
+                infinibandDisabled};
           }),
           py::arg("total_memory_bytes"),
           py::arg("slice_size_bytes"),
           py::arg("flat_threshold_bytes"),
           py::arg("socket_interface"),
-          py::arg("cuda_engine") = false)
+          py::arg("cuda_engine") = false,
+          py::arg("infiniband_disabled") = false)
       .def_readonly("total_memory_bytes", &fairring::Config::totalMemoryBytes)
       .def_readonly("slice_size_bytes", &fairring::Config::sliceSizeBytes)
       .def_readonly(
           "flat_threshold_bytes", &fairring::Config::flatThresholdBytes)
       .def_readonly("socket_interface", &fairring::Config::socketInterface)
-      .def_readonly("cuda_engine", &fairring::Config::cudaEngine);
+      .def_readonly("cuda_engine", &fairring::Config::cudaEngine)
+      .def_readonly(
+          "infiniband_disabled", &fairring::Config::infinibandDisabled);
 
   module.def(
       "plan",
@@ -247,6 +252,16 @@ PYBIND11_MODULE(_C, module) {
           },
           py::arg("device") = "cpu",
           "Counters of the engine for `device`; None where there is none.")
+      .def(
+          "rails",
+          [](const fairring::Backend& backend, const std::string& device) {
+            return engineDict(backend, device, [](const fairring::Engine& engine) {
+              return py::str(engine.describeRails());
+            });
+          },
+          py::arg("device") = "cpu",
+          "Where the engine for `device` listens and its transports and "
+          "channels; None where there is no engine.")
       .def_property_readonly("topology", &fairring::Backend::topology)
       .def_property_readonly("config", &fairring::Backend::config)
       .def_property_readonly("timeout", &fairring::Backend::timeout);

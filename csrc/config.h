@@ -19,6 +19,8 @@ struct Config {
   // All-reduces of CUDA tensors run on the engine rather than NCCL
   // (FAIRRING_CUDA_ENGINE).
   bool cudaEngine = false;
+  // The rails never use InfiniBand, even where viable (FAIRRING_IB_DISABLE).
+  bool infinibandDisabled = false;
 };
 
 } // namespace fairring

@@ -46,9 +46,11 @@ struct RailsChannels {
 constexpr int64_t kGpuDirectMinBytes = 32;
 
 // Registers the channels that move CUDA buffers between machines: GPUDirect
-// RDMA (cuda_gdr) where viable, else staging through host memory
+// RDMA (cuda_gdr) where viable and allowed, else staging through host memory
 // (cuda_basic). Never cuda_ipc or cuda_xth: rail peers share no host.
-RailsChannels registerRailsChannels(tensorpipe::Context& context);
+RailsChannels registerRailsChannels(
+    tensorpipe::Context& context,
+    bool allowGpuDirect);
 
 // A TensorPipe view of device memory at `ptr`, ordered on `stream`: a send
 // reads it after the work queued on `stream` so far, a receive makes it

@@ -46,11 +46,14 @@ c10::intrusive_ptr<c10d::Backend> makeNcclBackend(
       prefixed, rank, size, std::move(options));
 }
 
-RailsChannels registerRailsChannels(tensorpipe::Context& context) {
+RailsChannels registerRailsChannels(
+    tensorpipe::Context& context,
+    bool allowGpuDirect) {
   RailsChannels chosen;
 #if TENSORPIPE_HAS_CUDA_GDR_CHANNEL
-  auto gpuDirect = tensorpipe::channel::cuda_gdr::create();
-  if (gpuDirect->isViable()) {
+  auto gpuDirect = allowGpuDirect ? tensorpipe::channel::cuda_gdr::create()
+                                  : nullptr;
+  if (gpuDirect && gpuDirect->isViable()) {
     context.registerChannel(20, "cuda_gdr", gpuDirect);
     chosen.names = "cuda_gdr, ";
     chosen.gpuDirect = true;

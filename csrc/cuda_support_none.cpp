@@ -38,7 +38,9 @@ c10::intrusive_ptr<c10d::Backend> makeNcclBackend(
   notBuilt();
 }
 
-RailsChannels registerRailsChannels(tensorpipe::Context& /*context*/) {
+RailsChannels registerRailsChannels(
+    tensorpipe::Context& /*context*/,
+    bool /*allowGpuDirect*/) {
   notBuilt();
 }
 

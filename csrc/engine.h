@@ -102,6 +102,9 @@ class Engine {
   StagingStats stagingStats() const {
     return staging_.stats();
   }
+  std::string describeRails() const {
+    return rails_->describe();
+  }
   EngineStats stats() const;
 
  private:

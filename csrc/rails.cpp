@@ -124,6 +124,7 @@ Rails::Rails(
     const Topology& topology,
     const std::string& listenAddress,
     c10::Device device,
+    bool allowInfiniband,
     std::chrono::milliseconds timeout)
     : topology_(topology),
       pipes_(topology.numMachines()),
@@ -132,16 +133,28 @@ Rails::Rails(
   const tensorpipe::Device ownDevice = tensorpipeDevice(device);
   context_ = std::make_shared<tensorpipe::Context>(
       tensorpipe::ContextOptions().name("fairring-rank-" + std::to_string(rank)));
+  std::vector<std::string> listenUrls{"uv://" + listenAddress};
   context_->registerTransport(0, "uv", tensorpipe::transport::uv::create());
+  transports_ = "transports uv";
+  auto infiniband =
+      allowInfiniband ? tensorpipe::transport::ibv::create() : nullptr;
+  if (infiniband && infiniband->isViable()) {
+    // Peers connect over TCP first; TensorPipe moves to the better transport
+    // when both ends offer it.
+    context_->registerTransport(10, "ibv", infiniband);
+    listenUrls.push_back("ibv://" + listenAddress);
+    transports_ = "transports ibv, uv";
+  }
   context_->registerChannel(0, "basic", tensorpipe::channel::basic::create());
-  transports_ = "transport uv, channels basic";
+  transports_ += "; channels basic";
   if (device.is_cuda()) {
-    const auto channels = cuda::registerRailsChannels(*context_);
+    const auto channels =
+        cuda::registerRailsChannels(*context_, allowInfiniband);
     transports_ += ", " + channels.names;
     gpuDirect_ = channels.gpuDirect;
   }
 
-  listener_ = context_->listen({"uv://" + listenAddress});
+  listener_ = context_->listen(listenUrls);
   url_ = listener_->url("uv");
   // "<device index> <url>": what a connecting peer needs to know.
   const std::string published = std::to_string(ownDevice.index) + " " + url_;

@@ -23,7 +23,8 @@ namespace fairring {
 // The rails mesh: TensorPipe pipes from this rank to its rail peers, the
 // ranks with the same local index on every other machine. Rail peers are on
 // different machines by definition, so only network transports are used
-// (TCP through libuv, InfiniBand where viable), never same-host ones.
+// (TCP through libuv; InfiniBand where viable and allowed, which TensorPipe
+// then prefers between two ranks that both have it), never same-host ones.
 //
 // Each peer gets two pipes, one per lane, so that reduced shards coming back
 // never queue behind shards of a slice the receiver has not started yet.
@@ -50,6 +51,7 @@ class Rails {
       const Topology& topology,
       const std::string& listenAddress,
       c10::Device device,
+      bool allowInfiniband,
       std::chrono::milliseconds timeout);
   ~Rails();
 
@@ -77,9 +79,9 @@ class Rails {
   // timeout. Safe from any thread, TensorPipe's included.
   void closePipes();
 
-  // Transports and channels registered with the context, for logs.
-  const std::string& transports() const {
-    return transports_;
+  // Where this rank listens and what it can speak, for logs.
+  std::string describe() const {
+    return url_ + " (" + transports_ + ")";
   }
 
  private:

@@ -37,7 +37,7 @@ def _create_backend(dist_options: Any, backend_options: Any) -> _C.Backend:
     # The CPU group: Gloo, in its own key space of the group's store.
     cpu_backend = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
     local_reduce_scatter, local_all_gather = _local_groups(store, topology, timeout)
-    return _C.Backend(
+    backend = _C.Backend(
         store,
         topology,
         _C.Config(
@@ -46,12 +46,16 @@ def _create_backend(dist_options: Any, backend_options: Any) -> _C.Backend:
             flat_threshold_bytes=config.flat_threshold,
             socket_interface=config.socket_interface or "",
             cuda_engine=config.cuda_engine,
+            infiniband_disabled=config.ib_disable,
         ),
         timeout,
         cpu_backend,
         local_reduce_scatter,
         local_all_gather,
     )
+    if backend.rails() is not None:
+        logger.debug("group %s: rank %d rails listen on %s", dist_options.group_id, rank, backend.rails())
+    return backend
 
 
 def check_staging_fits(config: Config, topology: _C.Topology) -> None:

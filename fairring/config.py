@@ -25,6 +25,7 @@ MACHINE_ID = "FAIRRING_MACHINE_ID"
 LOG_LEVEL = "FAIRRING_LOG_LEVEL"
 SOCKET_IFNAME = "TP_SOCKET_IFNAME"
 CUDA_ENGINE = "FAIRRING_CUDA_ENGINE"
+IB_DISABLE = "FAIRRING_IB_DISABLE"
 
 DEFAULT_TOTAL_MEMORY = 50 * MiB
 DEFAULT_SLICE_SIZE = 4 * MiB
@@ -95,6 +96,8 @@ class Config:
     socket_interface: str | None = None
     # CUDA all-reduces take the Herring engine instead of NCCL (not yet validated on GPUs).
     cuda_engine: bool = False
+    # The rails keep to TCP even where InfiniBand (and GPUDirect) is viable.
+    ib_disable: bool = False
 
     def must_agree(self) -> dict[str, int]:
         """Settings that every rank of a group must share, by variable name."""
@@ -113,7 +116,8 @@ class Config:
             f"{MACHINE_ID}={self.machine_id or '(discover)'} "
             f"{LOG_LEVEL}={self.log_level or '(unset)'} "
             f"{SOCKET_IFNAME}={self.socket_interface or '(automatic)'} "
-            f"{CUDA_ENGINE}={int(self.cuda_engine)}"
+            f"{CUDA_ENGINE}={int(self.cuda_engine)} "
+            f"{IB_DISABLE}={int(self.ib_disable)}"
         )
 
 
@@ -144,6 +148,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         log_level=log_level,
         socket_interface=_socket_interface(env.get(SOCKET_IFNAME)),
         cuda_engine=parse_flag(CUDA_ENGINE, env.get(CUDA_ENGINE)),
+        ib_disable=parse_flag(IB_DISABLE, env.get(IB_DISABLE)),
     )
 
 

@@ -53,7 +53,7 @@ def test_defaults() -> None:
     assert config.slice_size == DEFAULT_SLICE_SIZE == 4 * 2**20
     assert config.flat_threshold == DEFAULT_FLAT_THRESHOLD == 0
     assert config.machine_id is None and config.log_level is None
-    assert config.cuda_engine is False
+    assert config.cuda_engine is False and config.ib_disable is False
 
 
 def test_values_from_environment() -> None:
@@ -87,8 +87,9 @@ def test_values_from_environment() -> None:
         *[("0", False), ("false", False), ("off", False), ("", False)],
     ],
 )
-def test_cuda_engine_switch(raw: str, expected: bool) -> None:
+def test_switches(raw: str, expected: bool) -> None:
     assert load_config({"FAIRRING_CUDA_ENGINE": raw}).cuda_engine is expected
+    assert load_config({"FAIRRING_IB_DISABLE": raw}).ib_disable is expected
 
 
 def test_flat_threshold_may_be_zero_but_not_negative() -> None:

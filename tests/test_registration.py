@@ -155,12 +155,15 @@ def init_capturing_logs(*init_args: object) -> list[str]:
     return records
 
 
-def test_effective_configuration_is_logged_in_debug() -> None:
-    spec = InitSpec(extra_env={"FAIRRING_LOG_LEVEL": "DEBUG", "FAIRRING_SLICE_SIZE": "4MiB"})
-    with RankPool(Layout(1, 2), spec).start(init=False) as ranks:
+def test_configuration_and_rails_are_logged_in_debug() -> None:
+    env = {"FAIRRING_LOG_LEVEL": "DEBUG", "FAIRRING_SLICE_SIZE": "4MiB", "FAIRRING_IB_DISABLE": "1"}
+    with RankPool(Layout(2, 1), InitSpec(extra_env=env)).start(init=False) as ranks:
         records = ranks.run_per_rank(init_capturing_logs, ranks.init_args)
     for lines in records:
         assert any("effective configuration" in line and "FAIRRING_SLICE_SIZE=4MiB" in line for line in lines), lines
+        # TP_SOCKET_IFNAME=lo (the harness) and InfiniBand off: TCP on loopback.
+        rails = [line for line in lines if "rails listen on" in line]
+        assert len(rails) == 1 and "127.0.0.1:" in rails[0] and "(transports uv; channels basic)" in rails[0], lines
 
 
 def test_staging_too_small_for_one_slice_is_rejected_at_init() -> None:
