@@ -160,19 +160,8 @@ Backend::Backend(
       getSize());
   if (topology_.numMachines() > 1) {
     cpuLocalGroups.flat = cpuBackend_;
-    cpuEngine_ = std::make_unique<Engine>(
-        topology_,
-        config_,
-        c10::Device(c10::kCPU),
-        std::move(cpuLocalGroups),
-        std::make_unique<Rails>(
-            store_,
-            "fairring/rails/cpu/",
-            topology_,
-            resolveListenAddress(config_.socketInterface),
-            c10::Device(c10::kCPU),
-            !config_.infinibandDisabled,
-            timeout_));
+    cpuEngine_ =
+        makeEngine(c10::Device(c10::kCPU), std::move(cpuLocalGroups));
   }
   init();
 }
@@ -310,6 +299,12 @@ std::unique_ptr<Engine> Backend::makeCudaEngine(c10::Device device) {
     groups.reduceScatter = localGroup("reduce-scatter");
     groups.allGather = localGroup("all-gather");
   }
+  return makeEngine(device, std::move(groups));
+}
+
+std::unique_ptr<Engine> Backend::makeEngine(
+    c10::Device device,
+    Engine::Groups groups) {
   return std::make_unique<Engine>(
       topology_,
       config_,
@@ -317,7 +312,7 @@ std::unique_ptr<Engine> Backend::makeCudaEngine(c10::Device device) {
       std::move(groups),
       std::make_unique<Rails>(
           store_,
-          "fairring/rails/cuda/",
+          "fairring/rails/" + c10::DeviceTypeName(device.type(), true) + "/",
           topology_,
           resolveListenAddress(config_.socketInterface),
           device,

@@ -196,6 +196,10 @@ class Backend final : public c10d::Backend {
   // makes its first CUDA all-reduce at the same point of its sequence.
   Engine* engineFor(const c10d::Backend& inner, const at::Tensor& tensor);
   std::unique_ptr<Engine> makeCudaEngine(c10::Device device);
+  // An engine on `device`, with its rails mesh (a collective step).
+  std::unique_ptr<Engine> makeEngine(
+      c10::Device device,
+      Engine::Groups groups);
   void abortCudaEngine(const std::string& reason);
 
   const c10::intrusive_ptr<c10d::Store> store_;

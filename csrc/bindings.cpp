@@ -239,25 +239,27 @@ PYBIND11_MODULE(_C, module) {
       .def(
           "engine_stats",
           [](const fairring::Backend& backend, const std::string& device) {
-            return engineDict(backend, device, [](const fairring::Engine& engine) {
-              const auto stats = engine.stats();
-              py::dict result;
-              result["ops"] = stats.ops;
-              result["slices"] = stats.slices;
-              result["flat_ops"] = stats.flatOps;
-              result["rail_bytes_sent"] = stats.railBytesSent;
-              result["rail_bytes_received"] = stats.railBytesReceived;
-              return result;
-            });
+            return engineDict(
+                backend, device, [](const fairring::Engine& engine) {
+                  const auto stats = engine.stats();
+                  py::dict result;
+                  result["ops"] = stats.ops;
+                  result["slices"] = stats.slices;
+                  result["flat_ops"] = stats.flatOps;
+                  result["rail_bytes_sent"] = stats.railBytesSent;
+                  result["rail_bytes_received"] = stats.railBytesReceived;
+                  return result;
+                });
           },
           py::arg("device") = "cpu",
           "Counters of the engine for `device`; None where there is none.")
       .def(
           "rails",
           [](const fairring::Backend& backend, const std::string& device) {
-            return engineDict(backend, device, [](const fairring::Engine& engine) {
-              return py::str(engine.describeRails());
-            });
+            return engineDict(
+                backend, device, [](const fairring::Engine& engine) {
+                  return py::str(engine.describeRails());
+                });
           },
           py::arg("device") = "cpu",
           "Where the engine for `device` listens and its transports and "

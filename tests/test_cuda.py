@@ -126,13 +126,18 @@ ONE_GPU = "cuda:0"
 GPU_PER_RANK = "cuda:{rank}"
 
 
+def run_engine_checks(layout: Layout, device_of_rank: str, sizes: list[int]) -> list[dict[str, int]]:
+    """Every check above on `layout`; the engine counters of each rank."""
+    with RankPool(layout, InitSpec(extra_env=CUDA_ENGINE_ENV)) as ranks:
+        results = ranks.run(engine_matches_reference, device_of_rank, sizes, timeout=600)
+        ranks.run(engine_orders_streams, device_of_rank)
+        ranks.run(engine_premul_sum_and_non_contiguous, device_of_rank)
+    return results
+
+
 def test_cuda_engine_two_machines_on_one_gpu() -> None:
-    with RankPool(Layout(2, 1), InitSpec(extra_env=CUDA_ENGINE_ENV)) as ranks:
-        # Even sizes: no tail for the flat NCCL group, which one GPU cannot host.
-        results = ranks.run(engine_matches_reference, ONE_GPU, [2, 1000, 40_000, 300_000], timeout=600)
-        ranks.run(engine_orders_streams, ONE_GPU)
-        ranks.run(engine_premul_sum_and_non_contiguous, ONE_GPU)
-    for stats in results:
+    # Even sizes: no tail for the flat NCCL group, which one GPU cannot host.
+    for stats in run_engine_checks(Layout(2, 1), ONE_GPU, [2, 1000, 40_000, 300_000]):
         print(f"fairring: CUDA engine counters on one GPU: {stats}")
         assert stats is not None and stats["ops"] > 0 and stats["flat_ops"] == 0
         assert stats["rail_bytes_received"] == stats["rail_bytes_sent"] > 0
@@ -140,9 +145,5 @@ def test_cuda_engine_two_machines_on_one_gpu() -> None:
 
 @pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs 4 GPUs (one per rank of a 2x2 layout)")
 def test_cuda_engine_with_local_groups_and_tails() -> None:
-    with RankPool(Layout(2, 2), InitSpec(extra_env=CUDA_ENGINE_ENV)) as ranks:
-        results = ranks.run(engine_matches_reference, GPU_PER_RANK, [1, 3, 1001, 300_001], timeout=600)
-        ranks.run(engine_orders_streams, GPU_PER_RANK)
-        ranks.run(engine_premul_sum_and_non_contiguous, GPU_PER_RANK)
-    for stats in results:
+    for stats in run_engine_checks(Layout(2, 2), GPU_PER_RANK, [1, 3, 1001, 300_001]):
         assert stats is not None and stats["slices"] > 0 and stats["flat_ops"] > 0
