@@ -104,6 +104,19 @@ bool engineHandlesAll(
          });
 }
 
+// Copies consecutive pieces of the 1-D `packed`, each as long as the next
+// tensor, into `tensors`.
+void unpackInto(
+    const at::Tensor& packed,
+    const std::vector<at::Tensor>& tensors) {
+  int64_t offset = 0;
+  for (const auto& tensor : tensors) {
+    tensor.copy_(
+        packed.narrow(0, offset, tensor.numel()).view(tensor.sizes()));
+    offset += tensor.numel();
+  }
+}
+
 // One engine all-reduce of the tensors packed end to end; the result is
 // unpacked into them when it completes (on the engine's all-gather thread).
 c10::intrusive_ptr<c10::ivalue::Future> packedAllreduce(
@@ -119,12 +132,7 @@ c10::intrusive_ptr<c10::ivalue::Future> packedAllreduce(
   return engine.allreduce(packed, op)->then(
       [tensors, packed](c10::ivalue::Future& done) {
         done.value(); // rethrows the engine's error into the returned future
-        int64_t offset = 0;
-        for (const auto& tensor : tensors) {
-          tensor.copy_(
-              packed.narrow(0, offset, tensor.numel()).view(tensor.sizes()));
-          offset += tensor.numel();
-        }
+        unpackInto(packed, tensors);
         return c10::IValue(tensors);
       },
       c10::ListType::create(c10::TensorType::get()));
@@ -599,12 +607,7 @@ c10::intrusive_ptr<c10d::Work> Backend::alltoallAsSingle(
   auto unpacked = work->getFuture()->then(
       [outputs, packedOutput, packedInput](c10::ivalue::Future& done) {
         done.value(); // rethrows the exchange's error, if any
-        int64_t offset = 0;
-        for (const auto& output : outputs) {
-          output.copy_(packedOutput.narrow(0, offset, output.numel())
-                           .view(output.sizes()));
-          offset += output.numel();
-        }
+        unpackInto(packedOutput, outputs);
         return c10::IValue(outputs);
       },
       c10::ListType::create(c10::TensorType::get()));

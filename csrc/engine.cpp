@@ -231,8 +231,8 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
       c10::ListType::create(c10::TensorType::get()),
       stream_ ? std::vector<c10::Device>{device_} : std::vector<c10::Device>{});
 
-  const int64_t bytes = op->flat.numel() * op->flat.element_size();
   const int64_t elementSize = op->flat.element_size();
+  const int64_t bytes = op->flat.numel() * elementSize;
   // Shards below the transfer's floor go flat, with the tail.
   const int64_t minShardBytes =
       rails_->gpuDirect() ? cuda::kGpuDirectMinBytes : 1;
