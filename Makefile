@@ -36,3 +36,35 @@ lint: $(INSTALLED)
 
 clean:
 	rm -rf build fairring/*.so $(VENV)
+
+# The GPU check: on a machine with a GPU and torch but no network (no venv, no pip), builds
+# fairring against $(PYTHON)'s torch, runs tests/test_cuda.py and a CUDA bench (2 processes on
+# one GPU as 2 machines), and writes one report: FAIRRING_GPU_REPORT (default gpu-check-report.md).
+# GPU_CHECK_ARGS go to `python -m fairring.bench.gpu_check` (see its --help), e.g. --quick or
+# "--device cpu" (with FAIRRING_WITH_CUDA=auto, where there is no CUDA). A failed build writes
+# the report too. Whole check: GPU_CHECK_SECONDS (the build's time counts).
+GPU_REPORT ?= gpu-check-report.md
+GPU_CHECK_SECONDS ?= 560
+GPU_BUILD_SECONDS ?= 240
+.PHONY: gpu-check
+gpu-check:
+	@report="$${FAIRRING_GPU_REPORT:-$(GPU_REPORT)}"; mkdir -p "$$(dirname "$$report")"; rm -f "$$report"; \
+	log="$$(mktemp)"; start=$$(date +%s); \
+	if [ -z "$${CUDA_HOME:-}" ] && command -v nvcc >/dev/null 2>&1; then \
+	  root="$$(dirname "$$(dirname "$$(readlink -f "$$(command -v nvcc)")")")"; \
+	  if [ -f "$$root/include/cuda_runtime_api.h" ]; then export CUDA_HOME="$$root"; fi; \
+	fi; \
+	export CXX="$(BUILD_CXX)" FAIRRING_WITH_CUDA="$${FAIRRING_WITH_CUDA:-1}" MAX_JOBS="$${MAX_JOBS:-$$(nproc)}"; \
+	build="CXX=$$CXX FAIRRING_WITH_CUDA=$$FAIRRING_WITH_CUDA MAX_JOBS=$$MAX_JOBS CUDA_HOME=$${CUDA_HOME:-} $(PYTHON) setup.py --quiet build_ext --inplace"; \
+	echo "gpu-check: $$build"; \
+	if ! timeout $(GPU_BUILD_SECONDS) $(PYTHON) setup.py --quiet build_ext --inplace >"$$log" 2>&1; then \
+	  { echo "# fairring GPU check: FAILED (build)"; echo; echo "The build failed or ran past $(GPU_BUILD_SECONDS) s:"; \
+	    echo; echo '```sh'; echo "$$build"; echo '```'; echo; echo '```text'; tail -n 200 "$$log"; echo '```'; } >"$$report"; \
+	  tail -n 60 "$$log" >&2; rm -f "$$log"; echo "gpu-check: FAILED (build); report: $$report" >&2; exit 1; \
+	fi; \
+	elapsed=$$(( $$(date +%s) - start )); \
+	$(PYTHON) -m fairring.bench.gpu_check --report "$$report" --build-log "$$log" --build-seconds $$elapsed \
+	  --build-command "$$build" --budget $$(( $(GPU_CHECK_SECONDS) - elapsed )) $(GPU_CHECK_ARGS); \
+	status=$$?; rm -f "$$log"; \
+	if [ ! -s "$$report" ]; then echo "# fairring GPU check: FAILED (the check wrote no report; exit $$status)" >"$$report"; fi; \
+	exit $$status

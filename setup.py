@@ -1,8 +1,9 @@
 """Build fairring's C++ extension against the installed torch.
 
-The CUDA path (NCCL fallback group, and later CUDA streams and TensorPipe's
-CUDA channels) is compiled whenever torch is a CUDA build and the CUDA runtime,
-CUDA crt and NCCL headers can be found, including on machines without a GPU.
+The CUDA path (the CUDA device context of the engine, and TensorPipe's CUDA
+channels for the rails) is compiled whenever torch is a CUDA build and the
+CUDA runtime and crt headers can be found, including on machines without a
+GPU. NCCL headers are not needed: NCCL groups are made in Python.
 FAIRRING_WITH_CUDA selects it: "auto" (default), "1" (required: the build
 fails, saying what is missing, if it cannot be built) or "0" (CPU only).
 
@@ -31,15 +32,22 @@ except ImportError:
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
 COMMON_SOURCES = [
-    "backend.cpp",
+    "backend/backend.cpp",
+    "backend/work.cpp",
     "bindings.cpp",
-    "engine.cpp",
-    "plan.cpp",
-    "rails.cpp",
-    "staging.cpp",
+    "device/device.cpp",
+    "engine/engine.cpp",
+    "engine/plan.cpp",
+    "engine/reduction.cpp",
+    "engine/staging.cpp",
+    "rails/endpoint.cpp",
+    "rails/lanes.cpp",
+    "rails/tensorpipe_mesh.cpp",
     "topology.cpp",
-    "work.cpp",
 ]
+# The only sources that see CUDA headers, and their CPU-only twins.
+CUDA_SOURCES = ["device/cuda.cpp", "rails/tensorpipe_cuda.cpp"]
+CPU_ONLY_SOURCES = ["device/cuda_none.cpp", "rails/tensorpipe_cuda_none.cpp"]
 
 
 @dataclass
@@ -78,15 +86,14 @@ def _locate_cuda() -> tuple[CudaBuild | None, list[str]]:
         include_candidates.append(Path(cuda_home) / "include")
         lib_candidates += [Path(cuda_home) / "lib64", Path(cuda_home) / "lib"]
     for root in roots:
-        include_candidates += [root / f"cu{cuda_major}" / "include", root / "nccl" / "include"]
-        lib_candidates += [root / f"cu{cuda_major}" / "lib", root / "nccl" / "lib"]
+        include_candidates.append(root / f"cu{cuda_major}" / "include")
+        lib_candidates.append(root / f"cu{cuda_major}" / "lib")
 
     missing = []
     found: list[Path] = []
     for marker, hint in [
         ("cuda_runtime_api.h", f"the CUDA runtime headers (pip: nvidia-cuda-runtime, CUDA {torch.version.cuda})"),
         ("crt/host_config.h", f"the CUDA crt headers (pip: nvidia-cuda-crt=={torch.version.cuda}.*)"),
-        ("nccl.h", "the NCCL headers (pip: nvidia-nccl-cu" + cuda_major + ")"),
     ]:
         directory = _find_dir(include_candidates, marker)
         if directory is None:
@@ -95,7 +102,7 @@ def _locate_cuda() -> tuple[CudaBuild | None, list[str]]:
             found.append(directory)
     libraries = []
     library_dirs: list[Path] = []
-    for soname in [f"libcudart.so.{cuda_major}", "libnccl.so.2"]:
+    for soname in [f"libcudart.so.{cuda_major}"]:
         directory = _find_dir(lib_candidates, soname)
         if directory is None:
             missing.append(f"{soname}: not found next to the headers")
@@ -132,15 +139,13 @@ def _cuda_build() -> CudaBuild | None:
 
 def _extension() -> CppExtension:
     cuda = _cuda_build()
-    sources = [*COMMON_SOURCES, "cuda_support_nccl.cpp" if cuda else "cuda_support_none.cpp"]
-    define_macros = [("USE_C10D_NCCL", None)] if cuda else []
+    sources = [*COMMON_SOURCES, *(CUDA_SOURCES if cuda else CPU_ONLY_SOURCES)]
     return CppExtension(
         name="fairring._C",
         sources=[str(Path("csrc") / s) for s in sources],
         include_dirs=[str(CSRC)] + (cuda.include_dirs if cuda else []),
         library_dirs=cuda.library_dirs if cuda else [],
         libraries=cuda.libraries if cuda else [],
-        define_macros=define_macros,
         # torch's CUDA headers trip -Winterference-size; it says nothing about our code.
         extra_compile_args=["-std=c++20", "-O2", "-Wall", "-Wno-unused-parameter", "-Wno-interference-size"],
     )

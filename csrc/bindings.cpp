@@ -1,14 +1,17 @@
 // Python bindings: the only translation unit that includes torch/extension.h.
 
+#include <type_traits>
+
 #include <pybind11/chrono.h>
 #include <torch/extension.h>
 #include <torch/headeronly/version.h>
 
-#include "backend.h"
+#include "backend/backend.h"
 #include "config.h"
-#include "cuda_support.h"
-#include "plan.h"
-#include "staging.h"
+#include "device/device.h"
+#include "engine/plan.h"
+#include "engine/staging.h"
+#include "rails/endpoint.h"
 #include "topology.h"
 
 namespace py = pybind11;
@@ -20,15 +23,64 @@ py::dict buildInfo() {
   info["torch"] = std::to_string(TORCH_VERSION_MAJOR) + "." +
       std::to_string(TORCH_VERSION_MINOR) + "." +
       std::to_string(TORCH_VERSION_PATCH);
-  info["cuda_path"] = fairring::cuda::isBuilt();
-  auto optional = [](const std::optional<std::string>& value) -> py::object {
-    return value ? py::object(py::str(*value)) : py::object(py::none());
-  };
-  info["cuda"] = optional(fairring::cuda::runtimeVersion());
-  info["nccl"] = optional(fairring::cuda::ncclVersion());
+  info["cuda_path"] = fairring::cudaPathBuilt();
+  info["cuda"] = fairring::cudaPathBuilt()
+      ? py::object(py::str(fairring::cudaRuntimeVersion()))
+      : py::object(py::none());
   info["cxx_standard"] = static_cast<long>(__cplusplus);
   return info;
 }
+
+// The InnerGroupFactory that fairring/_registration.py implements in Python.
+// Called from whatever thread issues a collective, without the GIL.
+class PyInnerGroupFactory final : public fairring::InnerGroupFactory {
+ public:
+  explicit PyInnerGroupFactory(py::object factory)
+      : factory_(std::move(factory)) {}
+  ~PyInnerGroupFactory() override {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      factory_ = py::object();
+    } else {
+      factory_.release(); // the interpreter is gone: nothing to release to
+    }
+  }
+
+  c10::intrusive_ptr<c10d::Backend> delegate(c10::DeviceType type) override {
+    return call([&] {
+      return factory_.attr("delegate")(c10::DeviceTypeName(type, true))
+          .cast<c10::intrusive_ptr<c10d::Backend>>();
+    });
+  }
+
+  fairring::LocalGroups localGroups(c10::Device device) override {
+    return call([&] {
+      auto groups = factory_.attr("local_groups")(device.str()).cast<py::tuple>();
+      fairring::LocalGroups result;
+      if (!groups[0].is_none()) {
+        result.reduceScatter =
+            groups[0].cast<c10::intrusive_ptr<c10d::Backend>>();
+        result.allGather = groups[1].cast<c10::intrusive_ptr<c10d::Backend>>();
+      }
+      return result;
+    });
+  }
+
+ private:
+  // Python errors become C++ ones while the GIL is held: an
+  // error_already_set must not outlive it.
+  template <typename Call>
+  std::invoke_result_t<Call> call(Call&& body) {
+    py::gil_scoped_acquire gil;
+    try {
+      return body();
+    } catch (py::error_already_set& error) {
+      throw std::runtime_error(error.what());
+    }
+  }
+
+  py::object factory_;
+};
 
 // `describe(engine)` for the backend's engine on `device` ("cpu" or "cuda"),
 // or None where it has none.
@@ -59,6 +111,14 @@ py::dict stagingDict(const fairring::StagingStats& stats) {
   return result;
 }
 
+fairring::rails::Lane laneOf(int lane) {
+  TORCH_CHECK(
+      lane >= 0 && lane < fairring::rails::kLanes,
+      "fairring: lane must be 0 (shards) or 1 (reduced), not ",
+      lane);
+  return static_cast<fairring::rails::Lane>(lane);
+}
+
 } // namespace
 
 PYBIND11_MODULE(_C, module) {
@@ -71,10 +131,6 @@ PYBIND11_MODULE(_C, module) {
       &buildInfo,
       "What this extension was compiled with: torch, CUDA and NCCL versions "
       "and whether the CUDA path is in.");
-  module.def(
-      "cuda_devices_present",
-      &fairring::cuda::devicesPresent,
-      "Whether the CUDA path is built and a CUDA device is visible.");
 
   py::class_<fairring::Topology>(module, "Topology")
       .def(
@@ -126,24 +182,26 @@ PYBIND11_MODULE(_C, module) {
           "infiniband_disabled", &fairring::Config::infinibandDisabled);
 
   module.def(
+      "plan_unit",
+      &fairring::planUnit,
+      py::arg("local_size"),
+      py::arg("machines"),
+      py::arg("element_size"),
+      py::arg("min_shard_bytes"),
+      "The number of elements every (padded) slice is a multiple of.");
+  module.def(
       "plan",
-      [](int64_t numel,
-         int64_t sliceNumel,
-         int64_t granule,
-         int64_t minSliceNumel) {
-        const auto plan =
-            fairring::makePlan(numel, sliceNumel, granule, minSliceNumel);
-        std::vector<std::pair<int64_t, int64_t>> slices;
-        for (const auto& slice : plan.slices) {
-          slices.emplace_back(slice.offset, slice.numel);
+      [](int64_t numel, int64_t sliceNumel, int64_t unit) {
+        std::vector<std::tuple<int64_t, int64_t, int64_t>> slices;
+        for (const auto& slice : fairring::makePlan(numel, sliceNumel, unit)) {
+          slices.emplace_back(slice.offset, slice.numel, slice.paddedNumel);
         }
-        return py::make_tuple(slices, plan.tailOffset, plan.tailNumel);
+        return slices;
       },
       py::arg("numel"),
       py::arg("slice_numel"),
-      py::arg("granule"),
-      py::arg("min_slice_numel") = 0,
-      "The slice plan: ([(offset, numel)], tail_offset, tail_numel).");
+      py::arg("unit"),
+      "The slice plan: [(offset, numel, padded_numel)].");
   module.def(
       "staging_bytes_for",
       &fairring::stagingBytesFor,
@@ -189,7 +247,7 @@ PYBIND11_MODULE(_C, module) {
       &fairring::sliceNumelFor,
       py::arg("slice_bytes"),
       py::arg("element_size"),
-      py::arg("granule"));
+      py::arg("unit"));
 
   py::class_<
       fairring::Backend,
@@ -201,29 +259,27 @@ PYBIND11_MODULE(_C, module) {
                       fairring::Config config,
                       std::chrono::milliseconds timeout,
                       c10::intrusive_ptr<c10d::Backend> cpuBackend,
-                      std::optional<c10::intrusive_ptr<c10d::Backend>>
-                          localReduceScatter,
-                      std::optional<c10::intrusive_ptr<c10d::Backend>>
-                          localAllGather) {
-            fairring::Engine::Groups groups;
-            groups.reduceScatter = localReduceScatter.value_or(nullptr);
-            groups.allGather = localAllGather.value_or(nullptr);
+                      py::object innerGroups) {
+            auto factory =
+                std::make_shared<PyInnerGroupFactory>(std::move(innerGroups));
+            py::gil_scoped_release noGil; // the factory takes it when called
             return c10::make_intrusive<fairring::Backend>(
                 std::move(store),
                 std::move(topology),
                 std::move(config),
                 timeout,
                 std::move(cpuBackend),
-                std::move(groups));
+                std::move(factory));
           }),
           py::arg("store"),
           py::arg("topology"),
           py::arg("config"),
           py::arg("timeout"),
           py::arg("cpu_backend"),
-          py::arg("local_reduce_scatter"),
-          py::arg("local_all_gather"),
-          py::call_guard<py::gil_scoped_release>())
+          py::arg("inner_groups"),
+          "inner_groups: an object with delegate(device_type: str) and "
+          "local_groups(device: str) -> (reduce_scatter, all_gather) or "
+          "(None, None); see fairring/_registration.py.")
       .def(
           "staging_stats",
           [](const fairring::Backend& backend, const std::string& device) {
@@ -240,12 +296,13 @@ PYBIND11_MODULE(_C, module) {
           "engine_stats",
           [](const fairring::Backend& backend, const std::string& device) {
             return engineDict(
-                backend, device, [](const fairring::Engine& engine) {
+                backend, device, [&](const fairring::Engine& engine) {
                   const auto stats = engine.stats();
                   py::dict result;
                   result["ops"] = stats.ops;
                   result["slices"] = stats.slices;
-                  result["flat_ops"] = stats.flatOps;
+                  result["flat_ops"] =
+                      backend.flatAllreduces(engine.device().type());
                   result["rail_bytes_sent"] = stats.railBytesSent;
                   result["rail_bytes_received"] = stats.railBytesReceived;
                   return result;
@@ -267,4 +324,80 @@ PYBIND11_MODULE(_C, module) {
       .def_property_readonly("topology", &fairring::Backend::topology)
       .def_property_readonly("config", &fairring::Backend::config)
       .def_property_readonly("timeout", &fairring::Backend::timeout);
+
+  using fairring::rails::Endpoint;
+  using fairring::rails::Transfer;
+  py::class_<Transfer, std::shared_ptr<Transfer>>(module, "Transfer")
+      .def(
+          "wait",
+          [](Transfer& transfer, double timeoutSeconds) {
+            transfer.wait(std::chrono::milliseconds(
+                static_cast<int64_t>(timeoutSeconds * 1000)));
+          },
+          py::arg("timeout") = 60.0,
+          py::call_guard<py::gil_scoped_release>(),
+          "Blocks until the transfer is done; raises its failure, or on "
+          "timeout (seconds).");
+  py::class_<Endpoint>(module, "RailsEndpoint")
+      .def(
+          py::init([](c10::intrusive_ptr<c10d::Store> store,
+                      const std::string& prefix,
+                      int rank,
+                      std::vector<std::vector<int>> machines,
+                      c10::Device device,
+                      const std::string& interfaceName,
+                      std::chrono::milliseconds timeout) {
+            return std::make_unique<Endpoint>(
+                store,
+                prefix,
+                fairring::Topology(rank, std::move(machines)),
+                device,
+                interfaceName,
+                timeout);
+          }),
+          py::arg("store"),
+          py::arg("prefix"),
+          py::arg("rank"),
+          py::arg("machines"),
+          py::arg("device"),
+          py::arg("interface") = "",
+          py::arg("timeout") = std::chrono::milliseconds(60000),
+          py::call_guard<py::gil_scoped_release>(),
+          "The rails protocol between this rank and its rail peers, over "
+          "TensorPipe (collective over them): for tests and benchmarks.")
+      .def(
+          "send",
+          [](Endpoint& endpoint,
+             int machine,
+             int lane,
+             std::string tag,
+             const at::Tensor& tensor) {
+            return endpoint.send(
+                machine, laneOf(lane), std::move(tag), tensor);
+          },
+          py::arg("machine"),
+          py::arg("lane"),
+          py::arg("tag"),
+          py::arg("tensor"),
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "expect",
+          [](Endpoint& endpoint,
+             int machine,
+             int lane,
+             std::string tag,
+             const at::Tensor& tensor) {
+            return endpoint.expect(
+                machine, laneOf(lane), std::move(tag), tensor);
+          },
+          py::arg("machine"),
+          py::arg("lane"),
+          py::arg("tag"),
+          py::arg("tensor"),
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "close",
+          &Endpoint::close,
+          py::call_guard<py::gil_scoped_release>())
+      .def("describe", &Endpoint::describe);
 }

@@ -44,8 +44,13 @@ _C = _load_extension()
 
 
 def build_info() -> dict[str, object]:
-    """What the extension was built with: versions and whether the CUDA path is in."""
-    return dict(_C.build_info())
+    """What the extension was built with: versions and whether the CUDA path is in.
+
+    "nccl" is the NCCL that torch ships: fairring's NCCL groups are torch's own.
+    """
+    info = dict(_C.build_info())
+    info["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if info["cuda_path"] else None
+    return info
 
 
 from ._registration import BACKEND_NAME, register  # noqa: E402

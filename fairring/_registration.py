@@ -6,6 +6,7 @@ import logging
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from . import _C
@@ -36,7 +37,6 @@ def _create_backend(dist_options: Any, backend_options: Any) -> _C.Backend:
 
     # The CPU group: Gloo, in its own key space of the group's store.
     cpu_backend = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
-    local_reduce_scatter, local_all_gather = _local_groups(store, topology, timeout)
     backend = _C.Backend(
         store,
         topology,
@@ -50,8 +50,7 @@ def _create_backend(dist_options: Any, backend_options: Any) -> _C.Backend:
         ),
         timeout,
         cpu_backend,
-        local_reduce_scatter,
-        local_all_gather,
+        InnerGroups(store, topology, timeout),
     )
     if backend.rails() is not None:
         logger.debug("group %s: rank %d rails listen on %s", dist_options.group_id, rank, backend.rails())
@@ -72,24 +71,60 @@ def check_staging_fits(config: Config, topology: _C.Topology) -> None:
         )
 
 
-def _local_groups(
-    store: dist.Store, topology: _C.Topology, timeout: timedelta
-) -> tuple[dist.ProcessGroupGloo | None, dist.ProcessGroupGloo | None]:
-    """The engine's groups over this machine's ranks: one per local step.
+class InnerGroups:
+    """Makes the inner groups a fairring backend needs, with torch's own constructors.
 
-    Each step is fed by its own engine thread, so each needs its own group:
-    two threads sharing one could interleave their operations differently on
-    different ranks. None where there is nothing to do locally.
+    The C++ backend calls these at moments every rank reaches in the same
+    order (its creation, the first CUDA collective, the first CUDA all-reduce),
+    so every rank makes the same groups in the same order.
     """
-    if topology.num_machines == 1 or topology.local_size == 1:
-        return None, None
-    groups = []
-    for step in ("reduce-scatter", "all-gather"):
-        prefix = f"fairring/machine{topology.machine}/{step}/"
-        groups.append(
-            dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), topology.local_rank, topology.local_size, timeout)
-        )
-    return groups[0], groups[1]
+
+    def __init__(self, store: dist.Store, topology: _C.Topology, timeout: timedelta) -> None:
+        self._store = store
+        self._topology = topology
+        self._timeout = timeout
+
+    def delegate(self, device_type: str) -> dist.Backend:
+        """The group over every rank for tensors of `device_type` other than the CPU: NCCL."""
+        if device_type != "cuda":
+            raise ValueError(f"fairring: no delegate group for {device_type} tensors")
+        if not torch.cuda.is_available():
+            raise RuntimeError("fairring: a CUDA tensor was passed but this process sees no CUDA device")
+        topology = self._topology
+        return self._nccl(dist.PrefixStore("nccl/", self._store), topology.rank, topology.world_size)
+
+    def local_groups(self, device: str) -> tuple[dist.Backend | None, dist.Backend | None]:
+        """The engine's groups over this machine's ranks, one per local step.
+
+        Each step is fed by its own engine thread, so each needs its own group:
+        two threads sharing one could interleave their operations differently
+        on different ranks. CUDA groups are bound to `device` and connected
+        here, one after the other, before the engine's threads use them.
+        None where there is nothing to do locally.
+        """
+        topology = self._topology
+        if topology.num_machines == 1 or topology.local_size == 1:
+            return None, None
+        target = torch.device(device)
+        groups = []
+        for step in ("reduce-scatter", "all-gather"):
+            prefix = f"fairring/machine{topology.machine}/{step}/{target.type}/"
+            store = dist.PrefixStore(prefix, self._store)
+            if target.type == "cpu":
+                groups.append(dist.ProcessGroupGloo(store, topology.local_rank, topology.local_size, self._timeout))
+                continue
+            group = self._nccl(store, topology.local_rank, topology.local_size)
+            if hasattr(group, "bound_device_id"):
+                group.bound_device_id = target
+            group.eager_connect_single_device(target)
+            groups.append(group)
+        logger.debug("machine %d: local groups for %s made and connected", topology.machine, device)
+        return groups[0], groups[1]
+
+    def _nccl(self, store: dist.Store, rank: int, size: int) -> dist.Backend:
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = self._timeout
+        return dist.ProcessGroupNCCL(store, rank, size, options)
 
 
 def register() -> None:

@@ -16,31 +16,38 @@ def cpu_backend() -> _C.Backend:
 
 
 @pytest.mark.parametrize(
-    ("numel", "slice_numel", "granule", "slices", "tail"),
+    ("numel", "slice_numel", "unit", "slices"),
     [
-        (0, 8, 4, [], (0, 0)),
-        (3, 8, 4, [], (0, 3)),
-        (8, 8, 4, [(0, 8)], (8, 0)),
-        (21, 8, 4, [(0, 8), (8, 8), (16, 4)], (20, 1)),
-        (12, 12, 6, [(0, 12)], (12, 0)),
+        (0, 8, 4, []),
+        (3, 8, 4, [(0, 3, 4)]),  # shorter than a unit: one padded slice
+        (8, 8, 4, [(0, 8, 8)]),
+        (21, 8, 4, [(0, 8, 8), (8, 8, 8), (16, 5, 8)]),  # the remainder rides in the last slice
+        (12, 12, 6, [(0, 12, 12)]),
+        (13, 12, 6, [(0, 12, 12), (12, 1, 6)]),
     ],
 )
-def test_plan(numel: int, slice_numel: int, granule: int, slices: list, tail: tuple[int, int]) -> None:
-    assert _C.plan(numel, slice_numel, granule) == (slices, *tail)
+def test_plan_is_one_pipeline_with_a_padded_last_slice(numel: int, slice_numel: int, unit: int, slices: list) -> None:
+    plan = _C.plan(numel, slice_numel, unit)
+    assert plan == slices
+    # Every element is covered once, every padded slice divides by the unit.
+    assert sum(n for _, n, _ in plan) == numel
+    assert all(padded % unit == 0 and padded >= n for _, n, padded in plan)
 
 
 @pytest.mark.parametrize(
-    ("numel", "min_slice", "slices", "tail"),
+    ("local_size", "machines", "element_size", "min_shard_bytes", "unit"),
     [
-        (21, 8, [(0, 8), (8, 8)], (16, 5)),  # the short last slice joins the tail
-        (21, 4, [(0, 8), (8, 8), (16, 4)], (20, 1)),  # long enough: unchanged
-        (6, 8, [], (0, 6)),  # nothing long enough: all flat
-        (32, 12, [], (0, 32)),  # slices themselves too short
+        (2, 2, 4, 1, 4),  # CPU: one element per (rank, machine) pair
+        (2, 2, 2, 32, 64),  # CUDA, float16: shards of 16 elements (32 bytes)
+        (1, 2, 8, 32, 8),  # CUDA, float64: shards of 4 elements
+        (8, 1000, 4, 32, 64_000),
     ],
 )
-def test_plan_sends_short_slices_flat(numel: int, min_slice: int, slices: list, tail: tuple[int, int]) -> None:
-    # Where GPUDirect carries CUDA shards, they must not be tiny (see cuda_support.h).
-    assert _C.plan(numel, 8, 4, min_slice) == (slices, *tail)
+def test_plan_unit_keeps_shards_above_the_transport_floor(
+    local_size: int, machines: int, element_size: int, min_shard_bytes: int, unit: int
+) -> None:
+    # The floor depends on the device type only, so every rank plans alike.
+    assert _C.plan_unit(local_size, machines, element_size, min_shard_bytes) == unit
 
 
 def test_slice_numel_is_a_positive_multiple_of_the_granule() -> None:
@@ -123,7 +130,7 @@ def test_all_reduces_below_the_flat_threshold_skip_the_herring_path() -> None:
         assert after_small["flat_ops"] == before["flat_ops"] + 1
         assert after_small["slices"] == before["slices"]
         assert after_large["slices"] > after_small["slices"]
-        assert after_large["flat_ops"] == after_small["flat_ops"]  # 100_000 divides by 4: no tail
+        assert after_large["flat_ops"] == after_small["flat_ops"]
 
 
 STREAMING_ENV = {"FAIRRING_SLICE_SIZE": "4KiB", "FAIRRING_TOTAL_MEMORY": "12KiB"}

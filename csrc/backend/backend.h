@@ -1,14 +1,19 @@
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "backend/inner_groups.h"
 #include "config.h"
-#include "engine.h"
+#include "engine/engine.h"
 #include "topology.h"
 
 namespace fairring {
@@ -16,12 +21,16 @@ namespace fairring {
 // The c10d backend registered as "fairring" for both CPU and CUDA tensors.
 //
 // It owns a process group's state and routes each collective by the device
-// of its tensors: CPU tensors go to an inner Gloo group (built in Python,
-// since the torch wheel ships no Gloo headers), CUDA tensors to an inner NCCL
-// group created on first use, and only where a GPU exists. All-reduces that
-// span several machines run on the Herring engine instead: always for CPU
-// tensors; for CUDA tensors when Config::cudaEngine is set, on an engine
-// created by the first CUDA all-reduce for that tensor's device.
+// of its tensors to that device type's delegate: Gloo for CPU tensors, NCCL
+// for CUDA tensors (made on first use, and only where a GPU exists). Both are
+// made by torch's own constructors, through the InnerGroupFactory. All-reduces
+// that span several machines run on the Herring engine instead: always for
+// CPU tensors; for CUDA tensors when Config::cudaEngine is set, on an engine
+// created by the first CUDA all-reduce, for that tensor's device. All-reduces
+// below Config::flatThresholdBytes go to the delegate.
+//
+// Overrides use the collective names torch 2.11 and 2.15 both have (2.15
+// forwards its newer names, e.g. all_gather_single, to them).
 //
 // Any thread may call the collectives (DDP issues them from autograd
 // threads); c10d requires that every rank issues them in the same order.
@@ -33,7 +42,8 @@ class Backend final : public c10d::Backend {
       Config config,
       std::chrono::milliseconds timeout,
       c10::intrusive_ptr<c10d::Backend> cpuBackend,
-      Engine::Groups cpuLocalGroups);
+      std::shared_ptr<InnerGroupFactory> innerGroups);
+  ~Backend() override;
 
   const Topology& topology() const {
     return topology_;
@@ -50,6 +60,11 @@ class Backend final : public c10d::Backend {
   }
   // Null until a CUDA all-reduce created it (see Config::cudaEngine).
   const Engine* cudaEngine() const;
+  // All-reduces of tensors of `type` that went to the delegate because they
+  // were below the flat threshold.
+  int64_t flatAllreduces(c10::DeviceType type) const {
+    return flatAllreduces_[type == c10::kCPU ? 0 : 1].load();
+  }
 
   const std::string getBackendName() const override {
     return "fairring";
@@ -80,7 +95,7 @@ class Backend final : public c10d::Backend {
       std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts) override;
 
-  c10::intrusive_ptr<c10d::Work> all_gather_single(
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
       at::Tensor& output,
       at::Tensor& input,
       const c10d::AllgatherOptions& opts) override;
@@ -90,7 +105,7 @@ class Backend final : public c10d::Backend {
       std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts) override;
 
-  c10::intrusive_ptr<c10d::Work> all_gather_single_coalesced(
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
       std::vector<at::Tensor>& outputs,
       std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts) override;
@@ -110,17 +125,17 @@ class Backend final : public c10d::Backend {
       std::vector<std::vector<at::Tensor>>& inputs,
       const c10d::ReduceScatterOptions& opts) override;
 
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_single(
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
       at::Tensor& output,
       at::Tensor& input,
       const c10d::ReduceScatterOptions& opts) override;
 
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_single_coalesced(
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outputs,
       std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts) override;
 
-  c10::intrusive_ptr<c10d::Work> all_to_all_single(
+  c10::intrusive_ptr<c10d::Work> alltoall_base(
       at::Tensor& output,
       at::Tensor& input,
       std::vector<int64_t>& outputSplitSizes,
@@ -154,29 +169,37 @@ class Backend final : public c10d::Backend {
       override;
 
   // Coalescing (batch_isend_irecv, _coalescing_manager): the first operation
-  // in a block decides the device. NCCL coalesces natively; for Gloo each
-  // operation runs at once and endCoalescing returns a Work for all of them.
+  // in a block decides the device type. Operations for the delegate coalesce
+  // natively where it can (NCCL) and run at once where it cannot (Gloo);
+  // engine all-reduces run at once. endCoalescing returns one Work for all.
   bool supportsCoalescing() const override {
     return true;
   }
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
 
-  void setBoundDeviceId(std::optional<at::Device> device) override;
   void abort() override;
   void shutdown() override;
 
  private:
-  // The inner group for the device type shared by all the given tensors.
+  // The device type shared by all the given tensors (checked), and its
+  // delegate, made on first use.
   template <typename... Tensors>
-  c10d::Backend& route(const char* opName, const Tensors&... tensors);
+  c10::DeviceType route(const char* opName, const Tensors&... tensors);
+  c10d::Backend& delegate(c10::DeviceType type);
 
-  // Routes an operation and records it when a coalescing block is open.
+  // Runs `call` on the delegate of the tensors' device type, joining an open
+  // coalescing block.
   template <typename Call, typename... Tensors>
   c10::intrusive_ptr<c10d::Work> forward(
       const char* opName,
       Call&& call,
       const Tensors&... tensors);
+  // Records an engine op's Work in an open coalescing block.
+  void joinBlock(
+      const char* opName,
+      c10::DeviceType type,
+      const c10::intrusive_ptr<c10d::Work>& work);
 
   bool isCpu(const c10d::Backend& inner) const {
     return &inner == cpuBackend_.get();
@@ -188,34 +211,39 @@ class Backend final : public c10d::Backend {
       const c10d::AllToAllOptions& opts);
 
   c10d::Backend& cudaBackend();
-  c10d::Backend& cudaBackendLocked();
-  c10::intrusive_ptr<c10d::Backend> cudaBackendIfCreated();
+  c10::intrusive_ptr<c10d::Backend> cudaBackendIfCreated() const;
 
-  // The engine for an all-reduce of `tensor` on `inner`, or null: delegate.
+  // The engine for an all-reduce of `tensors` with `op`, or null: delegate.
   // Creates the CUDA engine on first use: a collective step, as every rank
   // makes its first CUDA all-reduce at the same point of its sequence.
-  Engine* engineFor(const c10d::Backend& inner, const at::Tensor& tensor);
-  std::unique_ptr<Engine> makeCudaEngine(c10::Device device);
-  // An engine on `device`, with its rails mesh (a collective step).
-  std::unique_ptr<Engine> makeEngine(
-      c10::Device device,
-      Engine::Groups groups);
-  void abortCudaEngine(const std::string& reason);
+  Engine* engineFor(
+      const std::vector<at::Tensor>& tensors,
+      c10d::ReduceOp::RedOpType op);
+  // An engine on `device`, with its local groups and rails mesh (collective).
+  std::unique_ptr<Engine> makeEngine(c10::Device device);
+  // Fails every engine's pending ops and aborts their local steps.
+  void stopEngines(const std::string& reason);
 
   const c10::intrusive_ptr<c10d::Store> store_;
   const Topology topology_;
   const Config config_;
   const std::chrono::milliseconds timeout_;
   const c10::intrusive_ptr<c10d::Backend> cpuBackend_;
+  const std::shared_ptr<InnerGroupFactory> innerGroups_;
   std::unique_ptr<Engine> cpuEngine_;
+  std::array<std::atomic<int64_t>, 2> flatAllreduces_{}; // CPU, CUDA
 
-  mutable std::mutex cudaMutex_;
-  c10::intrusive_ptr<c10d::Backend> cudaBackend_; // guarded by cudaMutex_
-  std::unique_ptr<Engine> cudaEngine_; // guarded by cudaMutex_
+  // Serialises the creation of CUDA groups and engines, which calls into
+  // Python; never held by a thread that holds the GIL.
+  std::mutex cudaCreation_;
+  mutable std::mutex cudaMutex_; // brief: guards the two pointers below
+  c10::intrusive_ptr<c10d::Backend> cudaBackend_;
+  std::unique_ptr<Engine> cudaEngine_;
 
   struct CoalescingBlock {
-    c10d::Backend* inner = nullptr; // set by the block's first operation
-    std::vector<c10::intrusive_ptr<c10d::Work>> works; // only when not native
+    std::optional<c10::DeviceType> type; // set by the block's first operation
+    c10d::Backend* nativeBlock = nullptr; // delegate coalescing natively
+    std::vector<c10::intrusive_ptr<c10d::Work>> works; // the others
   };
   std::mutex coalescingMutex_;
   std::optional<CoalescingBlock> coalescing_; // guarded by coalescingMutex_

@@ -11,20 +11,32 @@
 
 namespace fairring {
 
-// Where a slice's staging lies in its lease: every local rank's part of this
-// rank's slot (none with one rank per machine, whose slot is the user's
-// memory), then the received shards from a 64-byte aligned offset.
+// Where a slice's staging lies in its lease, each part 64-byte aligned:
+//   parts   [localSize][slot]: every local rank's part of this rank's slot;
+//           row 0 becomes the slot (with one rank per machine, the only row)
+//   shards  [machines][shard]: every machine's contribution to this rank's
+//           shard
+//   padded  [localSize x slot]: the slice copied and padded to a multiple of
+//           the plan unit; only for a padded slice (see plan.h)
+// The rails only ever touch staging, never the caller's memory.
 struct StagingLayout {
+  int64_t slotBytes; // one row of parts
   int64_t shardsOffset;
+  int64_t paddedOffset; // equal to bytes when not padded
   int64_t bytes; // the whole lease
 };
 
-// The layout for a slice of `sliceBytes`, with `localSize` ranks per machine
-// and `machines` machines.
-StagingLayout stagingLayoutFor(int64_t sliceBytes, int localSize, int machines);
+// The layout for a (padded) slice of `sliceBytes`, with `localSize` ranks per
+// machine and `machines` machines.
+StagingLayout stagingLayoutFor(
+    int64_t sliceBytes,
+    int localSize,
+    int machines,
+    bool padded);
 
+// The most staging any slice of at most `sliceBytes` can need.
 inline int64_t stagingBytesFor(int64_t sliceBytes, int localSize, int machines) {
-  return stagingLayoutFor(sliceBytes, localSize, machines).bytes;
+  return stagingLayoutFor(sliceBytes, localSize, machines, true).bytes;
 }
 
 struct StagingStats {
@@ -96,6 +108,10 @@ class StagingRing {
   StagingStats stats() const;
   int64_t capacity() const {
     return capacity_;
+  }
+  // All of it, to keep it alive for device work (see DeviceContext).
+  const at::Tensor& memory() const {
+    return memory_;
   }
 
  private:

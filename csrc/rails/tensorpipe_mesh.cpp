@@ -1,4 +1,4 @@
-#include "rails.h"
+#include "rails/tensorpipe_mesh.h"
 
 #include <condition_variable>
 #include <mutex>
@@ -7,9 +7,9 @@
 #include <c10/util/Exception.h>
 #include <tensorpipe/tensorpipe.h>
 
-#include "cuda_support.h"
+#include "rails/tensorpipe_cuda.h"
 
-namespace fairring {
+namespace fairring::rails {
 
 namespace {
 
@@ -17,7 +17,7 @@ constexpr const char* kHello = "fairring-rails-hello";
 
 // Says who opens a pipe: rank, lane, and the index of the device its buffers
 // are on (the type is the mesh's).
-std::string helloMetadata(int rank, Rails::Lane lane, int deviceIndex) {
+std::string helloMetadata(int rank, Lane lane, int deviceIndex) {
   return std::string(kHello) + " " + std::to_string(rank) + " " +
       std::to_string(static_cast<int>(lane)) + " " +
       std::to_string(deviceIndex);
@@ -74,7 +74,7 @@ void acceptNext(
       int lane = -1;
       int deviceIndex = -1;
       hello >> word >> rank >> lane >> deviceIndex;
-      if (error || word != kHello || lane < 0 || lane >= Rails::kLanes ||
+      if (error || word != kHello || lane < 0 || lane >= kLanes ||
           deviceIndex < 0) {
         std::lock_guard<std::mutex> lock(accepted->mutex);
         accepted->error = error
@@ -101,6 +101,80 @@ void acceptNext(
   });
 }
 
+
+tensorpipe::Buffer tensorpipeBuffer(const Buffer& buffer) {
+  if (buffer.device.is_cpu()) {
+    return tensorpipe::CpuBuffer{buffer.data};
+  }
+  return cudaBuffer(buffer);
+}
+
+std::string errorText(const tensorpipe::Error& error) {
+  return error ? error.what() : std::string();
+}
+
+} // namespace
+
+// One pipe, as a Connection. Its callbacks run on TensorPipe's loop thread.
+class TensorpipeConnection final : public Connection {
+ public:
+  TensorpipeConnection(
+      std::shared_ptr<tensorpipe::Pipe> pipe,
+      tensorpipe::Device target)
+      : pipe_(std::move(pipe)), target_(target) {}
+
+  void write(std::string tag, const Buffer& buffer, Done done) override {
+    tensorpipe::Message message;
+    message.metadata = std::move(tag);
+    // Naming the target device lets TensorPipe send the data at once instead
+    // of waiting for the reader to allocate: one round trip less per message.
+    message.tensors.push_back(
+        {tensorpipeBuffer(buffer), buffer.bytes, target_, ""});
+    pipe_->write(
+        std::move(message),
+        [done = std::move(done)](const tensorpipe::Error& error) {
+          done(errorText(error));
+        });
+  }
+
+  void readHeader(Header header) override {
+    pipe_->readDescriptor([header = std::move(header)](
+                              const tensorpipe::Error& error,
+                              tensorpipe::Descriptor descriptor) {
+      if (error) {
+        header(errorText(error), "", 0);
+      } else if (descriptor.tensors.size() != 1) {
+        header(
+            "a message with " + std::to_string(descriptor.tensors.size()) +
+                " payloads arrived ('" + descriptor.metadata + "')",
+            "",
+            0);
+      } else {
+        header("", descriptor.metadata, descriptor.tensors[0].length);
+      }
+    });
+  }
+
+  void readPayload(const Buffer& buffer, Done done) override {
+    tensorpipe::Allocation allocation;
+    allocation.tensors.push_back({tensorpipeBuffer(buffer)});
+    pipe_->read(
+        std::move(allocation),
+        [done = std::move(done)](const tensorpipe::Error& error) {
+          done(errorText(error));
+        });
+  }
+
+  void close() {
+    pipe_->close();
+  }
+
+ private:
+  const std::shared_ptr<tensorpipe::Pipe> pipe_;
+  const tensorpipe::Device target_;
+};
+
+namespace {
 } // namespace
 
 std::string resolveListenAddress(const std::string& interfaceName) {
@@ -118,7 +192,7 @@ std::string resolveListenAddress(const std::string& interfaceName) {
   return address;
 }
 
-Rails::Rails(
+TensorpipeMesh::TensorpipeMesh(
     const c10::intrusive_ptr<c10d::Store>& store,
     const std::string& storePrefix,
     const Topology& topology,
@@ -126,9 +200,7 @@ Rails::Rails(
     c10::Device device,
     bool allowInfiniband,
     std::chrono::milliseconds timeout)
-    : topology_(topology),
-      pipes_(topology.numMachines()),
-      peerDevices_(topology.numMachines()) {
+    : topology_(topology), connections_(topology.numMachines()) {
   const int rank = topology_.rank();
   const tensorpipe::Device ownDevice = tensorpipeDevice(device);
   context_ = std::make_shared<tensorpipe::Context>(
@@ -148,10 +220,7 @@ Rails::Rails(
   context_->registerChannel(0, "basic", tensorpipe::channel::basic::create());
   transports_ += "; channels basic";
   if (device.is_cuda()) {
-    const auto channels =
-        cuda::registerRailsChannels(*context_, allowInfiniband);
-    transports_ += ", " + channels.names;
-    gpuDirect_ = channels.gpuDirect;
+    transports_ += ", " + registerCudaChannels(*context_, allowInfiniband);
   }
 
   listener_ = context_->listen(listenUrls);
@@ -172,10 +241,10 @@ Rails::Rails(
        ++machine) {
     const int peer = peerRank(machine);
     const auto bytes = store->get(storePrefix + "url/" + std::to_string(peer));
-    std::istringstream published(std::string(bytes.begin(), bytes.end()));
+    std::istringstream peerRecord(std::string(bytes.begin(), bytes.end()));
     int peerDeviceIndex = -1;
     std::string peerUrl;
-    published >> peerDeviceIndex >> peerUrl;
+    peerRecord >> peerDeviceIndex >> peerUrl;
     TORCH_CHECK(
         peerDeviceIndex >= 0 && !peerUrl.empty(),
         "fairring: rank ",
@@ -185,7 +254,6 @@ Rails::Rails(
         " published a malformed address '",
         std::string(bytes.begin(), bytes.end()),
         "' (are all ranks running the same fairring?)");
-    peerDevices_[machine] = tensorpipe::Device{ownDevice.type, peerDeviceIndex};
     for (int lane = 0; lane < kLanes; ++lane) {
       auto pipe = context_->connect(peerUrl);
       tensorpipe::Message hello;
@@ -199,7 +267,9 @@ Rails::Rails(
                   std::to_string(peer) + ": " + error.what();
             }
           });
-      pipes_[machine][lane] = std::move(pipe);
+      connections_[machine][lane] = std::make_unique<TensorpipeConnection>(
+          std::move(pipe),
+          tensorpipe::Device{ownDevice.type, peerDeviceIndex});
     }
   }
 
@@ -227,9 +297,10 @@ Rails::Rails(
   for (const auto& entry : accepted->pipes) {
     for (int machine = 0; machine < topology_.machine(); ++machine) {
       if (peerRank(machine) == entry.rank) {
-        pipes_[machine][entry.lane] = entry.pipe;
-        peerDevices_[machine] =
-            tensorpipe::Device{ownDevice.type, entry.deviceIndex};
+        connections_[machine][entry.lane] =
+            std::make_unique<TensorpipeConnection>(
+                entry.pipe,
+                tensorpipe::Device{ownDevice.type, entry.deviceIndex});
       }
     }
   }
@@ -241,31 +312,34 @@ Rails::Rails(
     }
   }
   if (!failure.empty()) {
-    context_->close();
-    context_->join();
+    shutdown();
     TORCH_CHECK(false, "fairring: rank ", rank, ": rails mesh: ", failure);
   }
 }
 
-Rails::~Rails() {
+TensorpipeMesh::~TensorpipeMesh() {
+  shutdown();
+}
+
+void TensorpipeMesh::shutdown() {
   context_->close();
   context_->join();
 }
 
-void Rails::closePipes() {
-  for (const auto& lanes : pipes_) {
-    for (const auto& pipe : lanes) {
-      if (pipe) {
-        pipe->close();
+void TensorpipeMesh::close() {
+  for (const auto& lanes : connections_) {
+    for (const auto& connection : lanes) {
+      if (connection) {
+        connection->close();
       }
     }
   }
 }
 
-tensorpipe::Pipe& Rails::pipe(int machine, Lane lane) const {
-  const auto& pipe = pipes_.at(machine)[lane];
-  TORCH_CHECK(pipe, "fairring: no rail pipe to machine ", machine);
-  return *pipe;
+Connection& TensorpipeMesh::connection(int machine, Lane lane) {
+  const auto& connection = connections_.at(machine)[lane];
+  TORCH_CHECK(connection, "fairring: no rail connection to machine ", machine);
+  return *connection;
 }
 
-} // namespace fairring
+} // namespace fairring::rails

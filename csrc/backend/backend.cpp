@@ -1,4 +1,4 @@
-#include "backend.h"
+#include "backend/backend.h"
 
 #include <algorithm>
 
@@ -7,8 +7,8 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
-#include "cuda_support.h"
-#include "work.h"
+#include "backend/work.h"
+#include "rails/tensorpipe_mesh.h"
 
 namespace fairring {
 
@@ -68,8 +68,9 @@ void checkCpuReduction(
 c10d::AllreduceOptions premultiplied(
     std::vector<at::Tensor>& tensors,
     const c10d::AllreduceOptions& opts) {
+  // NCCLPreMulSumSupplement: the name torch 2.11 and 2.15 both have.
   const auto* supplement =
-      dynamic_cast<const c10d::PreMulSumSupplement*>(
+      dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(
           opts.reduceOp.supplement_.get());
   TORCH_CHECK(
       supplement != nullptr,
@@ -92,16 +93,25 @@ c10d::AllreduceOptions premultiplied(
   return sum;
 }
 
-// Whether the engine takes every tensor of a coalesced all-reduce, all of one
-// dtype and device so that they travel as one packed tensor.
+// Whether the engine can take every tensor, all of one dtype and device so
+// that several travel as one packed tensor.
 bool engineHandlesAll(
     const std::vector<at::Tensor>& tensors,
     c10d::ReduceOp::RedOpType op) {
   return !tensors.empty() &&
       std::all_of(tensors.begin(), tensors.end(), [&](const at::Tensor& t) {
            return t.scalar_type() == tensors[0].scalar_type() &&
-               t.device() == tensors[0].device() && Engine::handles(t, op);
+               t.device() == tensors[0].device() && !t.is_sparse() &&
+               Engine::handles(t, op);
          });
+}
+
+int64_t totalBytes(const std::vector<at::Tensor>& tensors) {
+  int64_t bytes = 0;
+  for (const auto& tensor : tensors) {
+    bytes += tensor.numel() * tensor.element_size();
+  }
+  return bytes;
 }
 
 // Copies consecutive pieces of the 1-D `packed`, each as long as the next
@@ -146,15 +156,17 @@ Backend::Backend(
     Config config,
     std::chrono::milliseconds timeout,
     c10::intrusive_ptr<c10d::Backend> cpuBackend,
-    Engine::Groups cpuLocalGroups)
+    std::shared_ptr<InnerGroupFactory> innerGroups)
     : c10d::Backend(topology.rank(), topology.worldSize()),
       store_(std::move(store)),
       topology_(std::move(topology)),
       config_(config),
       timeout_(timeout),
-      cpuBackend_(std::move(cpuBackend)) {
+      cpuBackend_(std::move(cpuBackend)),
+      innerGroups_(std::move(innerGroups)) {
   TORCH_CHECK(store_, "fairring: a store is required");
   TORCH_CHECK(cpuBackend_, "fairring: a CPU backend is required");
+  TORCH_CHECK(innerGroups_, "fairring: an inner group factory is required");
   TORCH_CHECK(
       cpuBackend_->getRank() == getRank() &&
           cpuBackend_->getSize() == getSize(),
@@ -167,15 +179,20 @@ Backend::Backend(
       " of ",
       getSize());
   if (topology_.numMachines() > 1) {
-    cpuLocalGroups.flat = cpuBackend_;
-    cpuEngine_ =
-        makeEngine(c10::Device(c10::kCPU), std::move(cpuLocalGroups));
+    cpuEngine_ = makeEngine(c10::Device(c10::kCPU));
   }
   init();
 }
 
+Backend::~Backend() {
+  // Engines first: their stage threads use the inner groups.
+  cpuEngine_.reset();
+  std::lock_guard<std::mutex> lock(cudaMutex_);
+  cudaEngine_.reset();
+}
+
 template <typename... Tensors>
-c10d::Backend& Backend::route(const char* opName, const Tensors&... tensors) {
+c10::DeviceType Backend::route(const char* opName, const Tensors&... tensors) {
   std::optional<c10::Device> first;
   auto visit = [&](const at::Tensor& tensor) {
     const c10::Device device = tensor.device();
@@ -195,7 +212,7 @@ c10d::Backend& Backend::route(const char* opName, const Tensors&... tensors) {
   };
   (forEachTensor(tensors, visit), ...);
   if (!first || first->is_cpu()) {
-    return *cpuBackend_;
+    return c10::kCPU;
   }
   TORCH_CHECK(
       first->is_cuda(),
@@ -204,7 +221,11 @@ c10d::Backend& Backend::route(const char* opName, const Tensors&... tensors) {
       " got a tensor on ",
       *first,
       "; fairring supports CPU and CUDA tensors");
-  return cudaBackend();
+  return c10::kCUDA;
+}
+
+c10d::Backend& Backend::delegate(c10::DeviceType type) {
+  return type == c10::kCPU ? *cpuBackend_ : cudaBackend();
 }
 
 template <typename Call, typename... Tensors>
@@ -212,24 +233,29 @@ c10::intrusive_ptr<c10d::Work> Backend::forward(
     const char* opName,
     Call&& call,
     const Tensors&... tensors) {
-  c10d::Backend& inner = route(opName, tensors...);
+  const c10::DeviceType type = route(opName, tensors...);
+  c10d::Backend& inner = delegate(type);
   bool collect = false;
   {
     std::lock_guard<std::mutex> lock(coalescingMutex_);
     if (coalescing_) {
-      if (coalescing_->inner == nullptr) {
-        coalescing_->inner = &inner;
-        if (inner.supportsCoalescing()) {
-          inner.startCoalescing();
-        }
+      if (!coalescing_->type) {
+        coalescing_->type = type;
       }
       TORCH_CHECK(
-          coalescing_->inner == &inner,
+          *coalescing_->type == type,
           "fairring: ",
           opName,
-          " in a coalescing block that started on another device type; "
-          "coalesce CPU and CUDA operations in separate blocks");
+          " on ",
+          c10::DeviceTypeName(type),
+          " tensors inside a coalescing block of ",
+          c10::DeviceTypeName(*coalescing_->type),
+          " operations; coalesce CPU and CUDA operations in separate blocks");
       collect = !inner.supportsCoalescing();
+      if (!collect && coalescing_->nativeBlock == nullptr) {
+        coalescing_->nativeBlock = &inner;
+        inner.startCoalescing();
+      }
     }
   }
   auto work = call(inner);
@@ -240,23 +266,45 @@ c10::intrusive_ptr<c10d::Work> Backend::forward(
   return work;
 }
 
-c10d::Backend& Backend::cudaBackend() {
-  std::lock_guard<std::mutex> lock(cudaMutex_);
-  return cudaBackendLocked();
+void Backend::joinBlock(
+    const char* opName,
+    c10::DeviceType type,
+    const c10::intrusive_ptr<c10d::Work>& work) {
+  std::lock_guard<std::mutex> lock(coalescingMutex_);
+  if (!coalescing_) {
+    return;
+  }
+  if (!coalescing_->type) {
+    coalescing_->type = type;
+  }
+  TORCH_CHECK(
+      *coalescing_->type == type,
+      "fairring: ",
+      opName,
+      " mixes CPU and CUDA operations in one coalescing block; coalesce them "
+      "in separate blocks");
+  coalescing_->works.push_back(work);
 }
 
-c10d::Backend& Backend::cudaBackendLocked() {
-  if (!cudaBackend_) {
-    cudaBackend_ = cuda::makeNcclBackend(
-        store_, topology_.rank(), topology_.worldSize(), timeout_);
-    if (auto device = getBoundDeviceId()) {
-      cudaBackend_->setBoundDeviceId(device);
-    }
+c10d::Backend& Backend::cudaBackend() {
+  if (auto created = cudaBackendIfCreated()) {
+    return *created;
   }
+  std::lock_guard<std::mutex> creating(cudaCreation_);
+  if (auto created = cudaBackendIfCreated()) {
+    return *created;
+  }
+  auto made = innerGroups_->delegate(c10::kCUDA);
+  TORCH_CHECK(made, "fairring: no CUDA delegate group could be made");
+  if (auto device = getBoundDeviceId()) {
+    made->setBoundDeviceId(device);
+  }
+  std::lock_guard<std::mutex> lock(cudaMutex_);
+  cudaBackend_ = std::move(made);
   return *cudaBackend_;
 }
 
-c10::intrusive_ptr<c10d::Backend> Backend::cudaBackendIfCreated() {
+c10::intrusive_ptr<c10d::Backend> Backend::cudaBackendIfCreated() const {
   std::lock_guard<std::mutex> lock(cudaMutex_);
   return cudaBackend_;
 }
@@ -267,62 +315,56 @@ const Engine* Backend::cudaEngine() const {
 }
 
 Engine* Backend::engineFor(
-    const c10d::Backend& inner,
-    const at::Tensor& tensor) {
-  if (isCpu(inner)) {
-    return cpuEngine_.get();
-  }
-  if (!config_.cudaEngine || topology_.numMachines() == 1 ||
-      !tensor.is_cuda()) {
+    const std::vector<at::Tensor>& tensors,
+    c10d::ReduceOp::RedOpType op) {
+  if (topology_.numMachines() == 1 || !engineHandlesAll(tensors, op) ||
+      totalBytes(tensors) < config_.flatThresholdBytes) {
     return nullptr;
   }
+  const c10::Device device = tensors[0].device();
+  if (device.is_cpu()) {
+    return cpuEngine_.get();
+  }
+  if (!config_.cudaEngine || !device.is_cuda()) {
+    return nullptr;
+  }
+  {
+    std::lock_guard<std::mutex> lock(cudaMutex_);
+    if (cudaEngine_) {
+      // One engine per group, on the device of its first all-reduce; c10d
+      // binds a rank to one device, so tensors elsewhere are unusual: NCCL
+      // takes them.
+      return cudaEngine_->device() == device ? cudaEngine_.get() : nullptr;
+    }
+  }
+  std::lock_guard<std::mutex> creating(cudaCreation_);
+  if (cudaEngine() == nullptr) {
+    auto made = makeEngine(device); // collective; calls into Python
+    std::lock_guard<std::mutex> lock(cudaMutex_);
+    cudaEngine_ = std::move(made);
+  }
   std::lock_guard<std::mutex> lock(cudaMutex_);
-  if (!cudaEngine_) {
-    cudaEngine_ = makeCudaEngine(tensor.device());
-  }
-  // One engine per group, on the device of its first all-reduce; c10d binds
-  // a rank to one device, so tensors elsewhere are unusual: NCCL takes them.
-  return cudaEngine_->device() == tensor.device() ? cudaEngine_.get()
-                                                  : nullptr;
+  return cudaEngine_->device() == device ? cudaEngine_.get() : nullptr;
 }
 
-// Called with cudaMutex_ held.
-std::unique_ptr<Engine> Backend::makeCudaEngine(c10::Device device) {
-  Engine::Groups groups;
-  cudaBackendLocked();
-  groups.flat = cudaBackend_;
-  if (topology_.localSize() > 1) {
-    // One NCCL group per local step, for the reason the CPU engine has one
-    // Gloo group per step (see fairring/_registration.py).
-    auto localGroup = [&](const std::string& step) {
-      return cuda::makeNcclBackend(
-          c10::make_intrusive<c10d::PrefixStore>(
-              "fairring/machine" + std::to_string(topology_.machine()) + "/" +
-                  step + "/cuda/",
-              store_),
-          topology_.localRank(),
-          topology_.localSize(),
-          timeout_);
-    };
-    groups.reduceScatter = localGroup("reduce-scatter");
-    groups.allGather = localGroup("all-gather");
-  }
-  return makeEngine(device, std::move(groups));
-}
-
-std::unique_ptr<Engine> Backend::makeEngine(
-    c10::Device device,
-    Engine::Groups groups) {
+std::unique_ptr<Engine> Backend::makeEngine(c10::Device device) {
+  // The local groups first, then the rails: the same order on every rank.
+  LocalGroups groups = innerGroups_->localGroups(device);
+  TORCH_CHECK(
+      (topology_.localSize() > 1) ==
+          (groups.reduceScatter && groups.allGather),
+      "fairring: local groups must exist exactly when machines have 2+ ranks");
+  auto context = device.is_cpu() ? makeCpuContext(std::move(groups))
+                                 : makeCudaContext(device, std::move(groups));
   return std::make_unique<Engine>(
       topology_,
       config_,
-      device,
-      std::move(groups),
-      std::make_unique<Rails>(
+      std::move(context),
+      std::make_unique<rails::TensorpipeMesh>(
           store_,
           "fairring/rails/" + c10::DeviceTypeName(device.type(), true) + "/",
           topology_,
-          resolveListenAddress(config_.socketInterface),
+          rails::resolveListenAddress(config_.socketInterface),
           device,
           !config_.infinibandDisabled,
           timeout_));
@@ -340,26 +382,32 @@ c10::intrusive_ptr<c10d::Work> Backend::broadcast(
 c10::intrusive_ptr<c10d::Work> Backend::allreduce(
     std::vector<at::Tensor>& tensors,
     const c10d::AllreduceOptions& opts) {
+  const c10::DeviceType type = route("allreduce", tensors);
+  // PREMUL_SUM becomes a SUM wherever fairring runs it; NCCL has its own.
+  const bool ownPremul = opts.reduceOp == c10d::ReduceOp::PREMUL_SUM &&
+      (type == c10::kCPU ||
+       engineFor(tensors, c10d::ReduceOp::SUM) != nullptr);
+  const c10d::AllreduceOptions ownOpts =
+      ownPremul ? premultiplied(tensors, opts) : opts;
+  if (tensors.size() == 1) {
+    if (Engine* engine = engineFor(tensors, ownOpts.reduceOp)) {
+      auto work = c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
+          engine->allreduce(tensors[0], ownOpts.reduceOp),
+          c10d::OpType::ALLREDUCE,
+          "all_reduce"));
+      joinBlock("allreduce", type, work);
+      return work;
+    }
+  }
+  if (topology_.numMachines() > 1 &&
+      engineHandlesAll(tensors, ownOpts.reduceOp)) {
+    ++flatAllreduces_[type == c10::kCPU ? 0 : 1];
+  }
   return forward(
       "allreduce",
       [&](c10d::Backend& inner) {
-        Engine* engine =
-            tensors.size() == 1 ? engineFor(inner, tensors[0]) : nullptr;
-        if (!isCpu(inner) && engine == nullptr) {
-          return inner.allreduce(tensors, opts); // NCCL: every op natively
-        }
-        const c10d::AllreduceOptions ownOpts =
-            opts.reduceOp == c10d::ReduceOp::PREMUL_SUM
-            ? premultiplied(tensors, opts)
-            : opts;
         if (isCpu(inner)) {
           checkCpuReduction("allreduce", ownOpts.reduceOp, tensors);
-        }
-        if (engine && Engine::handles(tensors[0], ownOpts.reduceOp)) {
-          return c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
-              engine->allreduce(tensors[0], ownOpts.reduceOp),
-              c10d::OpType::ALLREDUCE,
-              "all_reduce"));
         }
         return inner.allreduce(tensors, ownOpts);
       },
@@ -380,19 +428,20 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_sparse(
 c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors,
     const c10d::AllreduceCoalescedOptions& opts) {
+  const c10::DeviceType type = route("allreduce_coalesced", tensors);
+  if (Engine* engine = engineFor(tensors, opts.reduceOp)) {
+    auto work = c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
+        packedAllreduce(*engine, tensors, opts.reduceOp),
+        c10d::OpType::ALLREDUCE_COALESCED,
+        "all_reduce_coalesced"));
+    joinBlock("allreduce_coalesced", type, work);
+    return work;
+  }
   return forward(
       "allreduce_coalesced",
       [&](c10d::Backend& inner) {
-        Engine* engine =
-            tensors.empty() ? nullptr : engineFor(inner, tensors[0]);
         if (isCpu(inner)) {
           checkCpuReduction("allreduce_coalesced", opts.reduceOp, tensors);
-        }
-        if (engine && engineHandlesAll(tensors, opts.reduceOp)) {
-          return c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
-              packedAllreduce(*engine, tensors, opts.reduceOp),
-              c10d::OpType::ALLREDUCE_COALESCED,
-              "all_reduce_coalesced"));
         }
         return inner.allreduce_coalesced(tensors, opts);
       },
@@ -426,14 +475,14 @@ c10::intrusive_ptr<c10d::Work> Backend::allgather(
       inputs);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::all_gather_single(
+c10::intrusive_ptr<c10d::Work> Backend::_allgather_base(
     at::Tensor& output,
     at::Tensor& input,
     const c10d::AllgatherOptions& opts) {
   return forward(
       "all_gather_single",
       [&](c10d::Backend& inner) {
-        return inner.all_gather_single(output, input, opts);
+        return inner._allgather_base(output, input, opts);
       },
       output,
       input);
@@ -452,14 +501,14 @@ c10::intrusive_ptr<c10d::Work> Backend::allgather_coalesced(
       inputs);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::all_gather_single_coalesced(
+c10::intrusive_ptr<c10d::Work> Backend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs,
     std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   return forward(
       "all_gather_single_coalesced",
       [&](c10d::Backend& inner) {
-        return inner.all_gather_single_coalesced(outputs, inputs, opts);
+        return inner.allgather_into_tensor_coalesced(outputs, inputs, opts);
       },
       outputs,
       inputs);
@@ -505,7 +554,7 @@ c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter(
       inputs);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter_single(
+c10::intrusive_ptr<c10d::Work> Backend::_reduce_scatter_base(
     at::Tensor& output,
     at::Tensor& input,
     const c10d::ReduceScatterOptions& opts) {
@@ -515,13 +564,13 @@ c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter_single(
         if (isCpu(inner)) {
           checkCpuReduction("reduce_scatter_single", opts.reduceOp, {output});
         }
-        return inner.reduce_scatter_single(output, input, opts);
+        return inner._reduce_scatter_base(output, input, opts);
       },
       output,
       input);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter_single_coalesced(
+c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs,
     std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
@@ -532,13 +581,13 @@ c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter_single_coalesced(
           checkCpuReduction(
               "reduce_scatter_single_coalesced", opts.reduceOp, outputs);
         }
-        return inner.reduce_scatter_single_coalesced(outputs, inputs, opts);
+        return inner.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
       },
       outputs,
       inputs);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::all_to_all_single(
+c10::intrusive_ptr<c10d::Work> Backend::alltoall_base(
     at::Tensor& output,
     at::Tensor& input,
     std::vector<int64_t>& outputSplitSizes,
@@ -547,7 +596,7 @@ c10::intrusive_ptr<c10d::Work> Backend::all_to_all_single(
   return forward(
       "all_to_all_single",
       [&](c10d::Backend& inner) {
-        return inner.all_to_all_single(
+        return inner.alltoall_base(
             output, input, outputSplitSizes, inputSplitSizes, opts);
       },
       output,
@@ -601,7 +650,7 @@ c10::intrusive_ptr<c10d::Work> Backend::alltoallAsSingle(
   }
   at::Tensor packedInput = at::cat(flatInputs);
   at::Tensor packedOutput = at::empty({outputElements}, packedInput.options());
-  auto work = inner.all_to_all_single(
+  auto work = inner.alltoall_base(
       packedOutput, packedInput, outputSplits, inputSplits, opts);
   // Runs on Gloo's worker thread once the exchange is done: unpack.
   auto unpacked = work->getFuture()->then(
@@ -673,20 +722,22 @@ c10::intrusive_ptr<c10d::Work> Backend::endCoalescing() {
     block = std::move(*coalescing_);
     coalescing_.reset();
   }
-  if (block.inner != nullptr && block.inner->supportsCoalescing()) {
-    return block.inner->endCoalescing();
+  if (block.nativeBlock != nullptr) {
+    // NCCL returns no Work for a block that issued nothing.
+    if (auto native = block.nativeBlock->endCoalescing()) {
+      block.works.push_back(std::move(native));
+    }
+  }
+  if (block.works.size() == 1) {
+    return block.works.front();
   }
   return c10::make_intrusive<AllOfWork>(std::move(block.works));
 }
 
-void Backend::setBoundDeviceId(std::optional<at::Device> device) {
-  c10d::Backend::setBoundDeviceId(device);
-  if (auto cuda = cudaBackendIfCreated()) {
-    cuda->setBoundDeviceId(device);
+void Backend::stopEngines(const std::string& reason) {
+  if (cpuEngine_) {
+    cpuEngine_->abort(reason);
   }
-}
-
-void Backend::abortCudaEngine(const std::string& reason) {
   std::lock_guard<std::mutex> lock(cudaMutex_);
   if (cudaEngine_) {
     cudaEngine_->abort(reason);
@@ -694,10 +745,7 @@ void Backend::abortCudaEngine(const std::string& reason) {
 }
 
 void Backend::abort() {
-  if (cpuEngine_) {
-    cpuEngine_->abort("the process group was aborted");
-  }
-  abortCudaEngine("the process group was aborted");
+  stopEngines("the process group was aborted");
   if (auto cuda = cudaBackendIfCreated()) {
     cuda->abort();
   }
@@ -705,10 +753,7 @@ void Backend::abort() {
 }
 
 void Backend::shutdown() {
-  if (cpuEngine_) {
-    cpuEngine_->abort("the process group was shut down");
-  }
-  abortCudaEngine("the process group was shut down");
+  stopEngines("the process group was shut down");
   if (auto cuda = cudaBackendIfCreated()) {
     cuda->shutdown();
   }

@@ -1,4 +1,4 @@
-#include "staging.h"
+#include "engine/staging.h"
 
 #include <algorithm>
 
@@ -18,14 +18,20 @@ int64_t alignUp(int64_t bytes) {
 StagingLayout stagingLayoutFor(
     int64_t sliceBytes,
     int localSize,
-    int machines) {
+    int machines,
+    bool padded) {
   // A slice is at least one element per (local rank, machine) pair.
   constexpr int64_t kLargestElement = 8;
   const int64_t granule = static_cast<int64_t>(localSize) * machines;
   const int64_t slot =
       alignUp(std::max(sliceBytes, granule * kLargestElement) / localSize);
-  const int64_t shardsOffset = localSize > 1 ? localSize * slot : 0;
-  return StagingLayout{shardsOffset, shardsOffset + slot};
+  const int64_t shardsOffset = localSize * slot;
+  const int64_t paddedOffset = shardsOffset + slot;
+  return StagingLayout{
+      slot,
+      shardsOffset,
+      paddedOffset,
+      paddedOffset + (padded ? localSize * slot : 0)};
 }
 
 at::Tensor StagingRing::Lease::bytes() const {

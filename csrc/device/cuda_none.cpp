@@ -1,0 +1,25 @@
+#include <c10/util/Exception.h>
+
+#include "device/device.h"
+
+namespace fairring {
+
+std::unique_ptr<DeviceContext> makeCudaContext(
+    c10::Device /*device*/,
+    LocalGroups /*groups*/) {
+  TORCH_CHECK(
+      false,
+      "fairring was built without its CUDA path, so it cannot run the engine "
+      "on CUDA tensors; rebuild it with FAIRRING_WITH_CUDA=1 against a CUDA "
+      "build of torch (see README.md)");
+}
+
+bool cudaPathBuilt() {
+  return false;
+}
+
+std::string cudaRuntimeVersion() {
+  return "";
+}
+
+} // namespace fairring

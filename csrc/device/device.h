@@ -1,0 +1,139 @@
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/Event.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include "rails/transport.h"
+
+namespace fairring {
+
+// The stages of a slice that do device work, in the order a slice goes
+// through them. Each has one thread and, on CUDA, one stream of its own.
+enum class Stage : int { kReduceScatter = 0, kReduce = 1, kAllGather = 2 };
+constexpr int kStages = 3;
+const char* stageName(Stage stage);
+
+// A point in the device work of one stage, for another stage or the host to
+// wait on. Empty on the CPU, where work is done when the host call returns.
+class Fence {
+ public:
+  Fence() = default;
+  explicit Fence(std::shared_ptr<const c10::Event> event)
+      : event_(std::move(event)) {}
+  const c10::Event* event() const {
+    return event_.get();
+  }
+
+ private:
+  std::shared_ptr<const c10::Event> event_;
+};
+
+// The groups over this machine's ranks that run the local steps, one per
+// step: each is fed by one stage thread, in slice order, so no two ranks can
+// interleave their operations differently. Both null with one rank per
+// machine. Made by torch's own constructors (fairring/_registration.py) and
+// connected before the engine starts.
+struct LocalGroups {
+  c10::intrusive_ptr<c10d::Backend> reduceScatter;
+  c10::intrusive_ptr<c10d::Backend> allGather;
+};
+
+// The seam between the engine and the device its tensors live on: everything
+// that differs between the CPU and CUDA. The engine calls the same methods in
+// the same places for both; on the CPU most of them do nothing, because CPU
+// work is finished when the host call that does it returns.
+//
+// Threads: adoptInput and futureDevices run on the caller's thread; runStage
+// is each stage thread's body, and the methods marked "stage" run on it;
+// receivedFence runs on the transport's thread; abort on any.
+class DeviceContext {
+ public:
+  virtual ~DeviceContext() = default;
+  DeviceContext(const DeviceContext&) = delete;
+  DeviceContext& operator=(const DeviceContext&) = delete;
+
+  c10::Device device() const {
+    return device_;
+  }
+
+  // -- Issue, on the caller's thread.
+
+  // The engine will read `flat` (the caller's tensor, or its contiguous copy)
+  // and write `flat` and `tensor` from its stages. Returns what the first
+  // stage waits for before reading: the caller's work so far. Their memory is
+  // not reused before the engine's work on it is done.
+  virtual Fence adoptInput(const at::Tensor& flat, const at::Tensor& tensor) = 0;
+  // The devices an op's future records its completion on; none on the CPU.
+  virtual std::vector<c10::Device> futureDevices() const = 0;
+
+  // -- Stage threads.
+
+  // Runs `loop` as the body of stage `stage`'s thread.
+  virtual void runStage(Stage stage, const std::function<void()>& loop) = 0;
+  // Stage: this stage's later device work waits for `fence`; the host does not.
+  virtual void waitOnDevice(const Fence& fence) = 0;
+  // Stage: where this stage's device work stands now.
+  virtual Fence record() = 0;
+  // Any thread: blocks until the work before `fence` is done, or returns
+  // false as soon as `cancelled()` is true.
+  virtual bool waitOnHost(
+      const Fence& fence,
+      const std::function<bool()>& cancelled) = 0;
+
+  // -- Memory.
+
+  // Where staging memory is allocated.
+  virtual at::TensorOptions memoryOptions() const = 0;
+  // `tensor`'s memory is not reused before every stage's and the rails' work
+  // queued so far has finished, without waiting for it now.
+  virtual void keepAlive(const at::Tensor& tensor) = 0;
+  // The rails' view of `tensor` for a send (stage, after waitOnHost of the
+  // fence that produced it) or a receive. CUDA: on streams that only the
+  // rails use (see docs/design.md, "CUDA").
+  virtual rails::Buffer sendBuffer(const at::Tensor& tensor) = 0;
+  virtual rails::Buffer receiveBuffer(const at::Tensor& tensor) = 0;
+  // Transport thread, when a receive completed: what consumers wait for.
+  virtual Fence receivedFence() = 0;
+  // The smallest shard the rails may carry: all ranks derive the same plans
+  // from it, as it depends on the device type only.
+  virtual int64_t minShardBytes() const = 0;
+
+  // -- Local steps (stage), over this machine's ranks; with one rank per
+  // machine, plain copies. Ordered on the stage's stream on CUDA.
+
+  // parts[r] = rank r's part `r` of `input`, split in as many equal parts.
+  void localAllToAll(at::Tensor& parts, at::Tensor& input);
+  // output = every rank's `part`, in local-rank order.
+  void localAllGather(at::Tensor& output, at::Tensor& part);
+
+  // Fails the local steps in flight where the group can (NCCL), so that
+  // stage threads blocked in them return. Any thread.
+  void abort();
+
+ protected:
+  DeviceContext(c10::Device device, LocalGroups groups)
+      : device_(device), groups_(std::move(groups)) {}
+
+ private:
+  const c10::Device device_;
+  const LocalGroups groups_;
+};
+
+std::unique_ptr<DeviceContext> makeCpuContext(LocalGroups groups);
+// Throws where the CUDA path is not built (device/cuda_none.cpp).
+std::unique_ptr<DeviceContext> makeCudaContext(
+    c10::Device device,
+    LocalGroups groups);
+
+// Versions of the CUDA runtime compiled against, if the CUDA path is built.
+bool cudaPathBuilt();
+std::string cudaRuntimeVersion();
+
+} // namespace fairring

@@ -1,0 +1,156 @@
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include "config.h"
+#include "device/device.h"
+#include "engine/staging.h"
+#include "rails/lanes.h"
+#include "topology.h"
+
+namespace fairring {
+
+struct EngineStats {
+  int64_t ops;
+  int64_t slices;
+  int64_t railBytesSent;
+  int64_t railBytesReceived;
+};
+
+// The Herring all-reduce for one process group and one device (the CPU, or
+// one CUDA device). Device differences live behind the DeviceContext seam;
+// the rails behind Lanes; this class only knows the order of the steps.
+//
+// An all-reduce is cut into slices (engine/plan.h). One slice's life, on the
+// rank with local index i of machine m (engine.cpp reads in this order):
+//
+//   start             staging lease; receives for both lanes expected
+//   1. reduce-scatter local all-to-all of slots, then the L parts combined
+//   2. rails out      shard k of the slot to the rail peer on machine k
+//   3. reduce         this rank's shard from every machine, in one pass
+//   4. rails back     the reduced shard to every rail peer
+//   5. all-gather     local all-gather of the slots into the caller's tensor
+//
+// Three stage threads, each taking slices strictly in issue order: the
+// reduce-scatter thread (start, 1, 2), the reduce thread (3, 4) and the
+// all-gather thread (5; releases the staging, completes the op). Each local
+// step has its own group, fed by one thread, so ranks never interleave them
+// differently. On CUDA each stage also has its own stream, and a stage waits
+// for an earlier stage's work through that slice's fences only: GPU order
+// depends on slice order alone (docs/design.md, "CUDA").
+//
+// A failure anywhere fails every pending op and every later one, naming the
+// rank, the stage, the op and the peer; the engine does not recover.
+class Engine {
+ public:
+  Engine(
+      const Topology& topology,
+      const Config& config,
+      std::unique_ptr<DeviceContext> device,
+      std::unique_ptr<rails::Mesh> mesh);
+  ~Engine();
+
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Whether the engine reduces tensors of this dtype with this op (else:
+  // delegate). The device is the caller's to check.
+  static bool handles(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op);
+
+  c10::Device device() const {
+    return device_->device();
+  }
+
+  // Starts an all-reduce of `tensor` (on device()), in place. Must be called
+  // in the same order on every rank (c10d's rule). The future holds [tensor]
+  // when done; with CUDA, its events follow the engine's last stage.
+  c10::intrusive_ptr<c10::ivalue::Future> allreduce(
+      const at::Tensor& tensor,
+      c10d::ReduceOp::RedOpType op);
+
+  // Fails all pending and later ops with `reason`, aborts the local steps in
+  // flight, and lets the stage threads return. Any thread; returns at once.
+  void abort(const std::string& reason);
+
+  StagingStats stagingStats() const {
+    return staging_.stats();
+  }
+  std::string describeRails() const {
+    return lanes_->mesh().describe();
+  }
+  EngineStats stats() const;
+
+ private:
+  struct Op;
+  struct SliceWork;
+  using Queue = std::deque<std::shared_ptr<SliceWork>>;
+
+  // The stage threads' loops, and one slice's steps in order.
+  void reduceScatterLoop();
+  void reduceLoop();
+  void allGatherLoop();
+  bool start(const std::shared_ptr<SliceWork>& slice);
+  bool reduceScatter(const std::shared_ptr<SliceWork>& slice);
+  bool reduce(const std::shared_ptr<SliceWork>& slice);
+  void allGather(const std::shared_ptr<SliceWork>& slice);
+
+  void attachStaging(SliceWork& slice, StagingRing::Lease lease);
+  void expectMessages(const std::shared_ptr<SliceWork>& slice);
+  void send(
+      const std::shared_ptr<SliceWork>& slice,
+      rails::Lane lane,
+      int machine,
+      const at::Tensor& shard);
+  at::Tensor shardOf(const SliceWork& slice, int machine) const;
+
+  // Waits until the front of `queue` satisfies `ready`, then pops it; null
+  // once the engine has failed.
+  std::shared_ptr<SliceWork> popWhenReady(
+      Queue& queue,
+      const std::function<bool(const SliceWork&)>& ready);
+  void push(Queue& queue, std::shared_ptr<SliceWork> slice);
+
+  void fail(const std::string& message);
+  bool failed() const {
+    return failed_.load();
+  }
+
+  const Topology topology_;
+  const Config config_;
+  const std::unique_ptr<DeviceContext> device_;
+  StagingRing staging_;
+  // Reset first in the destructor: its callbacks use the members below.
+  std::unique_ptr<rails::Lanes> lanes_;
+
+  std::atomic<bool> failed_{false};
+  std::atomic<uint64_t> nextSeq_{0};
+  std::atomic<int64_t> slicesDone_{0};
+
+  mutable std::mutex mutex_;
+  std::condition_variable progress_; // any change to the state below
+  Queue toReduceScatter_;
+  Queue toReduce_;
+  Queue toAllGather_;
+  // The all-gather stage's fence for the last slice that gave its staging
+  // back: a new lease waits for it before the memory is reused.
+  Fence lastReleased_;
+  std::vector<std::weak_ptr<Op>> liveOps_;
+  std::string error_;
+
+  // Started last: they use everything above.
+  std::array<std::thread, kStages> threads_;
+};
+
+} // namespace fairring

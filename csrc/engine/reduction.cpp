@@ -1,0 +1,96 @@
+#include "engine/reduction.h"
+
+#include <ATen/ops/amax.h>
+#include <ATen/ops/amin.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/minimum.h>
+#include <ATen/ops/prod.h>
+#include <ATen/ops/sum.h>
+#include <c10/util/Exception.h>
+
+namespace fairring {
+
+bool reductionSupported(at::ScalarType dtype, c10d::ReduceOp::RedOpType op) {
+  switch (op) {
+    case c10d::ReduceOp::SUM:
+    case c10d::ReduceOp::MAX:
+    case c10d::ReduceOp::MIN:
+    case c10d::ReduceOp::PRODUCT:
+      break;
+    case c10d::ReduceOp::AVG:
+      if (!at::isFloatingType(dtype)) {
+        return false;
+      }
+      break;
+    default:
+      return false;
+  }
+  switch (dtype) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kBFloat16:
+    case at::kChar:
+    case at::kByte:
+    case at::kInt:
+    case at::kLong:
+      return true;
+    default:
+      return false;
+  }
+}
+
+c10d::ReduceOp::RedOpType localReduceOp(c10d::ReduceOp::RedOpType op) {
+  return op == c10d::ReduceOp::AVG ? c10d::ReduceOp::SUM : op;
+}
+
+void combineInto(
+    at::Tensor& into,
+    const at::Tensor& other,
+    c10d::ReduceOp::RedOpType op) {
+  switch (op) {
+    case c10d::ReduceOp::SUM:
+      into.add_(other);
+      break;
+    case c10d::ReduceOp::MAX:
+      at::maximum_out(into, into, other);
+      break;
+    case c10d::ReduceOp::MIN:
+      at::minimum_out(into, into, other);
+      break;
+    case c10d::ReduceOp::PRODUCT:
+      into.mul_(other);
+      break;
+    default:
+      TORCH_CHECK(false, "unexpected local reduce op ", op);
+  }
+}
+
+void reduceRows(
+    at::Tensor& out,
+    const at::Tensor& rows,
+    c10d::ReduceOp::RedOpType op,
+    int worldSize) {
+  switch (op) {
+    case c10d::ReduceOp::SUM:
+      at::sum_out(out, rows, 0);
+      break;
+    case c10d::ReduceOp::AVG:
+      at::sum_out(out, rows, 0);
+      out.div_(worldSize);
+      break;
+    case c10d::ReduceOp::MAX:
+      at::amax_out(out, rows, 0);
+      break;
+    case c10d::ReduceOp::MIN:
+      at::amin_out(out, rows, 0);
+      break;
+    case c10d::ReduceOp::PRODUCT:
+      at::prod_out(out, rows, 0);
+      break;
+    default:
+      TORCH_CHECK(false, "unexpected reduce op ", op);
+  }
+}
+
+} // namespace fairring

@@ -1,0 +1,86 @@
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <c10/core/Device.h>
+#include <tensorpipe/common/device.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "rails/transport.h"
+#include "topology.h"
+
+namespace tensorpipe {
+class Context;
+class Listener;
+class Pipe;
+} // namespace tensorpipe
+
+namespace fairring::rails {
+
+class TensorpipeConnection;
+
+// The rails mesh over TensorPipe: one pipe per rail peer and lane. Rail peers
+// are on different machines by definition, so only network transports are
+// registered (TCP through libuv; InfiniBand where viable and allowed, which
+// TensorPipe then prefers between two ranks that both have it), never
+// same-host ones (shm, cma, CUDA IPC).
+//
+// The mesh carries buffers of one device type: with CUDA, TensorPipe's CUDA
+// channels are registered too (see tensorpipe_cuda.h), and each rank tells its
+// peers which device its buffers live on, so that a write names its target
+// device and goes out without waiting for the reader to say where it lands.
+//
+// Construction is collective over the rail: every rank listens, publishes its
+// address and device in the store, connects to the peers on higher machines
+// and accepts the others. It returns once every pipe is up, or throws naming
+// the peers still missing after `timeout`. TensorPipe runs every callback on
+// its own loop thread; shutdown() (and the destructor) close the context and
+// join that thread.
+class TensorpipeMesh final : public Mesh {
+ public:
+  TensorpipeMesh(
+      const c10::intrusive_ptr<c10d::Store>& store,
+      const std::string& storePrefix,
+      const Topology& topology,
+      const std::string& listenAddress,
+      c10::Device device,
+      bool allowInfiniband,
+      std::chrono::milliseconds timeout);
+  ~TensorpipeMesh() override;
+
+  int machine() const override {
+    return topology_.machine();
+  }
+  int numMachines() const override {
+    return topology_.numMachines();
+  }
+  int peerRank(int machine) const override {
+    return topology_.railPeers()[machine];
+  }
+  Connection& connection(int machine, Lane lane) override;
+  void close() override;
+  void shutdown() override;
+  std::string describe() const override {
+    return url_ + " (" + transports_ + ")";
+  }
+
+ private:
+  const Topology topology_;
+  std::shared_ptr<tensorpipe::Context> context_;
+  std::shared_ptr<tensorpipe::Listener> listener_;
+  std::string url_;
+  std::string transports_;
+  // By machine; empty for this rank's own machine.
+  std::vector<std::array<std::unique_ptr<TensorpipeConnection>, kLanes>>
+      connections_;
+};
+
+// The address to listen on: that of `interfaceName`, or, if empty, the one
+// TensorPipe picks the way NCCL does. Throws with the reason otherwise.
+std::string resolveListenAddress(const std::string& interfaceName);
+
+} // namespace fairring::rails

@@ -1,0 +1,411 @@
+"""One rank of the GPU check's bench; `python -m fairring.bench.gpu_check` starts two.
+
+The two processes share one GPU (or, with --device cpu, the CPU) and are two
+machines of one rank each (FAIRRING_MACHINE_ID differs), so every all-reduce
+crosses the rails. In order, each rank:
+
+1. times float32 all-reduces on fairring's engine, and the same bytes moved by
+   fairring._C.RailsEndpoint between the same two processes: both ranks send
+   and receive S/2 bytes on lane 0, then S/2 on lane 1 ("sequential", the two
+   network phases of the engine one after the other), and both halves at once
+   ("concurrent");
+2. checks every dtype and reduce op at several sizes, many ops in flight,
+   against plain torch on the CPU.
+
+NCCL refuses two ranks of one communicator on one GPU, so nothing here runs a
+CUDA collective other than fairring's all_reduce; every other collective (the
+barriers, the slowest-rank reductions) runs on a Gloo group of CPU tensors.
+Results go to <out>/rank<r>.json, rewritten after each phase, so what was
+measured survives a later crash or hang.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import fairring
+
+WORLD = 2
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+INT_DTYPES = (torch.int8, torch.uint8, torch.int32, torch.int64)
+ARITHMETIC_OPS = ("sum", "max", "min", "product")
+STORE_PREFIX = "fairring-gpu-check/rails-reference"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def check_cases(device_type: str) -> list[tuple[torch.dtype, str]]:
+    """(dtype, op) pairs to check. PREMUL_SUM is CUDA-only: fairring rejects it for CPU tensors."""
+    cases = [(dtype, op) for dtype in (*FLOAT_DTYPES, *INT_DTYPES) for op in ARITHMETIC_OPS]
+    cases += [(dtype, "avg") for dtype in FLOAT_DTYPES]
+    if device_type == "cuda":
+        cases.append((torch.float32, "premul_sum"))
+    return cases
+
+
+def premul_factor(rank: int) -> float:
+    return float(rank + 1)
+
+
+def reduce_op(op: str, rank: int) -> Any:
+    if op == "premul_sum":
+        return dist._make_nccl_premul_sum(premul_factor(rank))
+    return {
+        "sum": dist.ReduceOp.SUM,
+        "max": dist.ReduceOp.MAX,
+        "min": dist.ReduceOp.MIN,
+        "product": dist.ReduceOp.PRODUCT,
+        "avg": dist.ReduceOp.AVG,
+    }[op]
+
+
+def rank_input(rank: int, numel: int, dtype: torch.dtype, seed: int, op: str) -> torch.Tensor:
+    """Rank `rank`'s input on the CPU, the same wherever it is computed.
+
+    Every value, and every result of reducing WORLD of them, is exactly
+    representable in `dtype` (even bfloat16), so results must match exactly:
+    products multiply values in {1, 2}; floats are quarters in [-8, 8]; ints are
+    in [0, 20], so sums fit int8.
+    """
+    generator = torch.Generator().manual_seed(seed * 256 + rank)
+    if op == "product":
+        values = torch.randint(1, 3, (numel,), generator=generator, dtype=torch.int64)
+    elif dtype.is_floating_point:
+        values = torch.randint(-32, 33, (numel,), generator=generator, dtype=torch.int64)
+        return (values.to(torch.float64) / 4).to(dtype)
+    else:
+        values = torch.randint(0, 21, (numel,), generator=generator, dtype=torch.int64)
+    return values.to(dtype)
+
+
+def expected_result(world: int, numel: int, dtype: torch.dtype, seed: int, op: str) -> torch.Tensor:
+    """The all-reduce of every rank's rank_input, computed in float64 or int64."""
+    wide = torch.float64 if dtype.is_floating_point else torch.int64
+    inputs = torch.stack([rank_input(r, numel, dtype, seed, op).to(wide) for r in range(world)])
+    if op in ("sum", "avg"):
+        result = inputs.sum(0)
+        if op == "avg":
+            result = result / world
+    elif op == "premul_sum":
+        factors = torch.tensor([premul_factor(r) for r in range(world)], dtype=wide).unsqueeze(1)
+        result = (inputs * factors).sum(0)
+    elif op == "product":
+        result = inputs.prod(0)
+    elif op == "max":
+        result = inputs.max(0).values
+    elif op == "min":
+        result = inputs.min(0).values
+    else:
+        raise ValueError(f"unknown op {op!r}")
+    return result.to(dtype)
+
+
+def compare(actual: torch.Tensor, expected: torch.Tensor) -> dict[str, Any]:
+    """Exact comparison (see rank_input); on a mismatch, how many elements and where."""
+    if actual.dtype == expected.dtype and actual.shape == expected.shape and torch.equal(actual, expected):
+        return {"ok": True}
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        return {"ok": False, "error": f"got {actual.dtype} {tuple(actual.shape)}, expected {expected.dtype}"}
+    wrong = actual != expected
+    difference = (actual.to(torch.float64) - expected.to(torch.float64)).abs()
+    return {
+        "ok": False,
+        "mismatches": int(wrong.sum()),
+        "first_bad_index": int(wrong.nonzero()[0, 0]),
+        "max_abs_error": float(difference.max()),
+    }
+
+
+class Results:
+    """This rank's results, rewritten atomically after each phase."""
+
+    def __init__(self, path: Path, data: dict[str, Any]) -> None:
+        self.path = path
+        self.data = data
+        self.data.setdefault("errors", [])
+
+    def error(self, where: str) -> None:
+        self.data["errors"].append({"where": where, "traceback": traceback.format_exc()})
+        print(f"rank {self.data['rank']}: {where} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+
+    def save(self) -> None:
+        partial = self.path.with_suffix(".partial")
+        partial.write_text(json.dumps(self.data, indent=1))
+        partial.replace(self.path)
+
+
+class Bench:
+    """The process group, the Gloo group that coordinates, and the rails reference endpoint."""
+
+    def __init__(self, args: argparse.Namespace, results: Results) -> None:
+        self.args = args
+        self.results = results
+        self.rank: int = args.rank
+        self.peer = 1 - self.rank
+        self.timeout = timedelta(seconds=args.op_timeout)
+        self.device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.store = dist.TCPStore(
+            "127.0.0.1", args.port, world_size=WORLD, is_master=self.rank == 0, timeout=self.timeout
+        )
+        dist.init_process_group("fairring", store=self.store, rank=self.rank, world_size=WORLD, timeout=self.timeout)
+        self.gloo = dist.new_group(backend="gloo", timeout=self.timeout)
+        self.endpoint: Any = None
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.gloo)
+
+    def slowest(self, seconds: list[float]) -> list[float]:
+        """Per iteration, the slowest rank's time: an exchange is as slow as its slower end."""
+        times = torch.tensor(seconds, dtype=torch.float64)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX, group=self.gloo)
+        return times.tolist()
+
+    def timed(
+        self, prepare: Callable[[], None], step: Callable[[int], None], check: Callable[[], bool]
+    ) -> tuple[list[float], bool]:
+        """Seconds from a barrier to the end of step(i) on the device, per timed iteration; all checks passed."""
+        seconds, correct = [], True
+        for iteration in range(self.args.warmup + self.args.iters):
+            prepare()
+            self.sync()
+            self.barrier()
+            start = time.perf_counter()
+            step(iteration)
+            self.sync()
+            elapsed = time.perf_counter() - start
+            correct = check() and correct
+            if iteration >= self.args.warmup:
+                seconds.append(elapsed)
+        return self.slowest(seconds), correct
+
+    def engine_all_reduce(self, nbytes: int) -> dict[str, Any]:
+        tensor = torch.empty(nbytes // 4, dtype=torch.float32, device=self.device)
+        expected = float(sum(r + 1 for r in range(WORLD)))
+
+        def step(_: int) -> None:
+            dist.all_reduce(tensor, async_op=True).wait(self.timeout)
+
+        seconds, correct = self.timed(
+            lambda: tensor.fill_(self.rank + 1), step, lambda: bool(torch.all(tensor == expected))
+        )
+        return summary(seconds, correct)
+
+    def open_endpoint(self) -> None:
+        self.endpoint = fairring._C.RailsEndpoint(
+            self.store,
+            STORE_PREFIX,
+            self.rank,
+            [[r] for r in range(WORLD)],
+            self.device,
+            interface="lo",
+            timeout=self.timeout,
+        )
+        self.results.data["reference_endpoint"] = self.endpoint.describe()
+
+    def rails_reference(self, nbytes: int, concurrent: bool) -> dict[str, Any]:
+        """The engine's bytes over the bare rails: S/2 each way on lane 0, then S/2 on lane 1."""
+        numel = nbytes // 4
+        outgoing = torch.full((numel,), float(self.rank + 1), dtype=torch.float32, device=self.device)
+        incoming = torch.empty(numel, dtype=torch.float32, device=self.device)
+        halves = [(0, slice(0, numel // 2)), (1, slice(numel // 2, numel))]
+        label = f"{'concurrent' if concurrent else 'sequential'}-{nbytes}"
+
+        def step(iteration: int) -> None:
+            pending = []
+            for lane, part in halves:
+                tag = f"{label}-{iteration}-lane{lane}"
+                pending.append(self.endpoint.expect(self.peer, lane, tag, incoming[part]))
+                pending.append(self.endpoint.send(self.peer, lane, tag, outgoing[part]))
+                if not concurrent:
+                    wait_all(pending, self.args.op_timeout)
+                    pending = []
+            wait_all(pending, self.args.op_timeout)
+
+        seconds, correct = self.timed(
+            lambda: incoming.zero_(), step, lambda: bool(torch.all(incoming == float(self.peer + 1)))
+        )
+        return summary(seconds, correct)
+
+    def close(self) -> None:
+        if self.endpoint is not None:
+            self.endpoint.close()
+        dist.destroy_process_group()
+
+
+def wait_all(transfers: list[Any], timeout: float) -> None:
+    for transfer in transfers:
+        transfer.wait(timeout)
+
+
+def summary(seconds: list[float], correct: bool) -> dict[str, Any]:
+    return {"seconds": seconds, "median_s": statistics.median(seconds), "min_s": min(seconds), "correct": correct}
+
+
+def run_throughput(bench: Bench, results: Results) -> None:
+    rows: list[dict[str, Any]] = []
+    results.data["throughput"] = rows
+    try:
+        bench.open_endpoint()
+    except Exception:
+        results.error("rails reference: RailsEndpoint")
+    for nbytes in bench.args.sizes:
+        row: dict[str, Any] = {"bytes": nbytes, "iters": bench.args.iters, "warmup": bench.args.warmup}
+        rows.append(row)
+        try:
+            engine = bench.engine_all_reduce(nbytes)
+            algbw = nbytes / engine["median_s"] / 1e9
+            row.update(engine=engine, algbw_GBps=algbw, busbw_GBps=algbw * 2 * (WORLD - 1) / WORLD)
+        except Exception:
+            results.error(f"engine all_reduce of {nbytes} bytes")
+        for variant in ("sequential", "concurrent"):
+            if bench.endpoint is None:
+                continue
+            try:
+                reference = bench.rails_reference(nbytes, concurrent=variant == "concurrent")
+                row[f"reference_{variant}"] = reference
+                if "engine" in row:
+                    row[f"fraction_of_{variant}"] = reference["median_s"] / row["engine"]["median_s"]
+            except Exception:
+                results.error(f"rails reference ({variant}) of {nbytes} bytes")
+        if bench.rank == 0:
+            print(f"throughput: {json.dumps({k: v for k, v in row.items() if not isinstance(v, dict)})}", flush=True)
+        results.save()
+
+
+def run_correctness(bench: Bench, results: Results) -> None:
+    cases = check_cases(bench.device.type)
+    # Sizes that split evenly over the machines first: a tail takes the flat path, which is riskier here.
+    sizes = sorted(bench.args.check_sizes, key=lambda numel: (numel % WORLD != 0, numel))
+    checked: list[dict[str, Any]] = []
+    results.data["correctness"] = {"planned": len(cases) * len(sizes), "cases": checked}
+    for numel in sizes:
+        bench.barrier()
+        issued: list[tuple[dict[str, Any], torch.Tensor, Any, torch.Tensor]] = []
+        # Every case of this size in flight at once, then each waited for and checked.
+        for seed, (dtype, op) in enumerate(cases):
+            case: dict[str, Any] = {"dtype": dtype_name(dtype), "op": op, "numel": numel, "ok": False}
+            checked.append(case)
+            tensor = rank_input(bench.rank, numel, dtype, seed, op).to(bench.device)
+            try:
+                work = dist.all_reduce(tensor, op=reduce_op(op, bench.rank), async_op=True)
+            except Exception as error:
+                case["error"] = f"all_reduce raised: {error}"
+                continue
+            issued.append((case, tensor, work, expected_result(WORLD, numel, dtype, seed, op)))
+        for case, tensor, work, expected in issued:
+            try:
+                work.wait(bench.timeout)
+                case.update(compare(tensor.cpu(), expected))
+            except Exception as error:
+                case["error"] = f"wait raised: {error}"
+        failed = sum(1 for case in checked[-len(cases) :] if not case["ok"])
+        if bench.rank == 0:
+            print(f"correctness: {numel} elements: {len(cases) - failed}/{len(cases)} cases passed", flush=True)
+        results.save()
+
+
+def engine_counters(bench: Bench, results: Results) -> None:
+    backend = dist.group.WORLD._get_backend(bench.device)
+    results.data["engine_stats"] = backend.engine_stats(bench.device.type)
+    with contextlib.suppress(Exception):
+        results.data["engine_rails"] = backend.rails(bench.device.type)
+
+
+def device_info(device: torch.device) -> dict[str, Any]:
+    if device.type != "cuda":
+        return {}
+    properties = torch.cuda.get_device_properties(device)
+    return {
+        "name": torch.cuda.get_device_name(device),
+        "count": torch.cuda.device_count(),
+        "capability": ".".join(str(v) for v in torch.cuda.get_device_capability(device)),
+        "memory_GiB": round(properties.total_memory / 2**30, 1),
+    }
+
+
+def die_with_parent() -> None:
+    """Linux: the kernel kills this rank when the check that started it dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m fairring.bench.cuda_bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--rank", type=int, required=True, choices=range(WORLD))
+    parser.add_argument("--port", type=int, required=True, help="the TCPStore's port (rank 0 serves it)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--sizes", required=True, help="throughput: comma-separated byte counts (multiples of 8)")
+    parser.add_argument("--check-sizes", required=True, help="correctness: comma-separated element counts")
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--op-timeout", type=float, default=60.0, help="seconds any one wait may take")
+    parser.add_argument("--out", type=Path, required=True, help="folder for rank<r>.json")
+    args = parser.parse_args(argv)
+    args.sizes = [int(size) for size in args.sizes.split(",")]
+    args.check_sizes = [int(numel) for numel in args.check_sizes.split(",")]
+    if args.iters < 1 or args.warmup < 0 or any(size <= 0 or size % 8 for size in args.sizes):
+        parser.error("--iters must be >= 1, --warmup >= 0, and --sizes positive multiples of 8 bytes")
+    if any(numel < 1 for numel in args.check_sizes):
+        parser.error("--check-sizes must be positive")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    die_with_parent()
+    args = parse_args(argv)
+    results = Results(
+        args.out / f"rank{args.rank}.json",
+        {"rank": args.rank, "device": args.device, "pid": os.getpid(), "done": False, "build": fairring.build_info()},
+    )
+    try:
+        bench = Bench(args, results)
+        results.data["gpu"] = device_info(bench.device)
+    except Exception:
+        results.error("init_process_group")
+        results.save()
+        return 1
+    results.save()
+    for name, phase in (("throughput", run_throughput), ("correctness", run_correctness), ("engine", engine_counters)):
+        try:
+            phase(bench, results)
+        except Exception:
+            results.error(name)
+        results.save()
+    results.data["done"] = True
+    results.save()
+    (args.out / f"rank{args.rank}.finished").touch()  # the check allows teardown a short while from now
+    try:
+        bench.close()
+    except Exception:
+        results.error("teardown")
+        results.save()
+    return 1 if results.data["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
