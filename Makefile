@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed
 # ccache makes rebuilds after a one-file change short, where it is installed.
 BUILD_CXX := $(shell [ -x /usr/lib/ccache/g++ ] && echo /usr/lib/ccache/g++ || echo c++)
 
-.PHONY: setup build test bench lint clean
+.PHONY: setup build test test-oldest bench lint clean
 
 setup: build
 
@@ -27,6 +27,26 @@ test: build
 	$(PY) -m pytest tests; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: no test ran" >&2; exit 1; fi; exit $$status
 
+# The oldest supported torch (requirements-oldest.txt): its own venv, the
+# extension built out of tree (build/oldest), and the tests that do not
+# depend on timing or namespaces run against it.
+OLDEST_VENV := .venv-oldest
+OLDEST_TESTS ?= tests/test_build.py tests/test_engine.py tests/test_collectives.py \
+	tests/test_rails_protocol.py tests/test_registration.py tests/test_cuda.py
+$(OLDEST_VENV)/.installed: requirements-oldest.txt
+	$(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(OLDEST_VENV)/bin/python -m pip install --quiet -r requirements-oldest.txt
+	touch $@
+
+test-oldest: $(OLDEST_VENV)/.installed
+	rm -rf build/oldest && mkdir -p build/oldest/fairring
+	cp -r fairring/*.py fairring/bench build/oldest/fairring/
+	CXX=$(BUILD_CXX) MAX_JOBS=$${MAX_JOBS:-2} $(OLDEST_VENV)/bin/python setup.py --quiet build_ext \
+		--build-lib build/oldest --build-temp build/oldest-temp
+	$(OLDEST_VENV)/bin/pytest -p no:cacheprovider -o pythonpath=build/oldest $(OLDEST_TESTS); status=$$?; \
+	if [ $$status -eq 5 ]; then echo "make test-oldest: no test ran" >&2; exit 1; fi; exit $$status
+
 bench: build
 	$(PY) -m fairring.bench $(BENCH_ARGS)
 
@@ -35,7 +55,7 @@ lint: $(INSTALLED)
 	$(PY) -m ruff format --check setup.py fairring tests benchmarks
 
 clean:
-	rm -rf build fairring/*.so $(VENV)
+	rm -rf build fairring/*.so $(VENV) $(OLDEST_VENV)
 
 # The GPU check: on a machine with a GPU and torch but no network (no venv, no pip), builds
 # fairring against $(PYTHON)'s torch, runs tests/test_cuda.py and a CUDA bench (2 processes on

@@ -246,3 +246,57 @@ def test_ddp_matches_gloo(hook: str) -> None:
     # (measured gaps: 3e-8 without a hook, 2e-4 with bf16 compression).
     tolerance = 1e-6 if hook == "none" else 5e-3
     assert max(gaps) < tolerance, gaps
+
+
+def coalescing_block() -> tuple[int, int]:
+    """Engine all-reduces and a Gloo broadcast in one raw coalescing block; one Work for all."""
+    rank = dist.get_rank()
+    group = dist.group.WORLD
+    device = torch.device("cpu")
+    large = rank_tensor(rank, (10_000,), torch.float32, seed=1)
+    tiny = rank_tensor(rank, (3,), torch.float32, seed=2)
+    broadcast = torch.full((5,), float(rank))
+    ops_before = cpu_backend().engine_stats()["ops"]
+    group._start_coalescing(device)
+    dist.all_reduce(large, async_op=True)
+    dist.all_reduce(tiny, async_op=True)
+    dist.broadcast(broadcast, src=0, async_op=True)
+    work = group._end_coalescing(device)
+    work.wait()
+    assert_matches(large, all_ranks_reduced((10_000,), torch.float32, seed=1))
+    assert_matches(tiny, all_ranks_reduced((3,), torch.float32, seed=2))
+    assert_matches(broadcast, torch.zeros(5))
+    return ops_before, cpu_backend().engine_stats()["ops"]
+
+
+def test_engine_all_reduces_join_a_coalescing_block() -> None:
+    with RankPool(Layout(2, 2)) as ranks:
+        for before, after in ranks.run(coalescing_block):
+            assert after == before + 2  # both all-reduces ran on the engine, inside the block
+
+
+def shutdown_with_an_op_in_flight() -> tuple[float, str]:
+    """Rank 0 issues an all-reduce that rank 1 never joins, then destroys the group."""
+    import time
+
+    if dist.get_rank() == 1:
+        time.sleep(3)  # rank 0's op is stuck waiting for this rank's shards
+        dist.destroy_process_group()
+        return 0.0, ""
+    work = dist.all_reduce(torch.ones(100_000), async_op=True)
+    time.sleep(1)
+    start = time.monotonic()
+    dist.destroy_process_group()
+    elapsed = time.monotonic() - start
+    try:
+        work.wait()
+    except RuntimeError as error:
+        return elapsed, str(error)
+    return elapsed, "no error"
+
+
+def test_destroying_the_group_fails_engine_ops_in_flight_and_returns() -> None:
+    with RankPool(Layout(2, 1)) as ranks:
+        (elapsed, error), _ = ranks.run(shutdown_with_an_op_in_flight, timeout=60)
+    assert elapsed < 5, elapsed
+    assert "rank 0: the process group was shut down" in error, error

@@ -24,7 +24,7 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
     assert data["passed"] is True and data["device"] == "cpu"
     correctness = data["bench"]["correctness"]
     assert correctness["all_passed"] is True and correctness["failed"] == []
-    assert correctness["sizes"] == [1, 1000, 65537] and correctness["planned_per_rank"] == 36 * 3
+    assert correctness["sizes"] == [1, 1000, 65537] and correctness["planned_per_rank"] == 40 * 3
     rows = data["bench"]["throughput"]
     assert [row["bytes"] for row in rows] == [64 * 1024, 1024 * 1024]
     for row in rows:

@@ -400,6 +400,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
     }
   }
   if (topology_.numMachines() > 1 &&
+      totalBytes(tensors) < config_.flatThresholdBytes &&
       engineHandlesAll(tensors, ownOpts.reduceOp)) {
     ++flatAllreduces_[type == c10::kCPU ? 0 : 1];
   }

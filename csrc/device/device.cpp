@@ -38,6 +38,9 @@ void DeviceContext::localAllGather(at::Tensor& output, at::Tensor& part) {
 }
 
 void DeviceContext::abort() {
+  if (aborted_.exchange(true)) {
+    return;
+  }
   for (const auto& group : {groups_.reduceScatter, groups_.allGather}) {
     if (group) {
       group->abort();

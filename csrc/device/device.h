@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -114,7 +115,7 @@ class DeviceContext {
   void localAllGather(at::Tensor& output, at::Tensor& part);
 
   // Fails the local steps in flight where the group can (NCCL), so that
-  // stage threads blocked in them return. Any thread.
+  // stage threads blocked in them return. Any thread; once.
   void abort();
 
  protected:
@@ -124,6 +125,7 @@ class DeviceContext {
  private:
   const c10::Device device_;
   const LocalGroups groups_;
+  std::atomic<bool> aborted_{false};
 };
 
 std::unique_ptr<DeviceContext> makeCpuContext(LocalGroups groups);

@@ -53,11 +53,10 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def check_cases(device_type: str) -> list[tuple[torch.dtype, str]]:
-    """(dtype, op) pairs to check. PREMUL_SUM is CUDA-only: fairring rejects it for CPU tensors."""
+    """(dtype, op) pairs to check: every op the engine runs, on every dtype it takes."""
     cases = [(dtype, op) for dtype in (*FLOAT_DTYPES, *INT_DTYPES) for op in ARITHMETIC_OPS]
     cases += [(dtype, "avg") for dtype in FLOAT_DTYPES]
-    if device_type == "cuda":
-        cases.append((torch.float32, "premul_sum"))
+    cases += [(dtype, "premul_sum") for dtype in FLOAT_DTYPES]
     return cases
 
 
