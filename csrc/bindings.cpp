@@ -119,6 +119,19 @@ fairring::rails::Lane laneOf(int lane) {
   return static_cast<fairring::rails::Lane>(lane);
 }
 
+// Endpoint::send or Endpoint::expect, taking the lane as Python's int.
+template <typename Method>
+auto transferMethod(Method method) {
+  return [method](
+             fairring::rails::Endpoint& endpoint,
+             int machine,
+             int lane,
+             std::string tag,
+             const at::Tensor& tensor) {
+    return (endpoint.*method)(machine, laneOf(lane), std::move(tag), tensor);
+  };
+}
+
 } // namespace
 
 PYBIND11_MODULE(_C, module) {
@@ -367,14 +380,7 @@ PYBIND11_MODULE(_C, module) {
           "TensorPipe (collective over them): for tests and benchmarks.")
       .def(
           "send",
-          [](Endpoint& endpoint,
-             int machine,
-             int lane,
-             std::string tag,
-             const at::Tensor& tensor) {
-            return endpoint.send(
-                machine, laneOf(lane), std::move(tag), tensor);
-          },
+          transferMethod(&Endpoint::send),
           py::arg("machine"),
           py::arg("lane"),
           py::arg("tag"),
@@ -382,14 +388,7 @@ PYBIND11_MODULE(_C, module) {
           py::call_guard<py::gil_scoped_release>())
       .def(
           "expect",
-          [](Endpoint& endpoint,
-             int machine,
-             int lane,
-             std::string tag,
-             const at::Tensor& tensor) {
-            return endpoint.expect(
-                machine, laneOf(lane), std::move(tag), tensor);
-          },
+          transferMethod(&Endpoint::expect),
           py::arg("machine"),
           py::arg("lane"),
           py::arg("tag"),

@@ -148,3 +148,48 @@ def test_cuda_engine_two_machines_on_one_gpu() -> None:
 def test_cuda_engine_with_local_groups() -> None:
     for stats in run_engine_checks(Layout(2, 2), GPU_PER_RANK, [1, 3, 1001, 300_001]):
         assert stats is not None and stats["slices"] > 0 and stats["flat_ops"] == 0
+
+
+def engine_ops_in_a_coalescing_block(device_of_rank: str) -> None:
+    """Engine all-reduces inside a raw coalescing block: the block's Work covers them."""
+    rank = dist.get_rank()
+    device = torch.device(device_of_rank.format(rank=rank))
+    torch.cuda.set_device(device)
+    tensors = [rank_tensor(rank, (n,), torch.float32, seed=n).to(device) for n in (3, 100_001)]
+    group = dist.group.WORLD
+    group._start_coalescing(device)
+    for tensor in tensors:
+        dist.all_reduce(tensor, async_op=True)
+    group._end_coalescing(device).wait()
+    for tensor in tensors:
+        numel = tensor.numel()
+        assert_matches(tensor.cpu(), all_ranks_reduced((numel,), torch.float32, seed=numel))
+
+
+def engine_shutdown_with_an_op_in_flight(device_of_rank: str) -> tuple[float, str]:
+    """Rank 0 issues a CUDA all-reduce that rank 1 never joins, then destroys the group."""
+    import time
+
+    torch.cuda.set_device(torch.device(device_of_rank.format(rank=dist.get_rank())))
+    if dist.get_rank() == 1:
+        time.sleep(3)
+        dist.destroy_process_group()
+        return 0.0, ""
+    work = dist.all_reduce(torch.ones(100_000, device="cuda"), async_op=True)
+    time.sleep(1)
+    start = time.monotonic()
+    dist.destroy_process_group()
+    elapsed = time.monotonic() - start
+    try:
+        work.wait()
+    except RuntimeError as error:
+        return elapsed, str(error)
+    return elapsed, "no error"
+
+
+def test_cuda_engine_coalescing_and_shutdown_on_one_gpu() -> None:
+    with RankPool(Layout(2, 1), InitSpec(extra_env=CUDA_ENGINE_ENV)) as ranks:
+        ranks.run(engine_ops_in_a_coalescing_block, ONE_GPU)
+        (elapsed, error), _ = ranks.run(engine_shutdown_with_an_op_in_flight, ONE_GPU, timeout=60)
+    assert elapsed < 5, elapsed
+    assert "rank 0: the process group was shut down" in error, error

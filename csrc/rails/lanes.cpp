@@ -36,12 +36,21 @@ bool Lanes::stopped() {
   return failed_;
 }
 
-void Lanes::expect(int machine, Lane lane, Expected expected) {
+void Lanes::checkPeer(int machine) const {
   TORCH_CHECK(
       machine >= 0 && machine < mesh_->numMachines() &&
           machine != mesh_->machine(),
       "fairring: no rail peer on machine ",
-      machine);
+      machine,
+      " (this rank is on machine ",
+      mesh_->machine(),
+      " of ",
+      mesh_->numMachines(),
+      ")");
+}
+
+void Lanes::expect(int machine, Lane lane, Expected expected) {
+  checkPeer(machine);
   bool idle = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -122,6 +131,7 @@ void Lanes::send(
     const Buffer& buffer,
     std::string what,
     std::function<void()> onSent) {
+  checkPeer(machine);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (failed_) {

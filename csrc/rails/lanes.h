@@ -79,6 +79,7 @@ class Lanes {
   void readNext(int machine, Lane lane);
   void fail(const std::string& message);
   bool stopped();
+  void checkPeer(int machine) const;
   std::string fromPeer(const Expected& expected, int machine, Lane lane) const;
 
   // Shut down (not reset) by the destructor: callbacks may still read it.
