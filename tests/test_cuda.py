@@ -25,6 +25,7 @@ from reference import (
     assert_matches,
     rank_tensor,
 )
+from scenarios import shutdown_with_an_op_in_flight
 
 pytestmark = [
     pytest.mark.cuda,
@@ -166,30 +167,9 @@ def engine_ops_in_a_coalescing_block(device_of_rank: str) -> None:
         assert_matches(tensor.cpu(), all_ranks_reduced((numel,), torch.float32, seed=numel))
 
 
-def engine_shutdown_with_an_op_in_flight(device_of_rank: str) -> tuple[float, str]:
-    """Rank 0 issues a CUDA all-reduce that rank 1 never joins, then destroys the group."""
-    import time
-
-    torch.cuda.set_device(torch.device(device_of_rank.format(rank=dist.get_rank())))
-    if dist.get_rank() == 1:
-        time.sleep(3)
-        dist.destroy_process_group()
-        return 0.0, ""
-    work = dist.all_reduce(torch.ones(100_000, device="cuda"), async_op=True)
-    time.sleep(1)
-    start = time.monotonic()
-    dist.destroy_process_group()
-    elapsed = time.monotonic() - start
-    try:
-        work.wait()
-    except RuntimeError as error:
-        return elapsed, str(error)
-    return elapsed, "no error"
-
-
 def test_cuda_engine_coalescing_and_shutdown_on_one_gpu() -> None:
     with RankPool(Layout(2, 1), InitSpec(extra_env=CUDA_ENGINE_ENV)) as ranks:
         ranks.run(engine_ops_in_a_coalescing_block, ONE_GPU)
-        (elapsed, error), _ = ranks.run(engine_shutdown_with_an_op_in_flight, ONE_GPU, timeout=60)
+        (elapsed, error), _ = ranks.run(shutdown_with_an_op_in_flight, ONE_GPU, timeout=60)
     assert elapsed < 5, elapsed
     assert "rank 0: the process group was shut down" in error, error

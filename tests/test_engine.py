@@ -9,6 +9,7 @@ import torch.distributed as dist
 from fairring import _C
 from harness import InitSpec, Layout, RankPool
 from reference import REDUCE_OPS, all_ranks_reduced, assert_matches, rank_tensor
+from scenarios import shutdown_with_an_op_in_flight
 
 
 def cpu_backend() -> _C.Backend:
@@ -275,28 +276,8 @@ def test_engine_all_reduces_join_a_coalescing_block() -> None:
             assert after == before + 2  # both all-reduces ran on the engine, inside the block
 
 
-def shutdown_with_an_op_in_flight() -> tuple[float, str]:
-    """Rank 0 issues an all-reduce that rank 1 never joins, then destroys the group."""
-    import time
-
-    if dist.get_rank() == 1:
-        time.sleep(3)  # rank 0's op is stuck waiting for this rank's shards
-        dist.destroy_process_group()
-        return 0.0, ""
-    work = dist.all_reduce(torch.ones(100_000), async_op=True)
-    time.sleep(1)
-    start = time.monotonic()
-    dist.destroy_process_group()
-    elapsed = time.monotonic() - start
-    try:
-        work.wait()
-    except RuntimeError as error:
-        return elapsed, str(error)
-    return elapsed, "no error"
-
-
 def test_destroying_the_group_fails_engine_ops_in_flight_and_returns() -> None:
     with RankPool(Layout(2, 1)) as ranks:
-        (elapsed, error), _ = ranks.run(shutdown_with_an_op_in_flight, timeout=60)
+        (elapsed, error), _ = ranks.run(shutdown_with_an_op_in_flight, "cpu", timeout=60)
     assert elapsed < 5, elapsed
     assert "rank 0: the process group was shut down" in error, error

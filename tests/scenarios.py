@@ -1,0 +1,32 @@
+"""Rank functions that CPU and CUDA tests share: the same scenario on either device."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def shutdown_with_an_op_in_flight(device: str) -> tuple[float, str]:
+    """Rank 0 issues an all-reduce that rank 1 never joins, then destroys the group.
+
+    Returns, on rank 0, how long destroy_process_group took and the error the
+    op's wait() raised.
+    """
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    if dist.get_rank() == 1:
+        time.sleep(3)  # rank 0's op is stuck waiting for this rank's shards
+        dist.destroy_process_group()
+        return 0.0, ""
+    work = dist.all_reduce(torch.ones(100_000, device=device), async_op=True)
+    time.sleep(1)
+    start = time.monotonic()
+    dist.destroy_process_group()
+    elapsed = time.monotonic() - start
+    try:
+        work.wait()
+    except RuntimeError as error:
+        return elapsed, str(error)
+    return elapsed, "no error"
