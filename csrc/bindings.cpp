@@ -217,11 +217,18 @@ PYBIND11_MODULE(_C, module) {
       "The slice plan: [(offset, numel, padded_numel)].");
   module.def(
       "staging_bytes_for",
-      &fairring::stagingBytesFor,
+      [](int64_t sliceBytes, int localSize, int machines, bool padded) {
+        return fairring::stagingLayoutFor(
+                   sliceBytes, localSize, machines, padded)
+            .bytes;
+      },
       py::arg("slice_bytes"),
       py::arg("local_size"),
       py::arg("machines"),
-      "Staging bytes one slice of `slice_bytes` holds while in flight.");
+      py::arg("padded") = true,
+      "Staging bytes one slice of `slice_bytes` holds while in flight; "
+      "padded (the default, the most any slice needs): a last slice padded "
+      "to the plan's unit.");
 
   // The engine's staging allocator, on its own, for tests.
   using fairring::StagingRing;

@@ -81,3 +81,18 @@ def test_random_fifo_use_never_overlaps_and_never_exceeds_capacity() -> None:
     stats = ring.stats()
     assert (stats["bytes_in_use"], stats["leases_in_use"], stats["leases_granted"]) == (0, 0, granted)
     assert ring.try_acquire(capacity).offset == 0  # all of it is back
+
+
+@pytest.mark.parametrize(
+    ("slice_bytes", "local_size", "machines", "unpadded", "padded"),
+    [
+        (4096, 2, 2, 3 * 2048, 5 * 2048),  # parts (2 slots), shards (1 slot), padded copy (2 slots)
+        (4096, 1, 2, 2 * 4096, 3 * 4096),  # one rank per machine: the slot is in staging too
+        (3000, 3, 2, 4 * 1024, 7 * 1024),  # slots of 1000 bytes, each part 64-byte aligned
+    ],
+)
+def test_a_lease_holds_parts_shards_and_for_a_padded_slice_its_copy(
+    slice_bytes: int, local_size: int, machines: int, unpadded: int, padded: int
+) -> None:
+    assert _C.staging_bytes_for(slice_bytes, local_size, machines, padded=False) == unpadded
+    assert _C.staging_bytes_for(slice_bytes, local_size, machines, padded=True) == padded

@@ -34,10 +34,6 @@ StagingLayout stagingLayoutFor(
     int machines,
     bool padded);
 
-// The most staging any slice of at most `sliceBytes` can need.
-inline int64_t stagingBytesFor(int64_t sliceBytes, int localSize, int machines) {
-  return stagingLayoutFor(sliceBytes, localSize, machines, true).bytes;
-}
 
 struct StagingStats {
   int64_t capacityBytes; // allocated once, at construction

@@ -142,12 +142,14 @@ def runs_for(args: argparse.Namespace) -> list[Run]:
         # buckets' slicing as it is for buckets of 2+ maximum slices (the 25 MiB default).
         max_slice = load_config({**os.environ, **user_env}).slice_size
         slice_bytes = min(args.bucket_bytes, _C.slice_bytes_for(args.bucket_bytes, max_slice))
-        per_slice = _C.staging_bytes_for(slice_bytes, args.ranks_per_machine, args.machines)
+        per_slice = _C.staging_bytes_for(slice_bytes, args.ranks_per_machine, args.machines, padded=False)
+        # Init asks for room for one padded slice, which is less than two unpadded ones.
+        at_least = _C.staging_bytes_for(slice_bytes, args.ranks_per_machine, args.machines, padded=True)
         for inflight in args.inflight_list:
             environment = {
                 **user_env,
                 "FAIRRING_SLICE_SIZE": str(slice_bytes),
-                "FAIRRING_TOTAL_MEMORY": str(inflight * per_slice),
+                "FAIRRING_TOTAL_MEMORY": str(max(inflight * per_slice, at_least)),
             }
             runs.append(Run("overlap", args.machines, [args.bucket_bytes], args.buckets, inflight, environment))
     if "scaling" in studies:
