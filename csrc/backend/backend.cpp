@@ -339,6 +339,17 @@ Engine* Backend::engineFor(
   }
   std::lock_guard<std::mutex> creating(cudaCreation_);
   if (cudaEngine() == nullptr) {
+    {
+      // Connecting the engine's NCCL groups inside an open NCCL group call
+      // (a native coalescing block) would wait for that block to end.
+      std::lock_guard<std::mutex> lock(coalescingMutex_);
+      TORCH_CHECK(
+          !coalescing_ || coalescing_->nativeBlock == nullptr,
+          "fairring: the group's first CUDA all-reduce was issued inside a "
+          "coalescing block after a NCCL operation; the engine it creates "
+          "cannot connect there. Issue one all-reduce before the block, or "
+          "make the all-reduce the block's first operation.");
+    }
     auto made = makeEngine(device); // collective; calls into Python
     std::lock_guard<std::mutex> lock(cudaMutex_);
     cudaEngine_ = std::move(made);
