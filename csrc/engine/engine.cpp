@@ -353,12 +353,14 @@ at::Tensor Engine::shardOf(const SliceWork& slice, int machine) const {
 }
 
 void Engine::expectMessages(const std::shared_ptr<SliceWork>& slice) {
-  // Run on the transport's thread: count, note the fence, wake the stages.
+  // Run on the transport's thread(s): count, note the fence, wake the
+  // stages. The fence is recorded under the lock, so the one kept last was
+  // recorded last: after every copy whose receive completed before it.
   auto arrival = [this, slice](rails::Lane lane) {
     return [this, slice, lane] {
-      Fence fence = device_->receivedFence();
       {
         std::lock_guard<std::mutex> lock(mutex_);
+        Fence fence = device_->receivedFence();
         if (lane == rails::kShards) {
           ++slice->shardsReceived;
           slice->shardsArrived = std::move(fence);
