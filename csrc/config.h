@@ -12,7 +12,7 @@ struct Config {
   int64_t totalMemoryBytes = 50 * 1024 * 1024;
   // Largest slice an all-reduce is cut into (FAIRRING_SLICE_SIZE).
   int64_t sliceSizeBytes = 4 * 1024 * 1024;
-  // All-reduces smaller than this take the flat path (FAIRRING_FLAT_THRESHOLD).
+  // All-reduces smaller than this go to the delegate (FAIRRING_FLAT_THRESHOLD).
   int64_t flatThresholdBytes = 0;
   // Network interface for the rails (TP_SOCKET_IFNAME); empty: automatic.
   std::string socketInterface;

@@ -51,10 +51,10 @@ def test_plan_unit_keeps_shards_above_the_transport_floor(
     assert _C.plan_unit(local_size, machines, element_size, min_shard_bytes) == unit
 
 
-def test_slice_numel_is_a_positive_multiple_of_the_granule() -> None:
+def test_slice_numel_is_a_positive_multiple_of_the_unit() -> None:
     assert _C.slice_numel_for(25 * 2**20, 4, 4) == 25 * 2**20 // 4
-    assert _C.slice_numel_for(100, 4, 6) == 24  # 25 elements fit, 24 divide evenly
-    assert _C.slice_numel_for(8, 8, 6) == 6  # never zero: one granule at least
+    assert _C.slice_numel_for(100, 4, 6) == 24  # 25 elements fit, 24 divide evenly by the unit
+    assert _C.slice_numel_for(8, 8, 6) == 6  # never zero: one unit at least
 
 
 MiB = 2**20
