@@ -142,8 +142,9 @@ PYBIND11_MODULE(_C, module) {
   module.def(
       "build_info",
       &buildInfo,
-      "What this extension was compiled with: torch, CUDA and NCCL versions "
-      "and whether the CUDA path is in.");
+      "What this extension was compiled with: the torch and CUDA versions "
+      "and whether the CUDA path is in (fairring.build_info() adds torch's "
+      "NCCL).");
 
   py::class_<fairring::Topology>(module, "Topology")
       .def(

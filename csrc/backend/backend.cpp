@@ -238,22 +238,10 @@ c10::intrusive_ptr<c10d::Work> Backend::forward(
   bool collect = false;
   {
     std::lock_guard<std::mutex> lock(coalescingMutex_);
-    if (coalescing_) {
-      if (!coalescing_->type) {
-        coalescing_->type = type;
-      }
-      TORCH_CHECK(
-          *coalescing_->type == type,
-          "fairring: ",
-          opName,
-          " on ",
-          c10::DeviceTypeName(type),
-          " tensors inside a coalescing block of ",
-          c10::DeviceTypeName(*coalescing_->type),
-          " operations; coalesce CPU and CUDA operations in separate blocks");
+    if (CoalescingBlock* block = openBlockLocked(opName, type)) {
       collect = !inner.supportsCoalescing();
-      if (!collect && coalescing_->nativeBlock == nullptr) {
-        coalescing_->nativeBlock = &inner;
+      if (!collect && block->nativeBlock == nullptr) {
+        block->nativeBlock = &inner;
         inner.startCoalescing();
       }
     }
@@ -266,13 +254,11 @@ c10::intrusive_ptr<c10d::Work> Backend::forward(
   return work;
 }
 
-void Backend::joinBlock(
+Backend::CoalescingBlock* Backend::openBlockLocked(
     const char* opName,
-    c10::DeviceType type,
-    const c10::intrusive_ptr<c10d::Work>& work) {
-  std::lock_guard<std::mutex> lock(coalescingMutex_);
+    c10::DeviceType type) {
   if (!coalescing_) {
-    return;
+    return nullptr;
   }
   if (!coalescing_->type) {
     coalescing_->type = type;
@@ -281,9 +267,22 @@ void Backend::joinBlock(
       *coalescing_->type == type,
       "fairring: ",
       opName,
-      " mixes CPU and CUDA operations in one coalescing block; coalesce them "
-      "in separate blocks");
-  coalescing_->works.push_back(work);
+      " on ",
+      c10::DeviceTypeName(type),
+      " tensors inside a coalescing block of ",
+      c10::DeviceTypeName(*coalescing_->type),
+      " operations; coalesce CPU and CUDA operations in separate blocks");
+  return &*coalescing_;
+}
+
+void Backend::joinBlock(
+    const char* opName,
+    c10::DeviceType type,
+    const c10::intrusive_ptr<c10d::Work>& work) {
+  std::lock_guard<std::mutex> lock(coalescingMutex_);
+  if (CoalescingBlock* block = openBlockLocked(opName, type)) {
+    block->works.push_back(work);
+  }
 }
 
 c10d::Backend& Backend::cudaBackend() {
@@ -395,20 +394,21 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
     const c10d::AllreduceOptions& opts) {
   const c10::DeviceType type = route("allreduce", tensors);
   // PREMUL_SUM becomes a SUM wherever fairring runs it; NCCL has its own.
-  const bool ownPremul = opts.reduceOp == c10d::ReduceOp::PREMUL_SUM &&
-      (type == c10::kCPU ||
-       engineFor(tensors, c10d::ReduceOp::SUM) != nullptr);
+  const bool premul = opts.reduceOp == c10d::ReduceOp::PREMUL_SUM;
+  Engine* engine = tensors.size() == 1 || premul
+      ? engineFor(tensors, premul ? c10d::ReduceOp::SUM : opts.reduceOp.op_)
+      : nullptr;
   const c10d::AllreduceOptions ownOpts =
-      ownPremul ? premultiplied(tensors, opts) : opts;
-  if (tensors.size() == 1) {
-    if (Engine* engine = engineFor(tensors, ownOpts.reduceOp)) {
-      auto work = c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
-          engine->allreduce(tensors[0], ownOpts.reduceOp),
-          c10d::OpType::ALLREDUCE,
-          "all_reduce"));
-      joinBlock("allreduce", type, work);
-      return work;
-    }
+      premul && (type == c10::kCPU || engine != nullptr)
+      ? premultiplied(tensors, opts)
+      : opts;
+  if (engine != nullptr && tensors.size() == 1) {
+    auto work = c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
+        engine->allreduce(tensors[0], ownOpts.reduceOp),
+        c10d::OpType::ALLREDUCE,
+        "all_reduce"));
+    joinBlock("allreduce", type, work);
+    return work;
   }
   if (topology_.numMachines() > 1 &&
       totalBytes(tensors) < config_.flatThresholdBytes &&

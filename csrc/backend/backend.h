@@ -195,6 +195,11 @@ class Backend final : public c10d::Backend {
       const char* opName,
       Call&& call,
       const Tensors&... tensors);
+  // The open coalescing block, its device type set by its first operation
+  // and checked against `type`; null when none is open. Needs
+  // coalescingMutex_.
+  struct CoalescingBlock;
+  CoalescingBlock* openBlockLocked(const char* opName, c10::DeviceType type);
   // Records an engine op's Work in an open coalescing block.
   void joinBlock(
       const char* opName,

@@ -233,20 +233,20 @@ bool Engine::start(const std::shared_ptr<SliceWork>& slice) {
   if (!device_->waitOnHost(previousUse, cancelled)) {
     return false;
   }
-  attachStaging(*slice, std::move(*lease));
+  attachStaging(*slice, std::move(*lease), layout);
   expectMessages(slice);
   return true;
 }
 
-void Engine::attachStaging(SliceWork& slice, StagingRing::Lease lease) {
+void Engine::attachStaging(
+    SliceWork& slice,
+    StagingRing::Lease lease,
+    const StagingLayout& layout) {
   const int localSize = topology_.localSize();
   const auto dtype = slice.input.scalar_type();
   const int64_t elementSize = slice.input.element_size();
   const int64_t paddedNumel = slice.plan.paddedNumel;
   const int64_t slotNumel = paddedNumel / localSize;
-  const auto layout = stagingLayoutFor(
-      paddedNumel * elementSize, localSize, topology_.numMachines(),
-      slice.plan.padded());
   at::Tensor bytes = lease.bytes();
   auto view = [&](int64_t offset, int64_t numel) {
     return bytes.narrow(0, offset, numel * elementSize).view(dtype);

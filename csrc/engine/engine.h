@@ -106,7 +106,10 @@ class Engine {
   bool reduce(const std::shared_ptr<SliceWork>& slice);
   void allGather(const std::shared_ptr<SliceWork>& slice);
 
-  void attachStaging(SliceWork& slice, StagingRing::Lease lease);
+  void attachStaging(
+      SliceWork& slice,
+      StagingRing::Lease lease,
+      const StagingLayout& layout);
   void expectMessages(const std::shared_ptr<SliceWork>& slice);
   void send(
       const std::shared_ptr<SliceWork>& slice,
