@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed
 # ccache makes rebuilds after a one-file change short, where it is installed.
 BUILD_CXX := $(shell [ -x /usr/lib/ccache/g++ ] && echo /usr/lib/ccache/g++ || echo c++)
 
-.PHONY: setup build test test-oldest bench lint clean
+.PHONY: setup build test test-oldest bench lint clean wheel wheel-check
 
 setup: build
 
@@ -32,7 +32,8 @@ test: build
 # depend on timing or namespaces run against it.
 OLDEST_VENV := .venv-oldest
 OLDEST_TESTS ?= tests/test_build.py tests/test_engine.py tests/test_collectives.py \
-	tests/test_rails_protocol.py tests/test_registration.py tests/test_cuda.py
+	tests/test_rails_protocol.py tests/test_registration.py tests/test_cuda.py \
+	tests/test_drop_in.py tests/test_tracing.py
 $(OLDEST_VENV)/.installed: requirements-oldest.txt
 	$(PYTHON) -m venv $(OLDEST_VENV)
 	$(OLDEST_VENV)/bin/python -m pip install --quiet --upgrade pip
@@ -55,7 +56,24 @@ lint: $(INSTALLED)
 	$(PY) -m ruff format --check setup.py fairring tests benchmarks
 
 clean:
-	rm -rf build fairring/*.so $(VENV) $(OLDEST_VENV)
+	rm -rf build dist fairring/*.so $(VENV) $(OLDEST_VENV)
+
+# Packaging as a user installs it: a wheel built by pip without build isolation
+# (against .venv's torch), installed into a fresh virtual environment that has
+# the same torch and nothing else of the checkout (a .pth file adds .venv's
+# site-packages), then a 2-rank all-reduce from it, run outside the checkout.
+WHEEL_VENV := build/wheel-venv
+wheel: $(INSTALLED)
+	rm -rf dist
+	CXX=$(BUILD_CXX) MAX_JOBS=$${MAX_JOBS:-2} $(PY) -m pip wheel --quiet --no-build-isolation --no-deps -w dist .
+
+wheel-check: wheel
+	rm -rf $(WHEEL_VENV)
+	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
+		"$$($(WHEEL_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/torch-of-dot-venv.pth"
+	$(WHEEL_VENV)/bin/python -m pip install --quiet --no-deps dist/fairring-*.whl
+	cd "$$(mktemp -d)" && $(abspath $(WHEEL_VENV))/bin/python $(abspath tests/wheel_smoke.py)
 
 # The GPU check: on a machine with a GPU and torch but no network (no venv, no pip), builds
 # fairring against $(PYTHON)'s torch, runs tests/test_cuda.py and a CUDA bench (2 processes on

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 try:
     import torch
@@ -40,6 +40,7 @@ COMMON_SOURCES = [
     "engine/plan.cpp",
     "engine/reduction.cpp",
     "engine/staging.cpp",
+    "engine/trace.cpp",
     "rails/endpoint.cpp",
     "rails/lanes.cpp",
     "rails/tensorpipe_mesh.cpp",
@@ -151,12 +152,20 @@ def _extension() -> CppExtension:
     )
 
 
+def _version() -> str:
+    """fairring/_version.py holds the version; read, not imported (that would load the extension)."""
+    namespace: dict[str, str] = {}
+    exec((ROOT / "fairring" / "_version.py").read_text(), namespace)
+    return namespace["__version__"]
+
+
 setup(
     name="fairring",
-    version="0.1.0",
+    version=_version(),
     description="A Herring-style all-reduce as a PyTorch c10d backend",
     license="BSD-3-Clause",
-    packages=["fairring"],
+    packages=find_packages(include=["fairring", "fairring.*"]),
+    install_requires=[f"torch=={torch.__version__.split('+')[0]}"],
     python_requires=">=3.10",
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExtension},

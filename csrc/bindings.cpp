@@ -18,6 +18,42 @@ namespace py = pybind11;
 
 namespace {
 
+// The holder of Python's reference to a Backend. It lets go of the GIL
+// before dropping the reference: a backend's destructor joins threads (its
+// Gloo group's) that may need the GIL to finish their last work, so a
+// destructor run with the GIL held (destroy_process_group) would deadlock.
+template <typename T>
+class ReleasesGilOnDrop {
+ public:
+  ReleasesGilOnDrop() = default;
+  explicit ReleasesGilOnDrop(c10::intrusive_ptr<T> target)
+      : target_(std::move(target)) {}
+  // pybind11 adopts objects it did not make this way.
+  explicit ReleasesGilOnDrop(T* target)
+      : target_(c10::intrusive_ptr<T>::reclaim_copy(target)) {}
+  ReleasesGilOnDrop(const ReleasesGilOnDrop&) = default;
+  ReleasesGilOnDrop& operator=(const ReleasesGilOnDrop&) = default;
+  ~ReleasesGilOnDrop() {
+    if (target_ && PyGILState_Check()) {
+      py::gil_scoped_release noGil;
+      target_.reset();
+    }
+  }
+
+  T* get() const noexcept {
+    return target_.get();
+  }
+
+ private:
+  c10::intrusive_ptr<T> target_;
+};
+
+} // namespace
+
+PYBIND11_DECLARE_HOLDER_TYPE(T, ReleasesGilOnDrop<T>, true)
+
+namespace {
+
 py::dict buildInfo() {
   py::dict info;
   info["torch"] = std::to_string(TORCH_VERSION_MAJOR) + "." +
@@ -49,6 +85,21 @@ class PyInnerGroupFactory final : public fairring::InnerGroupFactory {
   c10::intrusive_ptr<c10d::Backend> delegate(c10::DeviceType type) override {
     return call([&] {
       return factory_.attr("delegate")(c10::DeviceTypeName(type, true))
+          .cast<c10::intrusive_ptr<c10d::Backend>>();
+    });
+  }
+
+  void engineMade(c10::Device device, const std::string& rails) override {
+    call([&] { factory_.attr("engine_made")(device.str(), rails); });
+  }
+
+  c10::intrusive_ptr<c10d::Backend> split(
+      const c10::intrusive_ptr<c10d::Store>& store,
+      const std::vector<int>& ranks,
+      std::chrono::milliseconds timeout,
+      const std::string& groupName) override {
+    return call([&] {
+      return factory_.attr("split")(store, ranks, timeout, groupName)
           .cast<c10::intrusive_ptr<c10d::Backend>>();
     });
   }
@@ -95,7 +146,7 @@ py::object engineDict(
       device,
       "'");
   const fairring::Engine* engine =
-      device == "cpu" ? backend.cpuEngine() : backend.cudaEngine();
+      backend.engine(device == "cpu" ? c10::kCPU : c10::kCUDA);
   return engine == nullptr ? py::object(py::none())
                            : py::object(describe(*engine));
 }
@@ -155,6 +206,9 @@ PYBIND11_MODULE(_C, module) {
       .def_property_readonly("world_size", &fairring::Topology::worldSize)
       .def_property_readonly("num_machines", &fairring::Topology::numMachines)
       .def_property_readonly("local_size", &fairring::Topology::localSize)
+      .def_property_readonly("regular", &fairring::Topology::regular)
+      .def_property_readonly(
+          "serves_engine", &fairring::Topology::servesEngine)
       .def_property_readonly("machine", &fairring::Topology::machine)
       .def_property_readonly("local_rank", &fairring::Topology::localRank)
       .def_property_readonly("local_ranks", &fairring::Topology::localRanks)
@@ -171,21 +225,24 @@ PYBIND11_MODULE(_C, module) {
                       int64_t flatThresholdBytes,
                       std::string socketInterface,
                       bool cudaEngine,
-                      bool infinibandDisabled) {
+                      bool infinibandDisabled,
+                      std::string timelineDirectory) {
             return fairring::Config{
                 totalMemoryBytes,
                 sliceSizeBytes,
                 flatThresholdBytes,
                 std::move(socketInterface),
                 cudaEngine,
-                infinibandDisabled};
+                infinibandDisabled,
+                std::move(timelineDirectory)};
           }),
           py::arg("total_memory_bytes"),
           py::arg("slice_size_bytes"),
           py::arg("flat_threshold_bytes"),
           py::arg("socket_interface"),
           py::arg("cuda_engine") = false,
-          py::arg("infiniband_disabled") = false)
+          py::arg("infiniband_disabled") = false,
+          py::arg("timeline_directory") = "")
       .def_readonly("total_memory_bytes", &fairring::Config::totalMemoryBytes)
       .def_readonly("slice_size_bytes", &fairring::Config::sliceSizeBytes)
       .def_readonly(
@@ -193,7 +250,9 @@ PYBIND11_MODULE(_C, module) {
       .def_readonly("socket_interface", &fairring::Config::socketInterface)
       .def_readonly("cuda_engine", &fairring::Config::cudaEngine)
       .def_readonly(
-          "infiniband_disabled", &fairring::Config::infinibandDisabled);
+          "infiniband_disabled", &fairring::Config::infinibandDisabled)
+      .def_readonly(
+          "timeline_directory", &fairring::Config::timelineDirectory);
 
   module.def(
       "plan_unit",
@@ -273,7 +332,19 @@ PYBIND11_MODULE(_C, module) {
   py::class_<
       fairring::Backend,
       c10d::Backend,
-      c10::intrusive_ptr<fairring::Backend>>(module, "Backend")
+      ReleasesGilOnDrop<fairring::Backend>>
+      backendClass(module, "Backend");
+  // torch 2.11's split_group deep-copies `options`, which its c10d Backend
+  // lacks and could not copy: None lets c10d ask getBackendOptions().
+  if (!py::hasattr(
+          py::module_::import("torch._C._distributed_c10d").attr("Backend"),
+          "options")) {
+    backendClass.def_property_readonly(
+        "options",
+        [](const fairring::Backend&) { return py::none(); },
+        "None: fairring's settings are its environment variables.");
+  }
+  backendClass
       .def(
           py::init([](c10::intrusive_ptr<c10d::Store> store,
                       fairring::Topology topology,
@@ -284,13 +355,14 @@ PYBIND11_MODULE(_C, module) {
             auto factory =
                 std::make_shared<PyInnerGroupFactory>(std::move(innerGroups));
             py::gil_scoped_release noGil; // the factory takes it when called
-            return c10::make_intrusive<fairring::Backend>(
-                std::move(store),
-                std::move(topology),
-                std::move(config),
-                timeout,
-                std::move(cpuBackend),
-                std::move(factory));
+            return ReleasesGilOnDrop<fairring::Backend>(
+                c10::make_intrusive<fairring::Backend>(
+                    std::move(store),
+                    std::move(topology),
+                    std::move(config),
+                    timeout,
+                    std::move(cpuBackend),
+                    std::move(factory)));
           }),
           py::arg("store"),
           py::arg("topology"),
@@ -311,8 +383,9 @@ PYBIND11_MODULE(_C, module) {
           },
           py::arg("device") = "cpu",
           "Staging memory of the engine for `device` ('cpu' or 'cuda'); None "
-          "where there is none (one machine; CUDA before its first all-reduce "
-          "or without FAIRRING_CUDA_ENGINE).")
+          "where there is none (before the group's first all-reduce on that "
+          "device, where the group takes the flat path, or CUDA without "
+          "FAIRRING_CUDA_ENGINE).")
       .def(
           "engine_stats",
           [](const fairring::Backend& backend, const std::string& device) {
@@ -342,6 +415,12 @@ PYBIND11_MODULE(_C, module) {
           py::arg("device") = "cpu",
           "Where the engine for `device` listens and its transports and "
           "channels; None where there is no engine.")
+      .def(
+          "perform_nocolor_split",
+          [](const fairring::Backend&, const py::object& /*device*/) {},
+          py::arg("device"),
+          "Called by torch on ranks left out of a new group split from this "
+          "one: fairring's splits need nothing from them.")
       .def_property_readonly("topology", &fairring::Backend::topology)
       .def_property_readonly("config", &fairring::Backend::config)
       .def_property_readonly("timeout", &fairring::Backend::timeout);

@@ -21,6 +21,9 @@ struct Config {
   bool cudaEngine = false;
   // The rails never use InfiniBand, even where viable (FAIRRING_IB_DISABLE).
   bool infinibandDisabled = false;
+  // Where each engine writes its Chrome-trace timeline (FAIRRING_TIMELINE);
+  // empty: nowhere.
+  std::string timelineDirectory;
 };
 
 } // namespace fairring

@@ -9,18 +9,12 @@ namespace fairring {
 Topology::Topology(int rank, std::vector<std::vector<int>> machines)
     : rank_(rank), machines_(std::move(machines)) {
   TORCH_CHECK(!machines_.empty(), "fairring: a topology needs a machine");
-  const size_t localSize = machines_.front().size();
   std::vector<bool> seen;
   for (size_t m = 0; m < machines_.size(); ++m) {
     TORCH_CHECK(
-        machines_[m].size() == localSize && localSize > 0,
-        "fairring: irregular topology: machine 0 has ",
-        localSize,
-        " ranks but machine ",
-        m,
-        " has ",
-        machines_[m].size());
-    for (size_t l = 0; l < localSize; ++l) {
+        !machines_[m].empty(), "fairring: machine ", m, " of the topology is empty");
+    regular_ = regular_ && machines_[m].size() == machines_.front().size();
+    for (size_t l = 0; l < machines_[m].size(); ++l) {
       const int r = machines_[m][l];
       TORCH_CHECK(r >= 0, "fairring: negative rank ", r, " in topology");
       if (static_cast<size_t>(r) >= seen.size()) {
@@ -28,29 +22,36 @@ Topology::Topology(int rank, std::vector<std::vector<int>> machines)
       }
       TORCH_CHECK(!seen[r], "fairring: rank ", r, " appears twice in topology");
       seen[r] = true;
+      ++worldSize_;
       if (r == rank_) {
         machine_ = static_cast<int>(m);
         localRank_ = static_cast<int>(l);
       }
     }
   }
-  worldSize_ = static_cast<int>(machines_.size() * localSize);
   TORCH_CHECK(
       seen.size() == static_cast<size_t>(worldSize_),
       "fairring: topology ranks are not 0..",
       worldSize_ - 1);
   TORCH_CHECK(
       machine_ >= 0, "fairring: rank ", rank_, " is missing from topology");
-  railPeers_.reserve(machines_.size());
-  for (const auto& ranksOnMachine : machines_) {
-    railPeers_.push_back(ranksOnMachine[localRank_]);
+  if (regular_) {
+    railPeers_.reserve(machines_.size());
+    for (const auto& ranksOnMachine : machines_) {
+      railPeers_.push_back(ranksOnMachine[localRank_]);
+    }
   }
 }
 
 std::string Topology::describe() const {
   std::ostringstream out;
-  out << numMachines() << " machine(s) x " << localSize()
-      << " rank(s); rank " << rank_ << " is local rank " << localRank_
+  out << numMachines() << " machine(s)";
+  if (regular_) {
+    out << " x " << localSize() << " rank(s)";
+  } else {
+    out << " (irregular: the flat path serves it)";
+  }
+  out << "; rank " << rank_ << " is local rank " << localRank_
       << " of machine " << machine_ << "; machines:";
   for (const auto& ranksOnMachine : machines_) {
     out << " [";

@@ -14,8 +14,8 @@ namespace fairring {
 // i connects local rank i of every machine.
 class Topology {
  public:
-  // machines[m] lists the group ranks on machine m, in local-rank order. All
-  // machines must hold the same number of ranks; throws otherwise.
+  // machines[m] lists the group ranks on machine m, in local-rank order.
+  // Machines may hold different numbers of ranks (see regular()).
   Topology(int rank, std::vector<std::vector<int>> machines);
 
   int rank() const {
@@ -27,8 +27,18 @@ class Topology {
   int numMachines() const {
     return static_cast<int>(machines_.size());
   }
+  // Every machine holds the same number of ranks. Only such groups have
+  // rails (and an engine); the others take the flat path.
+  bool regular() const {
+    return regular_;
+  }
+  // The Herring engine can serve this group: 2+ machines, regular.
+  bool servesEngine() const {
+    return regular_ && numMachines() > 1;
+  }
+  // Ranks on this rank's machine.
   int localSize() const {
-    return static_cast<int>(machines_.front().size());
+    return static_cast<int>(machines_[machine_].size());
   }
   int machine() const {
     return machine_;
@@ -40,7 +50,8 @@ class Topology {
   const std::vector<int>& localRanks() const {
     return machines_[machine_];
   }
-  // The group rank with this rank's local index on each machine, by machine.
+  // The group rank with this rank's local index on each machine, by machine;
+  // empty unless regular().
   const std::vector<int>& railPeers() const {
     return railPeers_;
   }
@@ -55,6 +66,7 @@ class Topology {
   int worldSize_ = 0;
   int machine_ = -1;
   int localRank_ = -1;
+  bool regular_ = true;
   std::vector<std::vector<int>> machines_;
   std::vector<int> railPeers_;
 };

@@ -53,8 +53,20 @@ def build_info() -> dict[str, object]:
     return info
 
 
+from ._ddp import name_fairring_in_ddp_logging  # noqa: E402
+from ._introspection import backend_of  # noqa: E402
 from ._registration import BACKEND_NAME, register  # noqa: E402
 
 register()
+name_fairring_in_ddp_logging(BACKEND_NAME)
 
-__all__ = ["BACKEND_NAME", "Config", "ConfigError", "TopologyError", "__version__", "build_info", "load_config"]
+__all__ = [
+    "BACKEND_NAME",
+    "Config",
+    "ConfigError",
+    "TopologyError",
+    "__version__",
+    "backend_of",
+    "build_info",
+    "load_config",
+]

@@ -21,6 +21,21 @@ _logged_config = False
 
 def _create_backend(dist_options: Any, backend_options: Any) -> _C.Backend:
     """torch's extended-API creator: one backend per process group."""
+    return create_backend(
+        dist_options.store,
+        dist_options.group_rank,
+        dist_options.group_size,
+        dist_options.timeout,
+        str(dist_options.group_id),
+    )
+
+
+def create_backend(store: dist.Store, rank: int, size: int, timeout: timedelta, group_name: str) -> _C.Backend:
+    """A fairring backend for rank `rank` of a group of `size` ranks meeting in `store`.
+
+    Costs about what a Gloo group costs: the engine, its local groups, rails
+    and staging are made by the group's first all-reduce that needs them.
+    """
     global _logged_config
     config = load_config()
     apply_log_level(config)
@@ -28,16 +43,14 @@ def _create_backend(dist_options: Any, backend_options: Any) -> _C.Backend:
         logger.debug("effective configuration: %s", config.describe())
         _logged_config = True
 
-    store = dist_options.store
-    rank, size, timeout = dist_options.group_rank, dist_options.group_size, dist_options.timeout
     identities = exchange_identities(store, rank, size, identify_self(config), config, timeout)
     topology = _C.Topology(rank, group_into_machines(identities))
-    logger.debug("group %s: %s", dist_options.group_id, topology)
+    logger.debug("group %s: %s", group_name, topology)
     check_staging_fits(config, topology)
 
     # The CPU group: Gloo, in its own key space of the group's store.
     cpu_backend = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
-    backend = _C.Backend(
+    return _C.Backend(
         store,
         topology,
         _C.Config(
@@ -47,19 +60,17 @@ def _create_backend(dist_options: Any, backend_options: Any) -> _C.Backend:
             socket_interface=config.socket_interface or "",
             cuda_engine=config.cuda_engine,
             infiniband_disabled=config.ib_disable,
+            timeline_directory=config.timeline_directory or "",
         ),
         timeout,
         cpu_backend,
         InnerGroups(store, topology, timeout),
     )
-    if backend.rails() is not None:
-        logger.debug("group %s: rank %d rails listen on %s", dist_options.group_id, rank, backend.rails())
-    return backend
 
 
 def check_staging_fits(config: Config, topology: _C.Topology) -> None:
     """The staging pool must hold at least one slice; say which variable to change if not."""
-    if topology.num_machines == 1:
+    if not topology.serves_engine:
         return  # no engine, no staging
     needed = _C.staging_bytes_for(config.slice_size, topology.local_size, topology.num_machines)
     if config.total_memory < needed:
@@ -75,8 +86,8 @@ class InnerGroups:
     """Makes the inner groups a fairring backend needs, with torch's own constructors.
 
     The C++ backend calls these at moments every rank reaches in the same
-    order (its creation, the first CUDA collective, the first CUDA all-reduce),
-    so every rank makes the same groups in the same order.
+    order (the first CUDA collective, the first all-reduce the engine serves on
+    a device, split_group), so every rank makes the same groups in the same order.
     """
 
     def __init__(self, store: dist.Store, topology: _C.Topology, timeout: timedelta) -> None:
@@ -103,7 +114,7 @@ class InnerGroups:
         None where there is nothing to do locally.
         """
         topology = self._topology
-        if topology.num_machines == 1 or topology.local_size == 1:
+        if not topology.serves_engine or topology.local_size == 1:
             return None, None
         target = torch.device(device)
         groups = []
@@ -120,6 +131,14 @@ class InnerGroups:
             groups.append(group)
         logger.debug("machine %d: local groups for %s made and connected", topology.machine, device)
         return groups[0], groups[1]
+
+    def engine_made(self, device: str, rails: str) -> None:
+        topology = self._topology
+        logger.debug("rank %d: engine on %s made; rails listen on %s", topology.rank, device, rails)
+
+    def split(self, store: dist.Store, ranks: list[int], timeout: timedelta, group_name: str) -> _C.Backend:
+        """A fairring backend for the group of `ranks` (of this group), this rank among them."""
+        return create_backend(store, ranks.index(self._topology.rank), len(ranks), timeout, group_name)
 
     def _nccl(self, store: dist.Store, rank: int, size: int) -> dist.Backend:
         options = dist.ProcessGroupNCCL.Options()

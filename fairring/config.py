@@ -26,6 +26,7 @@ LOG_LEVEL = "FAIRRING_LOG_LEVEL"
 SOCKET_IFNAME = "TP_SOCKET_IFNAME"
 CUDA_ENGINE = "FAIRRING_CUDA_ENGINE"
 IB_DISABLE = "FAIRRING_IB_DISABLE"
+TIMELINE = "FAIRRING_TIMELINE"
 
 DEFAULT_TOTAL_MEMORY = 50 * MiB
 DEFAULT_SLICE_SIZE = 4 * MiB
@@ -98,6 +99,8 @@ class Config:
     cuda_engine: bool = False
     # The rails keep to TCP even where InfiniBand (and GPUDirect) is viable.
     ib_disable: bool = False
+    # Folder where each engine writes a Chrome-trace timeline of its slices' stages.
+    timeline_directory: str | None = None
 
     def must_agree(self) -> dict[str, int]:
         """Settings that every rank of a group must share, by variable name."""
@@ -117,7 +120,8 @@ class Config:
             f"{LOG_LEVEL}={self.log_level or '(unset)'} "
             f"{SOCKET_IFNAME}={self.socket_interface or '(automatic)'} "
             f"{CUDA_ENGINE}={int(self.cuda_engine)} "
-            f"{IB_DISABLE}={int(self.ib_disable)}"
+            f"{IB_DISABLE}={int(self.ib_disable)} "
+            f"{TIMELINE}={self.timeline_directory or '(off)'}"
         )
 
 
@@ -149,7 +153,22 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         socket_interface=_socket_interface(env.get(SOCKET_IFNAME)),
         cuda_engine=parse_flag(CUDA_ENGINE, env.get(CUDA_ENGINE)),
         ib_disable=parse_flag(IB_DISABLE, env.get(IB_DISABLE)),
+        timeline_directory=_timeline_directory(env.get(TIMELINE)),
     )
+
+
+def _timeline_directory(raw: str | None) -> str | None:
+    """The timeline folder, made if missing; ConfigError if it cannot be written."""
+    if raw is None or raw.strip() == "":
+        return None
+    folder = os.path.abspath(os.path.expanduser(raw.strip()))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"{TIMELINE}={raw!r}: cannot create that folder ({error.strerror})") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"{TIMELINE}={raw!r}: that folder is not writable; name one that is")
+    return folder
 
 
 def parse_flag(name: str, raw: str | None) -> bool:

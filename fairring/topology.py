@@ -17,6 +17,7 @@ identity comes from, in order of precedence:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -32,18 +33,23 @@ _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _NAMESPACES = ("net", "ipc", "pid")
 _STORE_PREFIX = "fairring/identity/"
 
+logger = logging.getLogger("fairring")
+
 
 class TopologyError(RuntimeError):
-    """The ranks of a group do not form a layout fairring can serve."""
+    """The ranks of a group could not learn each other's machines (e.g. a rank never joined)."""
 
 
 @dataclass(frozen=True)
 class RankIdentity:
     machine_id: str
-    # What set machine_id (shown in errors): all ranks must use the same.
+    # What set machine_id (shown in logs): all ranks should use the same.
     source: str
     # The launcher's LOCAL_RANK, which orders ranks within a machine.
     local_rank: int | None = None
+    # The host itself (host_identity()), whatever set machine_id: the common
+    # ground when ranks identify their machine in different ways.
+    host: str = ""
 
 
 def host_identity() -> str:
@@ -74,34 +80,40 @@ def _int_var(env: Mapping[str, str], name: str) -> int | None:
 def identify_self(config: Config, env: Mapping[str, str] | None = None) -> RankIdentity:
     env = os.environ if env is None else env
     local_rank = _int_var(env, "LOCAL_RANK")
+    host = host_identity()
     if config.machine_id is not None:
-        return RankIdentity(config.machine_id, MACHINE_ID, local_rank)
+        return RankIdentity(config.machine_id, MACHINE_ID, local_rank, host)
     group_rank = _int_var(env, "GROUP_RANK")
     if group_rank is not None:
-        return RankIdentity(f"torchrun node {group_rank}", "torchrun's GROUP_RANK", local_rank)
-    return RankIdentity(host_identity(), "host discovery", local_rank)
+        return RankIdentity(f"torchrun node {group_rank}", "torchrun's GROUP_RANK", local_rank, host)
+    return RankIdentity(host, "host discovery", local_rank, host)
 
 
 def group_into_machines(identities: Sequence[RankIdentity]) -> list[list[int]]:
     """Group ranks (indices into `identities`) into machines.
 
     Machines are ordered by their lowest rank; ranks within a machine by
-    LOCAL_RANK when the launcher gave one, else by rank. Raises TopologyError for
-    layouts fairring cannot serve, saying what to change.
+    LOCAL_RANK when the launcher gave one, else by rank. Any layout is
+    accepted: machines may hold different numbers of ranks (the engine then
+    leaves the group to the flat path). Ranks that identify their machine in
+    different ways are grouped by host instead, with a warning.
     """
     if not identities:
         raise TopologyError("fairring: a group needs at least one rank")
     sources = {identity.source for identity in identities}
+    machine_of = [identity.machine_id for identity in identities]
     if len(sources) > 1:
         by_source = {s: [r for r, i in enumerate(identities) if i.source == s] for s in sorted(sources)}
-        raise TopologyError(
-            "fairring: ranks identify their machine in different ways: "
-            + "; ".join(f"ranks {ranks} by {source}" for source, ranks in by_source.items())
-            + f". Set {MACHINE_ID} on every rank or on none, and launch all ranks the same way."
+        logger.warning(
+            "fairring: ranks identify their machine in different ways (%s); grouping them by host instead. "
+            "Set %s on every rank or on none, and launch all ranks the same way.",
+            "; ".join(f"ranks {ranks} by {source}" for source, ranks in by_source.items()),
+            MACHINE_ID,
         )
+        machine_of = [identity.host for identity in identities]
     machines: dict[str, list[int]] = {}
-    for rank, identity in enumerate(identities):
-        machines.setdefault(identity.machine_id, []).append(rank)
+    for rank, machine_id in enumerate(machine_of):
+        machines.setdefault(machine_id, []).append(rank)
 
     def local_order(rank: int) -> tuple[int, int]:
         local_rank = identities[rank].local_rank
@@ -112,20 +124,13 @@ def group_into_machines(identities: Sequence[RankIdentity]) -> list[list[int]]:
         ranks.sort(key=local_order)
         local_ranks = [identities[r].local_rank for r in ranks]
         if None not in local_ranks and len(set(local_ranks)) != len(local_ranks):
-            raise TopologyError(
-                f"fairring: ranks {ranks} on machine {machine_id!r} report LOCAL_RANK "
-                f"{local_ranks}, which repeat; each rank on a machine needs its own LOCAL_RANK "
-                f"(is {MACHINE_ID} or GROUP_RANK the same on two machines?)"
-            )
+            # The order stays deterministic (rank breaks ties); only the rails' pairing may be odd.
+            logger.debug("machine %r: ranks %s report repeated LOCAL_RANK %s", machine_id, ranks, local_ranks)
         layout.append(ranks)
-    sizes = {len(ranks) for ranks in layout}
-    if len(sizes) > 1:
-        listing = "; ".join(f"{machine_id!r}: ranks {ranks}" for machine_id, ranks in machines.items())
-        raise TopologyError(
-            "fairring: irregular deployment: machines hold different numbers of ranks "
-            f"({listing}). fairring needs the same number of ranks on every machine: launch "
-            f"the same number of processes per machine, or set {MACHINE_ID} to group ranks "
-            "into equal machines."
+    if len({len(ranks) for ranks in layout}) > 1:
+        logger.debug(
+            "irregular layout (%s): all-reduces take the flat path",
+            "; ".join(f"{machine_id!r}: ranks {ranks}" for machine_id, ranks in machines.items()),
         )
     return layout
 

@@ -8,6 +8,11 @@ import torch
 import torch.distributed as dist
 
 
+def make_engine(device: str) -> None:
+    """An all-reduce on every rank: the group's first one on `device` makes its engine."""
+    dist.all_reduce(torch.ones(8, device=device))
+
+
 def shutdown_with_an_op_in_flight(device: str) -> tuple[float, str]:
     """Rank 0 issues an all-reduce that rank 1 never joins, then destroys the group.
 
@@ -16,6 +21,7 @@ def shutdown_with_an_op_in_flight(device: str) -> tuple[float, str]:
     """
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
+    make_engine(device)
     if dist.get_rank() == 1:
         time.sleep(3)  # rank 0's op is stuck waiting for this rank's shards
         dist.destroy_process_group()

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from test_timeline import write_trace
 
+import fairring.bench.__main__ as bench
+from fairring.bench import netns
 from fairring.bench.netns import netns_available
 
 ROOT = Path(__file__).parents[1]
@@ -21,8 +25,10 @@ def run_bench(arguments: list[str], output: Path) -> tuple[subprocess.CompletedP
     return run, json.loads(output.read_text())["records"]
 
 
+@pytest.mark.timeout(300)
 def test_bench_runs_and_checks_results(tmp_path: Path) -> None:
-    run, records = run_bench(["-b", "1KiB", "-e", "64KiB", "-f", "64", "-n", "2", "-w", "1"], tmp_path / "r.json")
+    arguments = ["--loopback", "-b", "1KiB", "-e", "64KiB", "-f", "64", "-n", "2", "-w", "1"]
+    run, records = run_bench([*arguments, "--timeline", "--plots", str(tmp_path)], tmp_path / "r.json")
     assert "fairring" in run.stdout and "gloo" in run.stdout
     assert {(r["backend"], r["bytes"]) for r in records} == {
         (backend, size) for backend in ("gloo", "fairring") for size in (1024, 65536)
@@ -32,8 +38,18 @@ def test_bench_runs_and_checks_results(tmp_path: Path) -> None:
         assert (record["machines"], record["ranks_per_machine"]) == (2, 2)
         assert record["median_s"] > 0 and record["busbw_GBps"] == record["algbw_GBps"] * 2 * 3 / 4
         assert record["bound_s"] is None and record["link"] is None
+    last = run.stdout.splitlines()[-1]
+    assert last.startswith("On loopback") and "all_reduce of 64 KiB took" in last and "Gloo's speed" in last
+    # An extension that writes no traces yet says so; one that does gets its last op drawn.
+    timeline = [line for line in run.stdout.splitlines() if line.startswith("timeline: ")]
+    if "no trace files" in "".join(timeline):
+        assert timeline == [f"timeline: no trace files in {tmp_path / 'timeline-0'}; {bench.NO_TRACES}"]
+    else:
+        assert timeline == [f"timeline: {tmp_path / 'timeline-0'}.png", f"timeline: {tmp_path / 'timeline-0'}.svg"]
+    assert "OMP_NUM_THREADS" not in run.stdout + run.stderr
 
 
+@pytest.mark.timeout(300)
 def test_every_study_on_shaped_hosts(tmp_path: Path) -> None:
     available, reason = netns_available()
     if not available:
@@ -41,7 +57,9 @@ def test_every_study_on_shaped_hosts(tmp_path: Path) -> None:
     arguments = ["--study", "all", "--hosts", "2", "--ranks-per-host", "1", "--link", "100mbit", "--sizes", "256KiB"]
     arguments += ["--buckets", "3", "--bucket-size", "64KiB", "--inflight", "1,2", "--scaling-size", "64KiB"]
     arguments += ["-n", "2", "-w", "1", "--plots", str(tmp_path)]
-    _, records = run_bench(arguments, tmp_path / "r.json")
+    run, records = run_bench(arguments, tmp_path / "r.json")
+    # No warnings: each host resolves its peers' addresses (NetnsCluster's hosts files), OMP_NUM_THREADS is set.
+    assert run.stderr == ""
     assert all(record["correct"] is True for record in records)
     by_study = {study: [r for r in records if r["study"] == study] for study in ("single", "overlap", "scaling")}
     for record in by_study["single"]:
@@ -54,3 +72,44 @@ def test_every_study_on_shaped_hosts(tmp_path: Path) -> None:
     assert sorted({r["machines"] for r in by_study["scaling"]}) == [1, 2]
     for study in by_study:
         assert (tmp_path / f"{study}.png").stat().st_size > 0 and (tmp_path / f"{study}.svg").exists()
+    sentences = run.stdout.splitlines()[-3:]
+    assert all(s.startswith("Over 100 Mbit/s NICs") and "of the hierarchical bound." in s for s in sentences[:2])
+    assert "3 all_reduces of 64 KiB with 2 slice(s) in flight" in sentences[1]
+    assert "all_reduce of 64 KiB on 2 machine(s)" in sentences[2]
+    # The hosts files went with the namespaces.
+    leftovers = os.listdir(netns.NETNS_ETC_DIR) if os.path.isdir(netns.NETNS_ETC_DIR) else []
+    assert not [name for name in leftovers if name.startswith("fairring-")]
+
+
+@pytest.mark.timeout(60)
+def test_the_default_is_shaped_hosts_where_namespaces_can_be_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench, "netns_available", lambda: (True, ""))
+    args = bench.parse_args([])
+    assert (args.link, args.netns, args.default_hosts) == ("1gbit", True, True)
+    assert args.size_list == [1 << 20, 4 << 20, 16 << 20, 64 << 20]
+    assert bench.setup_line(args) is not None and "1 Gbit/s" in str(bench.setup_line(args))
+    # Explicit flags keep their meaning, sizes included.
+    args = bench.parse_args(["--netns", "-b", "4KiB", "-e", "32KiB"])
+    assert (args.link, args.netns, args.size_list, bench.setup_line(args)) == (None, True, [4096, 32768], None)
+    args = bench.parse_args(["--loopback"])
+    assert (args.link, args.netns, args.size_list[0], args.size_list[-1]) == (None, False, 4096, 16 << 20)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--loopback", "--link", "1gbit"])
+    monkeypatch.setattr(bench, "netns_available", lambda: (False, "network namespaces need root"))
+    args = bench.parse_args([])
+    assert (args.link, args.netns, args.size_list[-1]) == (None, False, 16 << 20)
+    assert str(bench.setup_line(args)).startswith("note: network namespaces are unavailable (network namespaces")
+
+
+@pytest.mark.timeout(60)
+def test_timeline_pictures_after_a_run(tmp_path: Path) -> None:
+    folder = bench.timeline_folder(tmp_path, 3)
+    assert folder == (tmp_path / "timeline-3").resolve() and folder.is_dir()
+    assert bench.draw_timeline(folder) == [f"timeline: no trace files in {folder}; {bench.NO_TRACES}"]
+    assert not folder.exists()
+    folder = bench.timeline_folder(tmp_path, 3)
+    for rank in range(2):
+        write_trace(folder, rank, ops=2)
+    assert bench.draw_timeline(folder) == [f"timeline: {folder}.png", f"timeline: {folder}.svg"]
+    bench.timeline_folder(tmp_path, 3)  # A new run starts without the last one's traces.
+    assert not list(folder.glob("*.json"))

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from fairring import _C
 from harness import InitSpec, Layout, RankPool
 from reference import REDUCE_OPS, all_ranks_reduced, assert_matches, rank_tensor
-from scenarios import shutdown_with_an_op_in_flight
+from scenarios import make_engine, shutdown_with_an_op_in_flight
 
 
 def cpu_backend() -> _C.Backend:
@@ -115,7 +115,8 @@ def small_then_large() -> list[dict[str, int]]:
     """Engine counters before, after a 4 KB and after a 400 KB all-reduce."""
     rank = dist.get_rank()
     counters = [cpu_backend().engine_stats()]
-    for seed, numel in enumerate((1_000, 100_000)):
+    assert counters[0] is None  # no engine until an all-reduce needs it
+    for seed, numel in enumerate((100_000, 1_000, 100_000)):
         tensor = rank_tensor(rank, (numel,), torch.float32, seed=seed)
         dist.all_reduce(tensor)
         assert_matches(tensor, all_ranks_reduced((numel,), torch.float32, seed=seed))
@@ -127,7 +128,7 @@ def test_all_reduces_below_the_flat_threshold_skip_the_herring_path() -> None:
     spec = InitSpec(extra_env={"FAIRRING_FLAT_THRESHOLD": "64KiB"})
     with RankPool(Layout(2, 2), spec) as ranks:
         results = ranks.run(small_then_large)
-    for before, after_small, after_large in results:
+    for _, before, after_small, after_large in results:
         assert after_small["flat_ops"] == before["flat_ops"] + 1
         assert after_small["slices"] == before["slices"]
         assert after_large["slices"] > after_small["slices"]
@@ -257,6 +258,7 @@ def coalescing_block() -> tuple[int, int]:
     large = rank_tensor(rank, (10_000,), torch.float32, seed=1)
     tiny = rank_tensor(rank, (3,), torch.float32, seed=2)
     broadcast = torch.full((5,), float(rank))
+    make_engine("cpu")  # outside the block: the engine connects at the group's first all-reduce
     ops_before = cpu_backend().engine_stats()["ops"]
     group._start_coalescing(device)
     dist.all_reduce(large, async_op=True)

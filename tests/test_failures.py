@@ -10,10 +10,12 @@ import torch
 import torch.distributed as dist
 
 from harness import Layout, RankFailure, RankPool
+from scenarios import make_engine
 
 
 def die_or_reduce(victim: int) -> dict[str, object]:
     """The victim exits abruptly; the others all-reduce and report what happened."""
+    make_engine("cpu")  # the failure under test is the engine's, not its creation's
     if dist.get_rank() == victim:
         os._exit(17)
     time.sleep(0.5)  # usually the victim is gone first; either order must work
@@ -53,6 +55,8 @@ def late_peer_and_bounded_wait() -> str:
     from datetime import timedelta
 
     tensor = torch.full((4096,), float(dist.get_rank() + 1))
+    # Made first: the first all-reduce returns only once every rank has reached it (as NCCL's does).
+    make_engine("cpu")
     if dist.get_rank() == 1:
         time.sleep(3)
     work = dist.all_reduce(tensor, async_op=True)

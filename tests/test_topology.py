@@ -39,31 +39,33 @@ def test_single_machine_and_single_rank() -> None:
     assert group_into_machines(explicit("solo")) == [[0]]
 
 
-def test_irregular_deployment_names_machines_and_remedy() -> None:
-    with pytest.raises(TopologyError) as error:
-        group_into_machines(explicit("a", "a", "a", "b"))
-    message = str(error.value)
-    assert "irregular deployment" in message
-    assert "'a': ranks [0, 1, 2]" in message and "'b': ranks [3]" in message
-    assert "FAIRRING_MACHINE_ID" in message
+def test_irregular_deployment_is_grouped_as_it_is() -> None:
+    # Machines of different sizes: served by the flat path, never rejected.
+    assert group_into_machines(explicit("a", "a", "a", "b")) == [[0, 1, 2], [3]]
 
 
-def test_repeated_local_rank_is_rejected() -> None:
-    with pytest.raises(TopologyError, match="report LOCAL_RANK"):
-        group_into_machines(explicit("a", "a", local_ranks=[0, 0]))
+def test_repeated_local_rank_keeps_a_deterministic_order() -> None:
+    assert group_into_machines(explicit("a", "a", local_ranks=[0, 0])) == [[0, 1]]
+    assert group_into_machines(explicit("a", "a", "a", local_ranks=[1, 0, 1])) == [[1, 0, 2]]
 
 
-def test_mixed_identification_is_rejected() -> None:
-    identities = [RankIdentity("a", "FAIRRING_MACHINE_ID"), RankIdentity("torchrun node 0", "torchrun's GROUP_RANK")]
-    with pytest.raises(TopologyError, match="identify their machine in different ways"):
-        group_into_machines(identities)
+def test_mixed_identification_groups_by_host(caplog: pytest.LogCaptureFixture) -> None:
+    identities = [
+        RankIdentity("a", "FAIRRING_MACHINE_ID", host="h1"),
+        RankIdentity("torchrun node 0", "torchrun's GROUP_RANK", host="h1"),
+        RankIdentity("torchrun node 1", "torchrun's GROUP_RANK", host="h2"),
+    ]
+    with caplog.at_level("WARNING", logger="fairring"):
+        assert group_into_machines(identities) == [[0, 1], [2]]
+    assert "identify their machine in different ways" in caplog.text and "FAIRRING_MACHINE_ID" in caplog.text
 
 
 def test_identify_self_precedence() -> None:
     torchrun = {"GROUP_RANK": "3", "LOCAL_RANK": "1"}
-    assert identify_self(Config(machine_id="m7"), torchrun) == RankIdentity("m7", "FAIRRING_MACHINE_ID", 1)
-    assert identify_self(Config(), torchrun) == RankIdentity("torchrun node 3", "torchrun's GROUP_RANK", 1)
-    assert identify_self(Config(), {}) == RankIdentity(host_identity(), "host discovery", None)
+    host = host_identity()
+    assert identify_self(Config(machine_id="m7"), torchrun) == RankIdentity("m7", "FAIRRING_MACHINE_ID", 1, host)
+    assert identify_self(Config(), torchrun) == RankIdentity("torchrun node 3", "torchrun's GROUP_RANK", 1, host)
+    assert identify_self(Config(), {}) == RankIdentity(host, "host discovery", None, host)
 
 
 def test_malformed_launcher_variable() -> None:
@@ -89,12 +91,21 @@ def test_cpp_topology_derives_rails() -> None:
     assert (topology.machine, topology.local_rank) == (1, 1)
     assert topology.local_ranks == [1, 4]
     assert topology.rail_peers == [3, 4, 5]
+    assert topology.regular and topology.serves_engine
+
+
+def test_cpp_topology_takes_irregular_layouts_without_rails() -> None:
+    topology = _C.Topology(2, [[0, 1], [2]])
+    assert (topology.world_size, topology.num_machines, topology.local_size) == (3, 2, 1)
+    assert not topology.regular and not topology.serves_engine and topology.rail_peers == []
+    assert "irregular" in repr(topology)
+    assert not _C.Topology(0, [[0, 1]]).serves_engine  # one machine: nothing to send
 
 
 @pytest.mark.parametrize(
     ("rank", "machines", "message"),
     [
-        (0, [[0, 1], [2]], "irregular topology"),
+        (0, [[0, 1], []], "machine 1 of the topology is empty"),
         (0, [[0, 1], [1, 2]], "appears twice"),
         (7, [[0], [1]], "missing from topology"),
         (0, [[0], [2]], "are not 0..1"),

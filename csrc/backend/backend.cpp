@@ -178,17 +178,15 @@ Backend::Backend(
       getRank(),
       " of ",
       getSize());
-  if (topology_.numMachines() > 1) {
-    cpuEngine_ = makeEngine(c10::Device(c10::kCPU));
-  }
   init();
 }
 
 Backend::~Backend() {
   // Engines first: their stage threads use the inner groups.
-  cpuEngine_.reset();
-  std::lock_guard<std::mutex> lock(cudaMutex_);
-  cudaEngine_.reset();
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  for (auto& engine : engines_) {
+    engine.reset();
+  }
 }
 
 template <typename... Tensors>
@@ -230,6 +228,15 @@ c10d::Backend& Backend::delegate(c10::DeviceType type) {
 
 template <typename Call, typename... Tensors>
 c10::intrusive_ptr<c10d::Work> Backend::forward(
+    const char* opName,
+    Call&& call,
+    const Tensors&... tensors) {
+  nextCollective();
+  return forwardUncounted(opName, std::forward<Call>(call), tensors...);
+}
+
+template <typename Call, typename... Tensors>
+c10::intrusive_ptr<c10d::Work> Backend::forwardUncounted(
     const char* opName,
     Call&& call,
     const Tensors&... tensors) {
@@ -289,7 +296,7 @@ c10d::Backend& Backend::cudaBackend() {
   if (auto created = cudaBackendIfCreated()) {
     return *created;
   }
-  std::lock_guard<std::mutex> creating(cudaCreation_);
+  std::lock_guard<std::mutex> creating(creationMutex_);
   if (auto created = cudaBackendIfCreated()) {
     return *created;
   }
@@ -298,63 +305,74 @@ c10d::Backend& Backend::cudaBackend() {
   if (auto device = getBoundDeviceId()) {
     made->setBoundDeviceId(device);
   }
-  std::lock_guard<std::mutex> lock(cudaMutex_);
+  made->setTimeout(timeout()); // setTimeout may have changed it since
+  std::lock_guard<std::mutex> lock(stateMutex_);
   cudaBackend_ = std::move(made);
   return *cudaBackend_;
 }
 
 c10::intrusive_ptr<c10d::Backend> Backend::cudaBackendIfCreated() const {
-  std::lock_guard<std::mutex> lock(cudaMutex_);
+  std::lock_guard<std::mutex> lock(stateMutex_);
   return cudaBackend_;
 }
 
-const Engine* Backend::cudaEngine() const {
-  std::lock_guard<std::mutex> lock(cudaMutex_);
-  return cudaEngine_.get();
+const Engine* Backend::engine(c10::DeviceType type) const {
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  return engines_[slotOf(type)].get();
 }
 
 Engine* Backend::engineFor(
     const std::vector<at::Tensor>& tensors,
     c10d::ReduceOp::RedOpType op) {
-  if (topology_.numMachines() == 1 || !engineHandlesAll(tensors, op) ||
+  if (!topology_.servesEngine() || !engineHandlesAll(tensors, op) ||
       totalBytes(tensors) < config_.flatThresholdBytes) {
     return nullptr;
   }
   const c10::Device device = tensors[0].device();
-  if (device.is_cpu()) {
-    return cpuEngine_.get();
-  }
-  if (!config_.cudaEngine || !device.is_cuda()) {
+  if (device.is_cuda() && !config_.cudaEngine) {
     return nullptr;
   }
-  {
-    std::lock_guard<std::mutex> lock(cudaMutex_);
-    if (cudaEngine_) {
-      // One engine per group, on the device of its first all-reduce; c10d
-      // binds a rank to one device, so tensors elsewhere are unusual: NCCL
-      // takes them.
-      return cudaEngine_->device() == device ? cudaEngine_.get() : nullptr;
+  return engineOn(device);
+}
+
+Engine* Backend::engineOn(c10::Device device) {
+  const size_t slot = slotOf(device.type());
+  const auto made = [&] {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    return engines_[slot].get();
+  };
+  Engine* engine = made();
+  if (engine == nullptr) {
+    std::lock_guard<std::mutex> creating(creationMutex_);
+    engine = made();
+    if (engine == nullptr) {
+      {
+        // Connecting the engine's NCCL groups inside an open NCCL group call
+        // (a native coalescing block) would wait for that block to end.
+        std::lock_guard<std::mutex> lock(coalescingMutex_);
+        TORCH_CHECK(
+            !coalescing_ || coalescing_->nativeBlock == nullptr,
+            "fairring: the group's first ",
+            device.type(),
+            " all-reduce was issued inside a coalescing block after a NCCL "
+            "operation; the engine it creates cannot connect there. Issue "
+            "one all-reduce before the block, or make the all-reduce the "
+            "block's first operation.");
+      }
+      auto created = makeEngine(device); // collective; calls into Python
+      const std::string rails = created->describeRails();
+      {
+        std::lock_guard<std::mutex> lock(stateMutex_);
+        engines_[slot] = std::move(created);
+        engine = engines_[slot].get();
+      }
+      innerGroups_->engineMade(device, rails);
     }
   }
-  std::lock_guard<std::mutex> creating(cudaCreation_);
-  if (cudaEngine() == nullptr) {
-    {
-      // Connecting the engine's NCCL groups inside an open NCCL group call
-      // (a native coalescing block) would wait for that block to end.
-      std::lock_guard<std::mutex> lock(coalescingMutex_);
-      TORCH_CHECK(
-          !coalescing_ || coalescing_->nativeBlock == nullptr,
-          "fairring: the group's first CUDA all-reduce was issued inside a "
-          "coalescing block after a NCCL operation; the engine it creates "
-          "cannot connect there. Issue one all-reduce before the block, or "
-          "make the all-reduce the block's first operation.");
-    }
-    auto made = makeEngine(device); // collective; calls into Python
-    std::lock_guard<std::mutex> lock(cudaMutex_);
-    cudaEngine_ = std::move(made);
-  }
-  std::lock_guard<std::mutex> lock(cudaMutex_);
-  return cudaEngine_->device() == device ? cudaEngine_.get() : nullptr;
+  // One engine per device type, on the device of its first all-reduce; c10d
+  // binds a rank to one device, so tensors elsewhere are unusual: the
+  // delegate takes them.
+  return engine->device() == device ? engine : nullptr;
 }
 
 std::unique_ptr<Engine> Backend::makeEngine(c10::Device device) {
@@ -366,18 +384,24 @@ std::unique_ptr<Engine> Backend::makeEngine(c10::Device device) {
       "fairring: local groups must exist exactly when machines have 2+ ranks");
   auto context = device.is_cpu() ? makeCpuContext(std::move(groups))
                                  : makeCudaContext(device, std::move(groups));
+  auto mesh = std::make_unique<rails::TensorpipeMesh>(
+      store_,
+      "fairring/rails/" + c10::DeviceTypeName(device.type(), true) + "/",
+      topology_,
+      rails::resolveListenAddress(config_.socketInterface),
+      device,
+      !config_.infinibandDisabled,
+      timeout());
+  auto timeline = config_.timelineDirectory.empty()
+      ? nullptr
+      : std::make_unique<Timeline>(
+            config_.timelineDirectory, getGroupUid(), topology_, device);
   return std::make_unique<Engine>(
       topology_,
       config_,
       std::move(context),
-      std::make_unique<rails::TensorpipeMesh>(
-          store_,
-          "fairring/rails/" + c10::DeviceTypeName(device.type(), true) + "/",
-          topology_,
-          rails::resolveListenAddress(config_.socketInterface),
-          device,
-          !config_.infinibandDisabled,
-          timeout_));
+      std::move(mesh),
+      std::move(timeline));
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::broadcast(
@@ -393,6 +417,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
     std::vector<at::Tensor>& tensors,
     const c10d::AllreduceOptions& opts) {
   const c10::DeviceType type = route("allreduce", tensors);
+  const uint64_t seq = nextCollective();
   // PREMUL_SUM becomes a SUM wherever fairring runs it; NCCL has its own.
   const bool premul = opts.reduceOp == c10d::ReduceOp::PREMUL_SUM;
   Engine* engine = tensors.size() == 1 || premul
@@ -406,7 +431,9 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
     auto work = c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
         engine->allreduce(tensors[0], ownOpts.reduceOp),
         c10d::OpType::ALLREDUCE,
-        "all_reduce"));
+        "fairring:all_reduce",
+        seq,
+        tensors));
     joinBlock("allreduce", type, work);
     return work;
   }
@@ -415,7 +442,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
       engineHandlesAll(tensors, ownOpts.reduceOp)) {
     ++flatAllreduces_[type == c10::kCPU ? 0 : 1];
   }
-  return forward(
+  return forwardUncounted(
       "allreduce",
       [&](c10d::Backend& inner) {
         if (isCpu(inner)) {
@@ -445,7 +472,9 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(
     auto work = c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
         packedAllreduce(*engine, tensors, opts.reduceOp),
         c10d::OpType::ALLREDUCE_COALESCED,
-        "all_reduce_coalesced"));
+        "fairring:all_reduce_coalesced",
+        nextCollective(),
+        tensors));
     joinBlock("allreduce_coalesced", type, work);
     return work;
   }
@@ -673,14 +702,18 @@ c10::intrusive_ptr<c10d::Work> Backend::alltoallAsSingle(
       },
       c10::ListType::create(c10::TensorType::get()));
   return c10::make_intrusive<FutureWork>(
-      unpacked, c10d::OpType::ALLTOALL, "all_to_all");
+      unpacked,
+      c10d::OpType::ALLTOALL,
+      "fairring:all_to_all",
+      getSequenceNumberForGroup(),
+      inputs);
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::send(
     std::vector<at::Tensor>& tensors,
     int dstRank,
     int tag) {
-  return forward(
+  return forwardUncounted( // not a collective
       "send",
       [&](c10d::Backend& inner) { return inner.send(tensors, dstRank, tag); },
       tensors);
@@ -690,7 +723,7 @@ c10::intrusive_ptr<c10d::Work> Backend::recv(
     std::vector<at::Tensor>& tensors,
     int srcRank,
     int tag) {
-  return forward(
+  return forwardUncounted( // not a collective
       "recv",
       [&](c10d::Backend& inner) { return inner.recv(tensors, srcRank, tag); },
       tensors);
@@ -699,7 +732,7 @@ c10::intrusive_ptr<c10d::Work> Backend::recv(
 c10::intrusive_ptr<c10d::Work> Backend::recvAnysource(
     std::vector<at::Tensor>& tensors,
     int tag) {
-  return forward(
+  return forwardUncounted( // not a collective
       "recvAnysource",
       [&](c10d::Backend& inner) { return inner.recvAnysource(tensors, tag); },
       tensors);
@@ -707,12 +740,14 @@ c10::intrusive_ptr<c10d::Work> Backend::recvAnysource(
 
 c10::intrusive_ptr<c10d::Work> Backend::barrier(
     const c10d::BarrierOptions& opts) {
+  nextCollective();
   return cpuBackend_->barrier(opts);
 }
 
 void Backend::monitoredBarrier(
     const c10d::BarrierOptions& opts,
     bool waitAllRanks) {
+  nextCollective();
   cpuBackend_->monitoredBarrier(opts, waitAllRanks);
 }
 
@@ -743,16 +778,55 @@ c10::intrusive_ptr<c10d::Work> Backend::endCoalescing() {
   if (block.works.size() == 1) {
     return block.works.front();
   }
-  return c10::make_intrusive<AllOfWork>(std::move(block.works));
+  return c10::make_intrusive<AllOfWork>(
+      std::move(block.works), getSequenceNumberForGroup());
+}
+
+void Backend::setTimeout(std::chrono::milliseconds timeout) {
+  timeout_ = timeout;
+  cpuBackend_->setTimeout(timeout);
+  if (auto cuda = cudaBackendIfCreated()) {
+    cuda->setTimeout(timeout);
+  }
+}
+
+c10::intrusive_ptr<c10d::Backend::Options> Backend::getBackendOptions() {
+  // A fresh copy each time: split_group edits what it is given.
+  return c10::make_intrusive<Options>(getBackendName(), timeout());
+}
+
+c10::intrusive_ptr<c10d::Backend> Backend::split(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    const std::vector<int>& ranks,
+    const c10::intrusive_ptr<Options>& opts) {
+  if (std::find(ranks.begin(), ranks.end(), getRank()) == ranks.end()) {
+    return nullptr; // not a member; the members need nothing from this rank
+  }
+  const std::string name = opts ? opts->group_name : std::string();
+  const auto timeout = opts ? opts->timeout : this->timeout();
+  std::lock_guard<std::mutex> creating(creationMutex_);
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    if (auto it = splits_.find(name); it != splits_.end()) {
+      if (auto made = it->second.lock()) {
+        return made;
+      }
+    }
+  }
+  auto made = innerGroups_->split(store, ranks, timeout, name);
+  TORCH_CHECK(made, "fairring: split_group made no backend");
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  std::erase_if(splits_, [](const auto& entry) { return entry.second.expired(); });
+  splits_.insert_or_assign(name, c10::weak_intrusive_ptr<c10d::Backend>(made));
+  return made;
 }
 
 void Backend::stopEngines(const std::string& reason) {
-  if (cpuEngine_) {
-    cpuEngine_->abort(reason);
-  }
-  std::lock_guard<std::mutex> lock(cudaMutex_);
-  if (cudaEngine_) {
-    cudaEngine_->abort(reason);
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  for (auto& engine : engines_) {
+    if (engine) {
+      engine->abort(reason);
+    }
   }
 }
 

@@ -6,6 +6,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -24,10 +26,15 @@ namespace fairring {
 // of its tensors to that device type's delegate: Gloo for CPU tensors, NCCL
 // for CUDA tensors (made on first use, and only where a GPU exists). Both are
 // made by torch's own constructors, through the InnerGroupFactory. All-reduces
-// that span several machines run on the Herring engine instead: always for
-// CPU tensors; for CUDA tensors when Config::cudaEngine is set, on an engine
-// created by the first CUDA all-reduce, for that tensor's device. All-reduces
-// below Config::flatThresholdBytes go to the delegate.
+// in groups that span several machines with equally many ranks run on the
+// Herring engine instead: always for CPU tensors; for CUDA tensors when
+// Config::cudaEngine is set. Other groups, and all-reduces below
+// Config::flatThresholdBytes, take the flat path: the delegate.
+//
+// A group costs what its Gloo group costs until it needs more: the engine
+// for a device (its local groups, rails, staging and threads) is made by the
+// group's first all-reduce that it serves on that device, a point every rank
+// reaches at the same place of its sequence of collectives.
 //
 // Overrides use the collective names torch 2.11 and 2.15 both have (2.15
 // forwards its newer names, e.g. all_gather_single, to them).
@@ -52,14 +59,11 @@ class Backend final : public c10d::Backend {
     return config_;
   }
   std::chrono::milliseconds timeout() const {
-    return timeout_;
+    return timeout_.load();
   }
-  // Null when the group spans a single machine (nothing to send).
-  const Engine* cpuEngine() const {
-    return cpuEngine_.get();
-  }
-  // Null until a CUDA all-reduce created it (see Config::cudaEngine).
-  const Engine* cudaEngine() const;
+  // The engine for tensors of `type`; null until an all-reduce made it, and
+  // always where the group takes the flat path.
+  const Engine* engine(c10::DeviceType type) const;
   // All-reduces of tensors of `type` that went to the delegate because they
   // were below the flat threshold.
   int64_t flatAllreduces(c10::DeviceType type) const {
@@ -69,6 +73,28 @@ class Backend final : public c10d::Backend {
   const std::string getBackendName() const override {
     return "fairring";
   }
+
+  // Collectives issued so far, engine and delegate alike (not point-to-point
+  // operations, which ranks issue in different numbers): equal on every rank
+  // of a group in step. Each Work fairring makes carries its number.
+  uint64_t getSequenceNumberForGroup() override {
+    return collectives_.load();
+  }
+  // Numbers start at 0 on every rank: nothing to agree on.
+  void setSequenceNumberForGroup() override {}
+
+  // For later operations: the delegates' and engines made from now on.
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  c10::intrusive_ptr<Options> getBackendOptions() override;
+
+  // split_group: a fairring backend over some of this group's ranks.
+  bool supportsSplitting() const override {
+    return true;
+  }
+  c10::intrusive_ptr<c10d::Backend> split(
+      const c10::intrusive_ptr<c10d::Store>& store,
+      const std::vector<int>& ranks,
+      const c10::intrusive_ptr<Options>& opts) override;
 
   c10::intrusive_ptr<c10d::Work> broadcast(
       std::vector<at::Tensor>& tensors,
@@ -189,9 +215,14 @@ class Backend final : public c10d::Backend {
   c10d::Backend& delegate(c10::DeviceType type);
 
   // Runs `call` on the delegate of the tensors' device type, joining an open
-  // coalescing block.
+  // coalescing block; forward() also counts it as a collective.
   template <typename Call, typename... Tensors>
   c10::intrusive_ptr<c10d::Work> forward(
+      const char* opName,
+      Call&& call,
+      const Tensors&... tensors);
+  template <typename Call, typename... Tensors>
+  c10::intrusive_ptr<c10d::Work> forwardUncounted(
       const char* opName,
       Call&& call,
       const Tensors&... tensors);
@@ -219,31 +250,44 @@ class Backend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> cudaBackendIfCreated() const;
 
   // The engine for an all-reduce of `tensors` with `op`, or null: delegate.
-  // Creates the CUDA engine on first use: a collective step, as every rank
-  // makes its first CUDA all-reduce at the same point of its sequence.
+  // Creates the device's engine on first use: a collective step, as every
+  // rank makes its first such all-reduce at the same point of its sequence.
   Engine* engineFor(
       const std::vector<at::Tensor>& tensors,
       c10d::ReduceOp::RedOpType op);
+  Engine* engineOn(c10::Device device);
   // An engine on `device`, with its local groups and rails mesh (collective).
   std::unique_ptr<Engine> makeEngine(c10::Device device);
   // Fails every engine's pending ops and aborts their local steps.
   void stopEngines(const std::string& reason);
+  // The number of the collective being issued (see getSequenceNumberForGroup).
+  uint64_t nextCollective() {
+    return ++collectives_;
+  }
+
+  static size_t slotOf(c10::DeviceType type) {
+    return type == c10::kCPU ? 0 : 1;
+  }
 
   const c10::intrusive_ptr<c10d::Store> store_;
   const Topology topology_;
   const Config config_;
-  const std::chrono::milliseconds timeout_;
+  std::atomic<std::chrono::milliseconds> timeout_;
   const c10::intrusive_ptr<c10d::Backend> cpuBackend_;
   const std::shared_ptr<InnerGroupFactory> innerGroups_;
-  std::unique_ptr<Engine> cpuEngine_;
   std::array<std::atomic<int64_t>, 2> flatAllreduces_{}; // CPU, CUDA
+  std::atomic<uint64_t> collectives_{0};
 
-  // Serialises the creation of CUDA groups and engines, which calls into
-  // Python; never held by a thread that holds the GIL.
-  std::mutex cudaCreation_;
-  mutable std::mutex cudaMutex_; // brief: guards the two pointers below
+  // Serialises the creation of CUDA groups, engines and splits, which calls
+  // into Python; never held by a thread that holds the GIL.
+  std::mutex creationMutex_;
+  mutable std::mutex stateMutex_; // brief: guards the members below
   c10::intrusive_ptr<c10d::Backend> cudaBackend_;
-  std::unique_ptr<Engine> cudaEngine_;
+  std::array<std::unique_ptr<Engine>, 2> engines_; // CPU, CUDA
+  // c10d asks once per device type for the same split; one backend serves
+  // both. By group name.
+  std::unordered_map<std::string, c10::weak_intrusive_ptr<c10d::Backend>>
+      splits_;
 
   struct CoalescingBlock {
     std::optional<c10::DeviceType> type; // set by the block's first operation

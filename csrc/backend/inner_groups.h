@@ -1,5 +1,9 @@
 #pragma once
 
+#include <chrono>
+#include <string>
+#include <vector>
+
 #include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
@@ -22,6 +26,16 @@ class InnerGroupFactory {
   // after the other, in the same order on every rank of the machine; null
   // with one rank per machine.
   virtual LocalGroups localGroups(c10::Device device) = 0;
+  // Told once the engine on `device` exists: where its rails listen (logged).
+  virtual void engineMade(c10::Device device, const std::string& rails) = 0;
+  // A new fairring backend for the group of the given ranks (of this
+  // group; sorted, this rank among them), as c10d's split_group asks for.
+  // Collective over those ranks only; `store` is the new group's.
+  virtual c10::intrusive_ptr<c10d::Backend> split(
+      const c10::intrusive_ptr<c10d::Store>& store,
+      const std::vector<int>& ranks,
+      std::chrono::milliseconds timeout,
+      const std::string& groupName) = 0;
 };
 
 } // namespace fairring

@@ -11,10 +11,29 @@ namespace fairring {
 FutureWork::FutureWork(
     c10::intrusive_ptr<c10::ivalue::Future> future,
     c10d::OpType opType,
-    const char* description)
-    : c10d::Work(-1, opType),
+    const char* profilingTitle,
+    uint64_t seq,
+    const std::vector<at::Tensor>& inputs)
+    : c10d::Work(-1, opType, profilingTitle, inputs),
       future_(std::move(future)),
-      description_(description) {}
+      description_(profilingTitle),
+      seq_(seq) {
+  // c10d::Work opened a profiler range if a profiler is on; it ends when
+  // the operation does: in the future's callback, or in wait() if that
+  // wakes first (a profiler stopped right after wait() still sees it end).
+  if (recordFunctionEndCallback_) {
+    profilingRange_ =
+        std::make_shared<ProfilingRange>(std::move(recordFunctionEndCallback_));
+    recordFunctionEndCallback_ = nullptr;
+    future_->addCallback([range = profilingRange_](c10::ivalue::Future&) {
+      range->end();
+    });
+  }
+}
+
+void FutureWork::ProfilingRange::end() {
+  std::call_once(ended_, end_);
+}
 
 bool FutureWork::isCompleted() {
   return future_->completed();
@@ -55,6 +74,9 @@ bool FutureWork::wait(std::chrono::milliseconds timeout) {
   // Also orders the caller's current CUDA streams after the operation, as
   // NCCL's wait() does; on the CPU it only waits.
   future_->wait();
+  if (profilingRange_) {
+    profilingRange_->end();
+  }
   if (future_->hasError()) {
     std::rethrow_exception(future_->exception_ptr());
   }
@@ -65,8 +87,10 @@ std::vector<at::Tensor> FutureWork::result() {
   return future_->value().toTensorVector();
 }
 
-AllOfWork::AllOfWork(std::vector<c10::intrusive_ptr<c10d::Work>> works)
-    : works_(std::move(works)) {}
+AllOfWork::AllOfWork(
+    std::vector<c10::intrusive_ptr<c10d::Work>> works,
+    uint64_t seq)
+    : c10d::Work(-1, c10d::OpType::COALESCED), works_(std::move(works)), seq_(seq) {}
 
 bool AllOfWork::isCompleted() {
   return std::all_of(works_.begin(), works_.end(), [](const auto& work) {

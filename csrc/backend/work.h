@@ -1,5 +1,9 @@
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include <ATen/core/ivalue.h>
@@ -10,12 +14,17 @@ namespace fairring {
 // A Work for an operation whose outcome is `future`. Unlike the Work that
 // c10d::Work::create_from_future makes, wait() rethrows the operation's error
 // (that one returns as if the operation had succeeded) and honours a timeout.
+// `profilingTitle` (a string literal, e.g. "fairring:all_reduce") names the
+// operation in torch.profiler traces, from issue to completion, and in
+// errors; `seq` is its collective sequence number in the group.
 class FutureWork final : public c10d::Work {
  public:
   FutureWork(
       c10::intrusive_ptr<c10::ivalue::Future> future,
       c10d::OpType opType,
-      const char* description);
+      const char* profilingTitle,
+      uint64_t seq,
+      const std::vector<at::Tensor>& inputs);
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -28,18 +37,35 @@ class FutureWork final : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
     return future_;
   }
+  uint64_t getSequencenumber() const override {
+    return seq_;
+  }
 
  private:
+  // Ends c10d::Work's profiler range once, from whichever thread is first.
+  class ProfilingRange {
+   public:
+    explicit ProfilingRange(std::function<void()> end) : end_(std::move(end)) {}
+    void end();
+
+   private:
+    std::function<void()> end_;
+    std::once_flag ended_;
+  };
+
   const c10::intrusive_ptr<c10::ivalue::Future> future_;
   const char* const description_;
+  const uint64_t seq_;
+  std::shared_ptr<ProfilingRange> profilingRange_; // null: no profiler
 };
 
-// One Work standing for several: it completes when all of them have and
-// fails with the first failure. Gloo's point-to-point Works have no Future,
-// so this waits on the Works themselves rather than on their futures.
+// One Work standing for several (a coalescing block): it completes when all
+// of them have and fails with the first failure. Gloo's point-to-point Works
+// have no Future, so this waits on the Works themselves rather than on their
+// futures. `seq`: the group's sequence number when the block ended.
 class AllOfWork final : public c10d::Work {
  public:
-  explicit AllOfWork(std::vector<c10::intrusive_ptr<c10d::Work>> works);
+  AllOfWork(std::vector<c10::intrusive_ptr<c10d::Work>> works, uint64_t seq);
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -47,9 +73,13 @@ class AllOfWork final : public c10d::Work {
   // `timeout` bounds the whole wait, not each member's.
   bool wait(std::chrono::milliseconds timeout) override;
   void abort() override;
+  uint64_t getSequencenumber() const override {
+    return seq_;
+  }
 
  private:
   const std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  const uint64_t seq_;
 };
 
 } // namespace fairring

@@ -14,6 +14,7 @@ struct Engine::Op {
   bool copyBack;
   c10d::ReduceOp::RedOpType reduceOp;
   Fence inputReady; // the caller's work on the input
+  ProfilerContext profiler; // the caller's, for the stage threads
   std::atomic<int64_t> slicesLeft{0};
   std::atomic<bool> settled{false};
   c10::intrusive_ptr<c10::ivalue::Future> future;
@@ -77,12 +78,16 @@ Engine::Engine(
     const Topology& topology,
     const Config& config,
     std::unique_ptr<DeviceContext> device,
-    std::unique_ptr<rails::Mesh> mesh)
+    std::unique_ptr<rails::Mesh> mesh,
+    std::unique_ptr<Timeline> timeline)
     : topology_(topology),
       config_(config),
       device_(std::move(device)),
+      timeline_(std::move(timeline)),
       staging_(config.totalMemoryBytes, device_->memoryOptions()) {
-  TORCH_CHECK(topology_.numMachines() > 1, "fairring: engine needs 2+ machines");
+  TORCH_CHECK(
+      topology_.servesEngine(),
+      "fairring: the engine needs 2+ machines with equally many ranks");
   device_->keepAlive(staging_.memory());
   lanes_ = std::make_unique<rails::Lanes>(
       std::move(mesh), [this](const std::string& message) { fail(message); });
@@ -125,6 +130,7 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
   op->copyBack = !tensor.is_contiguous();
   op->flat = tensor.contiguous().view({-1});
   op->reduceOp = reduceOp;
+  op->profiler = ProfilerContext::capture();
   op->future = c10::make_intrusive<c10::ivalue::Future>(
       c10::ListType::create(c10::TensorType::get()), device_->futureDevices());
 
@@ -179,7 +185,9 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
 void Engine::reduceScatterLoop() {
   while (auto slice = popWhenReady(
              toReduceScatter_, [](const SliceWork&) { return true; })) {
-    if (!start(slice) || !reduceScatter(slice)) {
+    if (!traced(Stage::kReduceScatter, *slice, [&] {
+          return start(slice) && reduceScatter(slice);
+        })) {
       return;
     }
     push(toReduce_, slice);
@@ -192,7 +200,7 @@ void Engine::reduceLoop() {
   while (auto slice = popWhenReady(toReduce_, [peers](const SliceWork& s) {
            return s.shardsReceived == peers;
          })) {
-    if (!reduce(slice)) {
+    if (!traced(Stage::kReduce, *slice, [&] { return reduce(slice); })) {
       return;
     }
     push(toAllGather_, slice);
@@ -206,7 +214,9 @@ void Engine::allGatherLoop() {
   while (auto slice = popWhenReady(toAllGather_, [peers](const SliceWork& s) {
            return s.reducedReceived == peers && s.writesPending == 0;
          })) {
-    allGather(slice);
+    if (traced(Stage::kAllGather, *slice, [&] { return allGather(slice); })) {
+      slice->op->finishSlice();
+    }
   }
 }
 
@@ -322,8 +332,8 @@ bool Engine::reduce(const std::shared_ptr<SliceWork>& slice) {
   return true;
 }
 
-// Step 5; then the staging goes back and the slice's part of the op is done.
-void Engine::allGather(const std::shared_ptr<SliceWork>& slice) {
+// Step 5; then the staging goes back.
+bool Engine::allGather(const std::shared_ptr<SliceWork>& slice) {
   Fence done;
   try {
     device_->waitOnDevice(slice->reduced);
@@ -336,7 +346,7 @@ void Engine::allGather(const std::shared_ptr<SliceWork>& slice) {
     done = device_->record();
   } catch (const std::exception& error) {
     fail("local all-gather of " + slice->describe() + " failed: " + error.what());
-    return;
+    return false;
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -344,7 +354,19 @@ void Engine::allGather(const std::shared_ptr<SliceWork>& slice) {
   }
   slice->lease.reset();
   ++slicesDone_;
-  slice->op->finishSlice();
+  return true;
+}
+
+template <typename Step>
+bool Engine::traced(Stage stage, const SliceWork& slice, Step&& step) {
+  const StageSpan span(
+      timeline_.get(),
+      slice.op->profiler,
+      stage,
+      slice.op->seq,
+      slice.index,
+      slice.plan.numel * slice.input.element_size());
+  return step();
 }
 
 at::Tensor Engine::shardOf(const SliceWork& slice, int machine) const {

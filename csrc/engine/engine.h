@@ -17,6 +17,7 @@
 #include "config.h"
 #include "device/device.h"
 #include "engine/staging.h"
+#include "engine/trace.h"
 #include "rails/lanes.h"
 #include "topology.h"
 
@@ -55,11 +56,13 @@ struct EngineStats {
 // rank, the stage, the op and the peer; the engine does not recover.
 class Engine {
  public:
+  // `timeline`: where each slice's stages are written; may be null.
   Engine(
       const Topology& topology,
       const Config& config,
       std::unique_ptr<DeviceContext> device,
-      std::unique_ptr<rails::Mesh> mesh);
+      std::unique_ptr<rails::Mesh> mesh,
+      std::unique_ptr<Timeline> timeline = nullptr);
   ~Engine();
 
   Engine(const Engine&) = delete;
@@ -104,7 +107,7 @@ class Engine {
   bool start(const std::shared_ptr<SliceWork>& slice);
   bool reduceScatter(const std::shared_ptr<SliceWork>& slice);
   bool reduce(const std::shared_ptr<SliceWork>& slice);
-  void allGather(const std::shared_ptr<SliceWork>& slice);
+  bool allGather(const std::shared_ptr<SliceWork>& slice);
 
   void attachStaging(
       SliceWork& slice,
@@ -125,6 +128,12 @@ class Engine {
       const std::function<bool(const SliceWork&)>& ready);
   void push(Queue& queue, std::shared_ptr<SliceWork> slice);
 
+  // Runs `step` (a stage's work on `slice`) as a span for the profiler and
+  // the timeline, which ends before the slice moves on, so every span of an
+  // op has ended when the op completes.
+  template <typename Step>
+  bool traced(Stage stage, const SliceWork& slice, Step&& step);
+
   void fail(const std::string& message);
   bool failed() const {
     return failed_.load();
@@ -133,6 +142,7 @@ class Engine {
   const Topology topology_;
   const Config config_;
   const std::unique_ptr<DeviceContext> device_;
+  const std::unique_ptr<Timeline> timeline_;
   StagingRing staging_;
   // Reset first in the destructor: its callbacks use the members below.
   std::unique_ptr<rails::Lanes> lanes_;

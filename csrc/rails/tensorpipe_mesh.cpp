@@ -201,6 +201,9 @@ TensorpipeMesh::TensorpipeMesh(
     bool allowInfiniband,
     std::chrono::milliseconds timeout)
     : topology_(topology), connections_(topology.numMachines()) {
+  TORCH_CHECK(
+      topology_.regular(),
+      "fairring: rails need every machine to hold equally many ranks");
   const int rank = topology_.rank();
   const tensorpipe::Device ownDevice = tensorpipeDevice(device);
   context_ = std::make_shared<tensorpipe::Context>(

@@ -2,19 +2,26 @@
 
 Ranks run on local processes that emulate machines: each machine is its own
 torchrun agent (`--nnodes M --node-rank i`), so ranks learn their machine from
-torchrun's GROUP_RANK exactly as on a cluster. With --link (or --netns), each
-machine is also a separate host: a network namespace with its own NIC, shaped
-to the given rate, so that the network rather than this machine's CPUs bounds
-the run, as on a real cluster.
+torchrun's GROUP_RANK exactly as on a cluster. By default, where network
+namespaces can be made (root, iproute2), each machine is also a separate host:
+a network namespace with its own NIC, shaped to 1 Gbit/s, so that the network
+rather than this machine's CPUs bounds the run, as on a real cluster. Elsewhere,
+or with --loopback, the machines share loopback, where the CPUs are the
+bottleneck: that measures fairring's overhead, not what it is for.
 
-    python -m fairring.bench                                   # 2 machines x 2 ranks, 4 KiB .. 16 MiB
+    python -m fairring.bench                  # 2 hosts x 2 ranks, 1 Gbit/s NICs, 1 MiB .. 64 MiB
+    python -m fairring.bench --loopback       # 2 machines x 2 ranks on loopback, 4 KiB .. 16 MiB
     python -m fairring.bench --hosts 2 --ranks-per-host 2 --link 1gbit -b 1MiB -e 100MiB -f 10
     python -m fairring.bench --link 1gbit --study overlap      # 64 x 25 MiB, 1/2/4/8 slices in flight
     python -m fairring.bench --link 1gbit --study scaling --hosts 4
+    python -m fairring.bench --timeline       # and draw the last all-reduce's stages, rank by rank
 
 Studies: single (one all-reduce per size), overlap (many buckets back to back,
 with staging sized for 1, 2, 4, 8 slices in flight), scaling (the same
 all-reduce over 1, 2, ... machines), all.
+
+It prints a line per measurement as it goes, then writes the records (--json)
+and plots (--plots), and ends with a sentence read from the results.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,12 +40,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fairring.config import ConfigError, parse_size
+from fairring.config import ConfigError, format_size, parse_size
 
 from . import free_port
 from .netns import Host, NetnsCluster, netns_available, rate_bytes_per_second
 
 MASTER_PORT_IN_NAMESPACE = 29500
+# The default NIC of an emulated host: what the results in docs/benchmarks.md were measured with.
+DEFAULT_LINK = "1gbit"
+# -b, -e, -f by setting: on a shaped link, sizes whose transfer the link bounds (at 1 Gbit/s, 64 MiB
+# takes about 0.6 s per all-reduce); on loopback, the range where latency turns into bandwidth.
+SHAPED_SIZES = ("1MiB", "64MiB", 4)
+LOOPBACK_SIZES = ("4KiB", "16MiB", 8)
+# --timeline with no trace files: an extension from before FAIRRING_TIMELINE, or a run on one machine.
+NO_TRACES = "the extension wrote none (a build without FAIRRING_TIMELINE, or no all-reduce ran on its engine)"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -45,20 +61,33 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         prog="python -m fairring.bench",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Sizes accept units (4KiB, 25MiB, 1GiB). Records go to --json, one per measurement.",
+        epilog=__doc__.split("\n\n", 1)[1] + "\nSizes accept units (4KiB, 25MiB, 1GiB).",
     )
     parser.add_argument("--machines", "--hosts", type=int, default=2, help="emulated machines (default 2)")
     parser.add_argument(
         "--ranks-per-machine", "--ranks-per-host", type=int, default=2, help="ranks per machine (default 2)"
     )
-    parser.add_argument("-b", "--begin", default="4KiB", help="smallest size (default 4KiB)")
-    parser.add_argument("-e", "--end", default="16MiB", help="largest size (default 16MiB)")
-    parser.add_argument("-f", "--factor", type=int, default=8, help="size multiplier between steps (default 8)")
+    parser.add_argument("-b", "--begin", help="smallest size (default 1MiB on shaped hosts, else 4KiB)")
+    parser.add_argument("-e", "--end", help="largest size (default 64MiB on shaped hosts, else 16MiB)")
+    parser.add_argument(
+        "-f", "--factor", type=int, help="size multiplier between steps (default 4 on shaped hosts, else 8)"
+    )
     parser.add_argument("--sizes", help="explicit comma-separated sizes, instead of -b/-e/-f")
     parser.add_argument("-n", "--iters", type=int, default=5, help="timed iterations per size (default 5)")
     parser.add_argument("-w", "--warmup", type=int, default=2, help="untimed iterations first (default 2)")
-    parser.add_argument("--link", help="shape each host's NIC to this tc rate (e.g. 1gbit); implies --netns")
-    parser.add_argument("--netns", action="store_true", help="run each machine as a host in a network namespace")
+    parser.add_argument(
+        "--link",
+        help=f"shape each host's NIC to this tc rate (e.g. 100mbit); implies --netns. Default: {DEFAULT_LINK} "
+        "where network namespaces can be made, else --loopback",
+    )
+    parser.add_argument(
+        "--netns", action="store_true", help="run each machine as a host in a network namespace, NIC unshaped"
+    )
+    parser.add_argument(
+        "--loopback",
+        action="store_true",
+        help="run every machine on this host's loopback (measures overhead: the CPUs are the bottleneck)",
+    )
     parser.add_argument(
         "--set",
         action="append",
@@ -66,15 +95,43 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="VAR=VALUE",
         help="environment for the ranks, e.g. FAIRRING_SLICE_SIZE=4MiB",
     )
-    parser.add_argument("--study", default="single", choices=("single", "overlap", "scaling", "all"))
+    parser.add_argument(
+        "--study",
+        default="single",
+        choices=("single", "overlap", "scaling", "all"),
+        help="what to measure (default single; see below)",
+    )
     parser.add_argument("--buckets", type=int, default=64, help="overlap: buckets per measurement (default 64)")
     parser.add_argument("--bucket-size", default="25MiB", help="overlap: bucket size (default 25MiB)")
     parser.add_argument("--inflight", default="1,2,4,8", help="overlap: slices in flight to try (default 1,2,4,8)")
     parser.add_argument("--scaling-size", default="64MiB", help="scaling: all-reduce size (default 64MiB)")
-    parser.add_argument("--json", type=Path, default=Path("bench-results/allreduce.json"), help="records file")
-    parser.add_argument("--plots", type=Path, default=Path("bench-results"), help="folder for PNG and SVG plots")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=Path("bench-results/allreduce.json"),
+        help="records file, one record per measurement (default bench-results/allreduce.json)",
+    )
+    parser.add_argument(
+        "--plots", type=Path, default=Path("bench-results"), help="folder for PNG and SVG plots (default bench-results)"
+    )
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="have the engines write Chrome traces (FAIRRING_TIMELINE) into PLOTS/timeline-<run>/ and draw "
+        "each run's last all-reduce as PLOTS/timeline-<run>.png and .svg",
+    )
     parser.add_argument("--timeout", type=float, default=900, help="seconds before the run is killed (default 900)")
     args = parser.parse_args(argv)
+    if args.loopback and (args.link or args.netns):
+        parser.error("--loopback runs no hosts: it excludes --link and --netns")
+    # Without a say in the network, the run goes where it shows what fairring is for: hosts with NICs.
+    args.default_hosts, args.loopback_reason = False, ""
+    if not (args.link or args.netns or args.loopback):
+        args.default_hosts, args.loopback_reason = netns_available()
+        args.link = DEFAULT_LINK if args.default_hosts else None
+    begin, end, factor = SHAPED_SIZES if args.link else LOOPBACK_SIZES
+    args.begin, args.end = args.begin or begin, args.end or end
+    args.factor = factor if args.factor is None else args.factor
     if min(args.machines, args.ranks_per_machine, args.iters, args.factor - 1) < 1 or args.warmup < 0:
         parser.error("--machines, --ranks-per-machine and --iters must be >= 1, --factor >= 2, --warmup >= 0")
     try:
@@ -181,8 +238,12 @@ def agent_command(args: argparse.Namespace, run: Run, node: int, master: str, po
     ]  # fmt: skip
 
 
-def run_agents(args: argparse.Namespace, run: Run, hosts: list[Host] | None, output: Path) -> int:
-    environment = {**os.environ, **run.environment}
+def run_agents(
+    args: argparse.Namespace, run: Run, hosts: list[Host] | None, output: Path, extra: dict[str, str]
+) -> int:
+    environment = {**os.environ, **run.environment, **extra}
+    # torchrun sets 1 itself, with a banner, when it is unset; the ranks share this machine's cores anyway.
+    environment.setdefault("OMP_NUM_THREADS", "1")
     if hosts is None:
         master, port = "127.0.0.1", free_port()
         # Emulated machines share this host: keep every path on loopback.
@@ -229,21 +290,122 @@ def wait_for(agents: list[subprocess.Popen[bytes]], logs: list, timeout: float) 
     return 1
 
 
+def setup_line(args: argparse.Namespace) -> str | None:
+    """What the default network setting chose, in one line; None where flags chose it."""
+    if args.loopback_reason:
+        return (
+            f"note: network namespaces are unavailable ({args.loopback_reason}), so the machines share loopback, "
+            "where the CPUs, not a network, are the bottleneck: this measures fairring's overhead, not what it is "
+            f"for; where they can be made (root, iproute2), each machine runs as a host with a {_rate(DEFAULT_LINK)} "
+            "NIC."
+        )
+    if args.default_hosts:
+        return (
+            f"Each machine is a host in its own network namespace, its NIC shaped to {_rate(DEFAULT_LINK)} both "
+            "ways (--loopback: all on this host's loopback instead)."
+        )
+    return None
+
+
+def timeline_folder(plots: Path, index: int) -> Path:
+    """PLOTS/timeline-<index>, emptied of an earlier run's traces, which would mix with this run's."""
+    folder = (plots / f"timeline-{index}").resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    from .timeline import FILE_GLOB
+
+    for stale in folder.glob(FILE_GLOB):
+        stale.unlink()
+    return folder
+
+
+def draw_timeline(folder: Path) -> list[str]:
+    """Lines to print: the pictures of the run's last all-reduce, or why there are none."""
+    from .timeline import load_events, render_op
+
+    events = load_events([folder])
+    if not events:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # Empty: nothing to keep.
+        return [f"timeline: no trace files in {folder}; {NO_TRACES}"]
+    try:
+        # PLOTS/timeline-<run>.png and .svg, next to the folder of traces they were drawn from.
+        return [f"timeline: {path}" for path in render_op(events, None, folder)]
+    except ValueError as error:
+        return [f"timeline: nothing drawn from {folder}: {error}"]
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
+def _rate(link: str) -> str:
+    """A tc rate as people say it: '1gbit' -> '1 Gbit/s'."""
+    bits = rate_bytes_per_second(link) * 8
+    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bits >= scale:
+            return f"{bits / scale:g} {unit}"
+    return f"{bits:g} bit/s"
+
+
+def reading(records: list[dict], args: argparse.Namespace) -> list[str]:
+    """One sentence per study, read from fairring's headline measurement in it."""
+    sentences = []
+    for study in ("single", "overlap", "scaling"):
+        ours = [r for r in records if r["study"] == study and r["backend"] == "fairring"]
+        if not ours:
+            continue
+        # The largest all-reduce, the most slices in flight, the most machines: where the network matters most.
+        key = {"single": "bytes", "overlap": "inflight", "scaling": "machines"}[study]
+        record = max(ours, key=lambda r: r[key] or 0)
+        baseline = {"gloo": "Gloo", "nccl": "NCCL"}.get(record["baseline"], record["baseline"])
+        size = re.sub(r"(\d)([A-Z])", r"\1 \2", format_size(record["bytes"]))  # 64MiB -> 64 MiB
+        what = f"{record['buckets']} all_reduces of {size}" if record["buckets"] > 1 else f"all_reduce of {size}"
+        setting = {
+            "single": "",
+            "overlap": f" with {record['inflight']} slice(s) in flight",
+            "scaling": f" on {record['machines']} machine(s)",
+        }[study]
+        took = f"fairring's {what}{setting} took {_duration(record['median_s'])}"
+        speed = f"{record['speedup_vs_baseline']:.2f}x {baseline}'s speed"
+        ranks = f"{record['ranks_per_machine']} rank{'s' if record['ranks_per_machine'] > 1 else ''}"
+        layout = f"{ranks} per host" if study == "scaling" else f"{record['machines']} hosts x {ranks}"
+        if record["link"]:
+            bound = record["fraction_of_bound_speed"]
+            of_bound = f" and {bound:.0%} of the hierarchical bound" if bound else ""
+            sentences.append(f"Over {_rate(record['link'])} NICs ({layout}), {took}, {speed}{of_bound}.")
+        elif args.netns:
+            sentences.append(f"Between hosts with unshaped NICs ({layout}), {took}, {speed}.")
+        else:
+            sentences.append(
+                f"On loopback, where the CPUs and not a network are the bottleneck, {took}, {speed}, "
+                "which measures fairring's overhead rather than what it is for."
+            )
+    return sentences
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    line = setup_line(args)
+    if line:
+        print(line, flush=True)
     records: list[dict] = []
     environment: dict = {}
+    pictures: list[str] = []
     with tempfile.TemporaryDirectory() as scratch:
         for index, run in enumerate(runs_for(args)):
             print(f"== {run.describe()}", flush=True)
             output = Path(scratch) / f"run{index}.json"
+            folder = timeline_folder(args.plots, index) if args.timeline else None
+            extra = {"FAIRRING_TIMELINE": str(folder)} if folder else {}
             with hosts_for(args, run.machines) as hosts:
-                status = run_agents(args, run, hosts, output)
+                status = run_agents(args, run, hosts, output, extra)
             if status != 0:
                 return status
             result = json.loads(output.read_text())
             environment = result["environment"]
             records += result["records"]
+            if folder:
+                pictures += draw_timeline(folder)
     command = ["python", "-m", "fairring.bench", *argv]
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"command": command, "environment": environment, "records": records}, indent=1))
@@ -252,6 +414,10 @@ def main(argv: list[str]) -> int:
 
     for path in plot_records(records, args.plots, title_suffix=f", NICs at {args.link}" if args.link else ""):
         print(f"plot: {path}")
+    for picture in pictures:
+        print(picture)
+    for sentence in reading(records, args):
+        print(sentence)
     return 0
 
 

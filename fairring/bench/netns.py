@@ -25,12 +25,22 @@ the egress of its device.
 Processes join a host with `exec_argv` (for `ip netns exec`) or, in a freshly
 spawned Python worker, with `enter_namespace`.
 
-Cleanup: namespaces, veths and bridges are machine-wide state that outlives the
-process, so `NetnsCluster` removes them when the `with` block is left, however
-it is left, and also from an atexit handler if the process exits with the
-cluster still open (nothing can run on SIGKILL; the names then carry the pid of
-the process that made them). `close()` is idempotent and tries every step even
-when one fails; a cleanup failure never replaces an exception raised by the body.
+Names: `ip netns exec NAME` bind-mounts `/etc/netns/NAME/hosts` over /etc/hosts,
+so the cluster writes one for each host, naming every host's address (and the
+machine's hostname as the host's own address, as on a real host). Without it, a
+namespace, which reaches no DNS server, fails to look up its peers' addresses
+(c10d warns that "the hostname of the client socket cannot be retrieved") and
+resolves the machine's hostname to a loopback that other hosts cannot reach.
+`enter_namespace` mounts nothing: processes that join that way see the
+machine's /etc/hosts.
+
+Cleanup: namespaces, veths, bridges and those hosts files are machine-wide
+state that outlives the process, so `NetnsCluster` removes them when the `with`
+block is left, however it is left, and also from an atexit handler if the
+process exits with the cluster still open (nothing can run on SIGKILL; the names
+then carry the pid of the process that made them). `close()` is idempotent and
+tries every step even when one fails; a cleanup failure never replaces an
+exception raised by the body.
 """
 
 from __future__ import annotations
@@ -42,11 +52,13 @@ import itertools
 import os
 import re
 import shutil
+import socket
 import subprocess
 import uuid
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from errno import ENOTEMPTY
 from functools import cache
 from types import TracebackType
 
@@ -54,6 +66,8 @@ __all__ = ["CommandError", "Host", "NetnsCluster", "enter_namespace", "netns_ava
 
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = "/var/run/netns"
+# Where `ip netns exec NAME` looks for files to bind-mount over /etc (iproute2's NETNS_ETC_DIR).
+NETNS_ETC_DIR = "/etc/netns"
 INTERFACE = "eth0"
 # Linux's IFNAMSIZ is 16 including the terminating NUL.
 MAX_IFNAME = 15
@@ -183,6 +197,8 @@ class NetnsCluster:
         self.hosts: list[Host] = []
         self._veths: list[str] = []
         self._namespaces: list[str] = []
+        # Made under NETNS_ETC_DIR, in creation order; removed in reverse.
+        self._etc_made: list[str] = []
         self._bridge_made = False
         self._closed = False
 
@@ -223,6 +239,18 @@ class NetnsCluster:
             self._delete(["ip", "netns", "del", namespace], lambda n=namespace: _namespace_exists(n), errors)
         if self._bridge_made:
             self._delete(["ip", "link", "del", "dev", self.bridge], lambda: _link_exists(self.bridge), errors)
+        for path in reversed(self._etc_made):
+            try:
+                if os.path.isdir(path):
+                    os.rmdir(path)
+                else:
+                    os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as error:
+                # Another cluster's folders keep a shared NETNS_ETC_DIR busy; the last one out removes it.
+                if not (path == NETNS_ETC_DIR and error.errno == ENOTEMPTY):
+                    errors.append(f"removing {path}: {error}")
         if errors:
             raise RuntimeError("cleaning up the network namespaces failed:\n" + "\n".join(errors))
 
@@ -253,6 +281,39 @@ class NetnsCluster:
         _run(["ip", "link", "set", "dev", self.bridge, "up"])
         for index in range(self._count):
             self.hosts.append(self._create_host(index, f"{addresses[index]}/{PREFIX_LEN}"))
+        try:
+            for host in self.hosts:
+                self._write_hosts_file(host)
+        except OSError as error:
+            # The hosts still work; only looking up names (and c10d's reverse lookups) falls back to DNS.
+            warnings.warn(f"cannot write the hosts' /etc/hosts under {NETNS_ETC_DIR}: {error}", RuntimeWarning, 2)
+
+    def _write_hosts_file(self, own: Host) -> None:
+        """/etc/netns/<namespace>/hosts, which `ip netns exec` shows the host's processes as /etc/hosts."""
+        try:
+            os.mkdir(NETNS_ETC_DIR, 0o755)
+            self._etc_made.append(NETNS_ETC_DIR)
+        except FileExistsError:
+            pass
+        folder = os.path.join(NETNS_ETC_DIR, own.name)
+        os.mkdir(folder, 0o755)  # The namespace is new, so an existing folder would be someone else's.
+        self._etc_made.append(folder)
+        path = os.path.join(folder, "hosts")
+        self._etc_made.append(path)
+        machine = socket.gethostname()
+        lines = [f"# Written by fairring's NetnsCluster for {own.name}; removed with it."]
+        lines += ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
+        for host in self.hosts:
+            # The machine's hostname is this host's own name, reachable from the others, as on a real host.
+            alias = f" {machine}" if host is own and machine and machine != "localhost" else ""
+            lines.append(f"{host.address} {host.name}{alias}")
+        # A dual-stack listener (c10d's TCPStore) sees IPv4 peers as v4-mapped IPv6 addresses, which glibc
+        # looks up as such; with no DNS reachable from the namespace, a miss is an error, not a number.
+        lines += [f"::ffff:{host.address} {host.name}" for host in self.hosts]
+        lines.append("::ffff:127.0.0.1 localhost")
+        with open(path, "x") as file:
+            file.write("\n".join(lines) + "\n")
+        os.chmod(path, 0o644)
 
     def _create_host(self, index: int, interface_address: str) -> Host:
         namespace = f"fairring-{self._tag}-{index}"

@@ -1,0 +1,290 @@
+"""fairring as a drop-in: any group or launcher layout, the c10d surface tools use, cheap groups.
+
+Each result is checked against a plain torch reduction of every member's input;
+what fairring's accessors say is checked against the layout the test chose.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import fairring
+from fairring.bench import free_port
+from harness import InitSpec, Layout, RankFailure, RankPool
+from reference import assert_matches, rank_tensor, reduce_reference
+
+LAYOUT = Layout(2, 2)  # ranks 0, 1 on machine 0; 2, 3 on machine 1
+SHAPE = (1000,)
+
+
+@pytest.fixture(scope="module")
+def ranks() -> Iterator[RankPool]:
+    with RankPool(LAYOUT) as pool:
+        yield pool
+
+
+def all_reduce_among(members: list[int], group: dist.ProcessGroup | None) -> None:
+    """Sums every member's rank_tensor in `group` and checks it against torch's own sum."""
+    tensor = rank_tensor(dist.get_rank(), SHAPE, torch.float32)
+    dist.all_reduce(tensor, group=group)
+    expected = reduce_reference([rank_tensor(r, SHAPE, torch.float32) for r in members], "sum")
+    assert_matches(tensor, expected)
+
+
+def engine_ops(group: dist.ProcessGroup | None) -> int | None:
+    stats = fairring.backend_of(group).engine_stats()
+    return None if stats is None else stats["ops"]
+
+
+# -- every group works -------------------------------------------------------
+
+
+def irregular_subgroup() -> dict[str, object]:
+    members = [0, 1, 2]  # two ranks of machine 0, one of machine 1
+    group = dist.new_group(members, backend="fairring")
+    if dist.get_rank() not in members:
+        return {}
+    all_reduce_among(members, group)
+    topology = fairring.backend_of(group).topology
+    return {"machines": topology.machines, "regular": topology.regular, "engine_ops": engine_ops(group)}
+
+
+def test_irregular_subgroup_takes_the_flat_path(ranks: RankPool) -> None:
+    results = ranks.run(irregular_subgroup)
+    for result in results[:3]:
+        assert result == {"machines": [[0, 1], [2]], "regular": False, "engine_ops": None}
+
+
+def subgroups_of_every_shape() -> dict[str, object]:
+    rank = dist.get_rank()
+    # new_subgroups: [0, 1] and [2, 3], one machine each: nothing crosses machines.
+    local, _ = dist.new_subgroups(group_size=2, backend="fairring")
+    all_reduce_among([0, 1] if rank < 2 else [2, 3], local)
+    # By enumeration: [0, 2] and [1, 3] span both machines: the engine serves them.
+    rails, _ = dist.new_subgroups_by_enumeration([[0, 2], [1, 3]], backend="fairring")
+    all_reduce_among([0, 2] if rank % 2 == 0 else [1, 3], rails)
+    return {"local_engine_ops": engine_ops(local), "rails_engine_ops": engine_ops(rails)}
+
+
+def test_new_subgroups(ranks: RankPool) -> None:
+    for result in ranks.run(subgroups_of_every_shape):
+        assert result == {"local_engine_ops": None, "rails_engine_ops": 1}
+
+
+def split_groups() -> dict[str, object]:
+    rank = dist.get_rank()
+    members = [0, 2] if rank % 2 == 0 else [1, 3]
+    group = dist.split_group(split_ranks=[[0, 2], [1, 3]])
+    all_reduce_among(members, group)
+    backend = fairring.backend_of(group)
+    # torch asks the parent once per device type; one child serves both.
+    same_for_cuda = group._get_backend(torch.device("cuda")) is group._get_backend(torch.device("cpu"))
+    return {
+        "backend": dist.get_backend(group),
+        "machines": backend.topology.machines,
+        "engine_ops": engine_ops(group),
+        "one_backend": same_for_cuda,
+    }
+
+
+def test_split_group(ranks: RankPool) -> None:
+    for result in ranks.run(split_groups):
+        assert result == {"backend": "fairring", "machines": [[0], [1]], "engine_ops": 1, "one_backend": True}
+
+
+def sum_and_describe() -> dict[str, object]:
+    all_reduce_among(list(range(dist.get_world_size())), None)
+    topology = fairring.backend_of().topology
+    return {"machines": topology.machines, "engine_ops": engine_ops(None)}
+
+
+def test_irregular_deployment_takes_the_flat_path() -> None:
+    # Machines of 3 ranks and 1 rank.
+    env = {r: {"FAIRRING_MACHINE_ID": "big" if r < 3 else "small"} for r in range(4)}
+    with RankPool(Layout(1, 4), rank_env=env) as pool:
+        for result in pool.run(sum_and_describe):
+            assert result == {"machines": [[0, 1, 2], [3]], "engine_ops": None}
+
+
+TORCHRUN_JOB = """
+import torch, torch.distributed as dist, fairring
+dist.init_process_group("fairring")
+rank, size = dist.get_rank(), dist.get_world_size()
+tensor = torch.arange(7, dtype=torch.float64) * (rank + 1)
+dist.all_reduce(tensor)
+expected = torch.arange(7, dtype=torch.float64) * sum(r + 1 for r in range(size))
+assert torch.equal(tensor, expected), (tensor, expected)
+print(f"rank {rank} of {size} ok, backend {dist.get_backend()}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(180)
+def test_torchrun_three_processes_per_node(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(TORCHRUN_JOB)
+    # The checkout's fairring, as the test process imports it.
+    source = str(Path(fairring.__file__).parents[1])
+    path = os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))
+    env = {
+        **os.environ,
+        "PYTHONPATH": path,
+        "TP_SOCKET_IFNAME": "lo",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+    }
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=3",
+        "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(script),
+    ]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(line for line in done.stdout.splitlines() if " ok," in line) == [
+        f"rank {r} of 3 ok, backend fairring" for r in range(3)
+    ]
+
+
+# -- the c10d surface --------------------------------------------------------
+
+
+def ddp_logging_name() -> str:
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+    return model._get_ddp_logging_data()["backend_name"]
+
+
+def test_ddp_logging_names_fairring(ranks: RankPool) -> None:
+    assert ranks.run(ddp_logging_name) == ["fairring"] * LAYOUT.world_size
+
+
+def sequence_numbers() -> dict[str, object]:
+    backend = fairring.backend_of()
+    start = backend._get_sequence_number_for_group()
+    tensor = rank_tensor(dist.get_rank(), SHAPE, torch.float32)
+    engine_work = dist.all_reduce(tensor, async_op=True)
+    engine_work.wait()
+    dist.broadcast(tensor, src=0)  # Gloo's
+    dist.barrier()
+    dist.all_reduce(tensor)
+    numbers = {"start": start, "end": backend._get_sequence_number_for_group()}
+    if hasattr(engine_work, "_get_sequence_number"):  # bound from torch 2.12 on
+        numbers["engine_work"] = engine_work._get_sequence_number()
+    return numbers
+
+
+def test_sequence_numbers_count_collectives_alike_on_every_rank(ranks: RankPool) -> None:
+    results = ranks.run(sequence_numbers)
+    assert all(result == results[0] for result in results), results
+    assert results[0]["end"] - results[0]["start"] == 4
+    if "engine_work" in results[0]:
+        assert results[0]["engine_work"] == results[0]["start"] + 1
+
+
+def set_timeout_and_barriers() -> float:
+    backend = fairring.backend_of()
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=42), dist.group.WORLD)
+    seconds = backend.timeout.total_seconds()
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=60), dist.group.WORLD)
+    dist.monitored_barrier(timeout=timedelta(seconds=30))
+    dist.monitored_barrier(timeout=timedelta(seconds=30), wait_all_ranks=True)
+    return seconds
+
+
+def test_set_timeout_and_monitored_barrier(ranks: RankPool) -> None:
+    assert ranks.run(set_timeout_and_barriers) == [42.0] * LAYOUT.world_size
+
+
+def monitored_barrier_without(absent: int) -> str:
+    if dist.get_rank() == absent:
+        time.sleep(4)  # past the others' barrier timeout
+        return "absent"
+    dist.monitored_barrier(timeout=timedelta(seconds=2))
+    return "passed"
+
+
+def test_monitored_barrier_names_the_missing_rank() -> None:
+    with RankPool(Layout(2, 1)) as pool, pytest.raises(RankFailure) as failure:
+        pool.run_per_rank(monitored_barrier_without, lambda rank: (1,), timeout=60)
+    assert "Rank 1 failed to pass monitoredBarrier" in failure.value.outcomes[0], failure.value.outcomes
+
+
+def debug_detail_state() -> dict[str, object]:
+    wrapper = dist.group.WORLD._get_backend(torch.device("cpu"))
+    all_reduce_among(list(range(dist.get_world_size())), None)
+    backend = fairring.backend_of()
+    state = {
+        "wrapped": type(wrapper).__name__,
+        "engine_ops": engine_ops(None),
+        "rails": backend.rails() is not None,
+        "machines": backend.topology.machines,
+    }
+    # What DETAIL is for: ranks that disagree fail at once, naming the mismatch.
+    try:
+        dist.all_reduce(torch.ones(3 + dist.get_rank()))
+        state["mismatch"] = "not detected"
+    except RuntimeError as error:
+        state["mismatch"] = "detected" if "mismatch" in str(error).lower() else str(error)
+    return state
+
+
+def test_torch_distributed_debug_detail() -> None:
+    spec = InitSpec(extra_env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    with RankPool(Layout(2, 1), spec) as pool:
+        for state in pool.run(debug_detail_state):
+            assert state == {
+                "wrapped": "_ProcessGroupWrapper",
+                "engine_ops": 1,
+                "rails": True,
+                "machines": [[0], [1]],
+                "mismatch": "detected",
+            }
+
+
+def test_backend_of_refuses_other_backends(ranks: RankPool) -> None:
+    ranks.run(backend_of_a_gloo_group)
+
+
+def backend_of_a_gloo_group() -> None:
+    group = dist.new_group(backend="gloo")
+    with pytest.raises(ValueError, match="serves cpu tensors with ProcessGroupGloo, not fairring"):
+        fairring.backend_of(group)
+
+
+# -- cheap groups --------------------------------------------------------------
+
+
+def threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def group_costs() -> dict[str, object]:
+    before = threads()
+    gloo = dist.new_group(backend="gloo")
+    gloo_threads = threads() - before
+    before = threads()
+    group = dist.new_group(backend="fairring")
+    fairring_threads = threads() - before
+    backend = fairring.backend_of(group)
+    idle = (backend.engine_stats(), backend.staging_stats(), backend.rails())
+    all_reduce_among(list(range(dist.get_world_size())), group)
+    used = (backend.engine_stats() is not None, backend.staging_stats() is not None, backend.rails() is not None)
+    for made in (gloo, group):
+        dist.destroy_process_group(made)
+    return {"threads_beyond_gloo": fairring_threads - gloo_threads, "idle": idle, "used": used}
+
+
+def test_a_group_costs_nothing_beyond_gloo_until_it_all_reduces(ranks: RankPool) -> None:
+    for result in ranks.run(group_costs):
+        assert result["idle"] == (None, None, None)
+        assert result["used"] == (True, True, True)
+        # Slack of one for a thread some library starts lazily.
+        assert result["threads_beyond_gloo"] <= 1, result
