@@ -182,9 +182,14 @@ Backend::Backend(
 }
 
 Backend::~Backend() {
-  // Engines first: their stage threads use the inner groups.
-  std::lock_guard<std::mutex> lock(stateMutex_);
-  for (auto& engine : engines_) {
+  // Engines first: their stage threads use the inner groups. Destroyed
+  // without the lock: a completion callback they run may call back in here.
+  std::array<std::unique_ptr<Engine>, 2> engines;
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    engines.swap(engines_);
+  }
+  for (auto& engine : engines) {
     engine.reset();
   }
 }
@@ -822,9 +827,17 @@ c10::intrusive_ptr<c10d::Backend> Backend::split(
 }
 
 void Backend::stopEngines(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(stateMutex_);
-  for (auto& engine : engines_) {
-    if (engine) {
+  // Failing ops runs their callbacks here, which may call back into this
+  // backend: abort outside the lock (engines live until the destructor).
+  std::array<Engine*, 2> engines{};
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    for (size_t slot = 0; slot < engines.size(); ++slot) {
+      engines[slot] = engines_[slot].get();
+    }
+  }
+  for (Engine* engine : engines) {
+    if (engine != nullptr) {
       engine->abort(reason);
     }
   }
