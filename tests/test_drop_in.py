@@ -7,6 +7,7 @@ what fairring's accessors say is checked against the layout the test chose.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -84,7 +85,12 @@ def test_new_subgroups(ranks: RankPool) -> None:
 def split_groups() -> dict[str, object]:
     rank = dist.get_rank()
     members = [0, 2] if rank % 2 == 0 else [1, 3]
-    group = dist.split_group(split_ranks=[[0, 2], [1, 3]])
+    try:
+        group = dist.split_group(split_ranks=[[0, 2], [1, 3]])
+    except RuntimeError as error:
+        if "No device associated with the default pg" not in str(error):
+            raise
+        return {"unsupported": f"torch {torch.__version__} splits only groups bound to a device: {error}"}
     all_reduce_among(members, group)
     backend = fairring.backend_of(group)
     # torch asks the parent once per device type; one child serves both.
@@ -98,7 +104,10 @@ def split_groups() -> dict[str, object]:
 
 
 def test_split_group(ranks: RankPool) -> None:
-    for result in ranks.run(split_groups):
+    results = ranks.run(split_groups)
+    if "unsupported" in results[0]:
+        pytest.skip(results[0]["unsupported"])
+    for result in results:
         assert result == {"backend": "fairring", "machines": [[0], [1]], "engine_ops": 1, "one_backend": True}
 
 
@@ -149,9 +158,8 @@ def test_torchrun_three_processes_per_node(tmp_path: Path) -> None:
     ]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert sorted(line for line in done.stdout.splitlines() if " ok," in line) == [
-        f"rank {r} of 3 ok, backend fairring" for r in range(3)
-    ]
+    # The ranks share one pipe: their lines may interleave.
+    assert sorted(re.findall(r"rank (\d) of 3 ok, backend fairring", done.stdout)) == ["0", "1", "2"], done.stdout
 
 
 # -- the c10d surface --------------------------------------------------------
@@ -189,31 +197,60 @@ def test_sequence_numbers_count_collectives_alike_on_every_rank(ranks: RankPool)
         assert results[0]["engine_work"] == results[0]["start"] + 1
 
 
-def set_timeout_and_barriers() -> float:
+# torch 2.11's monitored_barrier refuses every backend but Gloo by name.
+GLOO_ONLY = "monitored_barrier is only implemented for GLOO backend"
+
+
+def set_timeout() -> float:
     backend = fairring.backend_of()
-    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=42), dist.group.WORLD)
+    # ProcessGroup.set_timeout reaches every backend of the group (torch 2.11's
+    # _set_pg_timeout reaches only Gloo and NCCL ones).
+    dist.group.WORLD.set_timeout(timedelta(seconds=42))
     seconds = backend.timeout.total_seconds()
-    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=60), dist.group.WORLD)
-    dist.monitored_barrier(timeout=timedelta(seconds=30))
-    dist.monitored_barrier(timeout=timedelta(seconds=30), wait_all_ranks=True)
+    dist.group.WORLD.set_timeout(timedelta(seconds=60))
     return seconds
 
 
-def test_set_timeout_and_monitored_barrier(ranks: RankPool) -> None:
-    assert ranks.run(set_timeout_and_barriers) == [42.0] * LAYOUT.world_size
+def test_set_timeout(ranks: RankPool) -> None:
+    assert ranks.run(set_timeout) == [42.0] * LAYOUT.world_size
+
+
+def monitored_barriers() -> str:
+    try:
+        dist.monitored_barrier(timeout=timedelta(seconds=30))
+    except ValueError as error:
+        if GLOO_ONLY not in str(error):
+            raise
+        return f"torch {torch.__version__}: {error}"
+    dist.monitored_barrier(timeout=timedelta(seconds=30), wait_all_ranks=True)
+    return "passed"
+
+
+def test_monitored_barrier(ranks: RankPool) -> None:
+    outcomes = ranks.run(monitored_barriers)
+    if outcomes[0] != "passed":
+        pytest.skip(outcomes[0])
+    assert outcomes == ["passed"] * LAYOUT.world_size
 
 
 def monitored_barrier_without(absent: int) -> str:
     if dist.get_rank() == absent:
         time.sleep(4)  # past the others' barrier timeout
         return "absent"
-    dist.monitored_barrier(timeout=timedelta(seconds=2))
+    try:
+        dist.monitored_barrier(timeout=timedelta(seconds=2))
+    except ValueError as error:
+        if GLOO_ONLY not in str(error):
+            raise
+        return f"torch {torch.__version__}: {error}"
     return "passed"
 
 
 def test_monitored_barrier_names_the_missing_rank() -> None:
     with RankPool(Layout(2, 1)) as pool, pytest.raises(RankFailure) as failure:
-        pool.run_per_rank(monitored_barrier_without, lambda rank: (1,), timeout=60)
+        outcomes = pool.run_per_rank(monitored_barrier_without, lambda rank: (1,), timeout=60)
+        if GLOO_ONLY in outcomes[0]:
+            pytest.skip(outcomes[0])
     assert "Rank 1 failed to pass monitoredBarrier" in failure.value.outcomes[0], failure.value.outcomes
 
 
