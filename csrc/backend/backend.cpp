@@ -442,7 +442,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
     joinBlock("allreduce", type, work);
     return work;
   }
-  if (topology_.numMachines() > 1 &&
+  if (topology_.servesEngine() &&
       totalBytes(tensors) < config_.flatThresholdBytes &&
       engineHandlesAll(tensors, ownOpts.reduceOp)) {
     ++flatAllreduces_[type == c10::kCPU ? 0 : 1];

@@ -16,7 +16,7 @@ FutureWork::FutureWork(
     const std::vector<at::Tensor>& inputs)
     : c10d::Work(-1, opType, profilingTitle, inputs),
       future_(std::move(future)),
-      description_(profilingTitle),
+      title_(profilingTitle),
       seq_(seq) {
   // c10d::Work opened a profiler range if a profiler is on; it ends when
   // the operation does: in the future's callback, or in wait() if that
@@ -65,8 +65,7 @@ bool FutureWork::wait(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(signal->mutex);
     TORCH_CHECK(
         signal->done.wait_for(lock, timeout, [&] { return signal->completed; }),
-        "fairring: ",
-        description_,
+        title_, // "fairring:all_reduce", ...
         " did not complete within ",
         timeout.count(),
         " ms");

@@ -54,7 +54,7 @@ class FutureWork final : public c10d::Work {
   };
 
   const c10::intrusive_ptr<c10::ivalue::Future> future_;
-  const char* const description_;
+  const char* const title_;
   const uint64_t seq_;
   std::shared_ptr<ProfilingRange> profilingRange_; // null: no profiler
 };
