@@ -36,6 +36,7 @@ COMMON_SOURCES = [
     "backend/work.cpp",
     "bindings.cpp",
     "device/device.cpp",
+    "engine/completions.cpp",
     "engine/engine.cpp",
     "engine/plan.cpp",
     "engine/reduction.cpp",
@@ -44,6 +45,7 @@ COMMON_SOURCES = [
     "rails/endpoint.cpp",
     "rails/lanes.cpp",
     "rails/tensorpipe_mesh.cpp",
+    "rails/watch.cpp",
     "topology.cpp",
 ]
 # The only sources that see CUDA headers, and their CPU-only twins.

@@ -132,14 +132,15 @@ void unpackInto(
 c10::intrusive_ptr<c10::ivalue::Future> packedAllreduce(
     Engine& engine,
     const std::vector<at::Tensor>& tensors,
-    c10d::ReduceOp::RedOpType op) {
+    c10d::ReduceOp::RedOpType op,
+    std::chrono::milliseconds timeout) {
   std::vector<at::Tensor> flattened;
   flattened.reserve(tensors.size());
   for (const auto& tensor : tensors) {
     flattened.push_back(tensor.reshape({-1}));
   }
   at::Tensor packed = at::cat(flattened);
-  return engine.allreduce(packed, op)->then(
+  return engine.allreduce(packed, op, timeout)->then(
       [tensors, packed](c10::ivalue::Future& done) {
         done.value(); // rethrows the engine's error into the returned future
         unpackInto(packed, tensors);
@@ -406,6 +407,7 @@ std::unique_ptr<Engine> Backend::makeEngine(c10::Device device) {
       config_,
       std::move(context),
       std::move(mesh),
+      timeout(),
       std::move(timeline));
 }
 
@@ -434,7 +436,8 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
       : opts;
   if (engine != nullptr && tensors.size() == 1) {
     auto work = c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
-        engine->allreduce(tensors[0], ownOpts.reduceOp),
+        engine->allreduce(
+            tensors[0], ownOpts.reduceOp, timeoutOf(opts.timeout)),
         c10d::OpType::ALLREDUCE,
         "fairring:all_reduce",
         seq,
@@ -475,7 +478,8 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(
   const c10::DeviceType type = route("allreduce_coalesced", tensors);
   if (Engine* engine = engineFor(tensors, opts.reduceOp)) {
     auto work = c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
-        packedAllreduce(*engine, tensors, opts.reduceOp),
+        packedAllreduce(
+            *engine, tensors, opts.reduceOp, timeoutOf(opts.timeout)),
         c10d::OpType::ALLREDUCE_COALESCED,
         "fairring:all_reduce_coalesced",
         nextCollective(),
@@ -826,7 +830,7 @@ c10::intrusive_ptr<c10d::Backend> Backend::split(
   return made;
 }
 
-void Backend::stopEngines(const std::string& reason) {
+void Backend::stopEngines(const std::string& did) {
   // Failing ops runs their callbacks here, which may call back into this
   // backend: abort outside the lock (engines live until the destructor).
   std::array<Engine*, 2> engines{};
@@ -838,13 +842,13 @@ void Backend::stopEngines(const std::string& reason) {
   }
   for (Engine* engine : engines) {
     if (engine != nullptr) {
-      engine->abort(reason);
+      engine->abort(did);
     }
   }
 }
 
 void Backend::abort() {
-  stopEngines("the process group was aborted");
+  stopEngines("aborted its process group");
   if (auto cuda = cudaBackendIfCreated()) {
     cuda->abort();
   }
@@ -852,7 +856,7 @@ void Backend::abort() {
 }
 
 void Backend::shutdown() {
-  stopEngines("the process group was shut down");
+  stopEngines("shut down its process group");
   if (auto cuda = cudaBackendIfCreated()) {
     cuda->shutdown();
   }

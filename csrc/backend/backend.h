@@ -258,8 +258,13 @@ class Backend final : public c10d::Backend {
   Engine* engineOn(c10::Device device);
   // An engine on `device`, with its local groups and rails mesh (collective).
   std::unique_ptr<Engine> makeEngine(c10::Device device);
-  // Fails every engine's pending ops and aborts their local steps.
-  void stopEngines(const std::string& reason);
+  // Fails every engine's pending ops because this rank `did` something
+  // ("shut down its process group"), and abandons their local steps.
+  void stopEngines(const std::string& did);
+  // An op's own timeout, or the group's where the op sets none.
+  std::chrono::milliseconds timeoutOf(std::chrono::milliseconds own) const {
+    return own > std::chrono::milliseconds(0) ? own : timeout();
+  }
   // The number of the collective being issued (see getSequenceNumberForGroup).
   uint64_t nextCollective() {
     return ++collectives_;

@@ -112,6 +112,13 @@ class CudaContext final : public DeviceContext {
     return kMinShardBytes;
   }
 
+ protected:
+  // NCCL's wait() returns at once: the stage's stream waits for the step,
+  // and abort() ends a step that never finishes.
+  void waitForLocalStep(const c10::intrusive_ptr<c10d::Work>& work) override {
+    work->wait();
+  }
+
  private:
   const c10::cuda::CUDAStream& stream(Stage stage) const {
     return stageStreams_[static_cast<int>(stage)];

@@ -1,5 +1,8 @@
 #include "device/device.h"
 
+#include <algorithm>
+#include <thread>
+
 #include <c10/util/Exception.h>
 
 namespace fairring {
@@ -16,31 +19,93 @@ const char* stageName(Stage stage) {
   return "?";
 }
 
-// Both local steps end with the Work's wait(): Gloo's blocks the host until
-// the step is done; NCCL's makes the current (stage) stream wait for it.
-void DeviceContext::localAllToAll(at::Tensor& parts, at::Tensor& input) {
+namespace {
+
+// What is left of an op's time, for a local step's own timeout: the group
+// gives up on its own by the op's deadline, even where nothing aborts it.
+std::chrono::milliseconds remaining(DeviceContext::Clock::time_point deadline) {
+  return std::max(
+      std::chrono::milliseconds(1),
+      std::chrono::ceil<std::chrono::milliseconds>(
+          deadline - DeviceContext::Clock::now()));
+}
+
+} // namespace
+
+DeviceContext::DeviceContext(c10::Device device, LocalGroups groups)
+    : device_(device),
+      groups_(std::move(groups)),
+      localWaits_(std::make_shared<LocalWaits>()) {}
+
+DeviceContext::~DeviceContext() {
+  if (abandonedLocalStep_) {
+    // A Gloo group waits for its step in flight before it is destroyed, until
+    // the step's own timeout (the op's deadline) ends it: a detached thread
+    // drops the groups, so that shutdown does not wait. It owns nothing else.
+    std::thread([groups = std::move(groups_)]() mutable {
+      groups = LocalGroups{};
+    }).detach();
+  }
+}
+
+void DeviceContext::localAllToAll(
+    at::Tensor& parts,
+    at::Tensor& input,
+    Clock::time_point deadline) {
   if (!groups_.reduceScatter) {
     parts.view({-1}).copy_(input);
     return;
   }
   std::vector<int64_t> equalSplits;
+  c10d::AllToAllOptions options;
+  options.timeout = remaining(deadline);
   // The name both torch 2.11 and 2.15 have (2.15 also calls it all_to_all_single).
-  groups_.reduceScatter->alltoall_base(parts, input, equalSplits, equalSplits)
-      ->wait();
+  waitForLocalStep(groups_.reduceScatter->alltoall_base(
+      parts, input, equalSplits, equalSplits, options));
 }
 
-void DeviceContext::localAllGather(at::Tensor& output, at::Tensor& part) {
+void DeviceContext::localAllGather(
+    at::Tensor& output,
+    at::Tensor& part,
+    Clock::time_point deadline) {
   if (!groups_.allGather) {
     output.copy_(part);
     return;
   }
-  groups_.allGather->_allgather_base(output, part)->wait();
+  c10d::AllgatherOptions options;
+  options.timeout = remaining(deadline);
+  waitForLocalStep(groups_.allGather->_allgather_base(output, part, options));
+}
+
+void DeviceContext::waitForLocalStep(
+    const c10::intrusive_ptr<c10d::Work>& work) {
+  auto waits = localWaits_;
+  auto done = std::make_shared<bool>(false); // guarded by waits->mutex
+  work->getFuture()->addCallback([waits, done](c10::ivalue::Future&) {
+    std::lock_guard<std::mutex> lock(waits->mutex);
+    *done = true;
+    waits->changed.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> lock(waits->mutex);
+    waits->changed.wait(lock, [&] { return *done || waits->aborted; });
+    if (!*done) {
+      abandonedLocalStep_ = true;
+      TORCH_CHECK(false, "the engine stopped while the step was in flight");
+    }
+  }
+  work->wait(); // done: rethrows the step's error, if any
 }
 
 void DeviceContext::abort() {
   if (aborted_.exchange(true)) {
     return;
   }
+  {
+    std::lock_guard<std::mutex> lock(localWaits_->mutex);
+    localWaits_->aborted = true;
+  }
+  localWaits_->changed.notify_all();
   for (const auto& group : {groups_.reduceScatter, groups_.allGather}) {
     if (group) {
       group->abort();

@@ -1,7 +1,10 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,7 +59,9 @@ struct LocalGroups {
 // receivedFence runs on the transport's thread; abort on any.
 class DeviceContext {
  public:
-  virtual ~DeviceContext() = default;
+  using Clock = std::chrono::steady_clock;
+
+  virtual ~DeviceContext();
   DeviceContext(const DeviceContext&) = delete;
   DeviceContext& operator=(const DeviceContext&) = delete;
 
@@ -107,25 +112,46 @@ class DeviceContext {
   virtual int64_t minShardBytes() const = 0;
 
   // -- Local steps (stage), over this machine's ranks; with one rank per
-  // machine, plain copies. Ordered on the stage's stream on CUDA.
+  // machine, plain copies. Ordered on the stage's stream on CUDA. Each gives
+  // up at `deadline` (the op's), and throws at once after abort().
 
   // parts[r] = rank r's part `r` of `input`, split in as many equal parts.
-  void localAllToAll(at::Tensor& parts, at::Tensor& input);
+  void localAllToAll(
+      at::Tensor& parts,
+      at::Tensor& input,
+      Clock::time_point deadline);
   // output = every rank's `part`, in local-rank order.
-  void localAllGather(at::Tensor& output, at::Tensor& part);
+  void localAllGather(
+      at::Tensor& output,
+      at::Tensor& part,
+      Clock::time_point deadline);
 
-  // Fails the local steps in flight where the group can (NCCL), so that
-  // stage threads blocked in them return. Any thread; once.
+  // Ends the local steps in flight: NCCL's are aborted; a stage thread
+  // waiting for a Gloo step (which cannot be aborted) stops waiting. Any
+  // thread; once.
   void abort();
 
  protected:
-  DeviceContext(c10::Device device, LocalGroups groups)
-      : device_(device), groups_(std::move(groups)) {}
+  DeviceContext(c10::Device device, LocalGroups groups);
+
+  // Waits for a local step's Work as this device needs (stage). By default
+  // the host waits until it is done or abort() is called.
+  virtual void waitForLocalStep(const c10::intrusive_ptr<c10d::Work>& work);
 
  private:
+  // Shared with the callbacks of local steps, which may outlive this.
+  struct LocalWaits {
+    std::mutex mutex;
+    std::condition_variable changed;
+    bool aborted = false;
+  };
+
   const c10::Device device_;
-  const LocalGroups groups_;
+  LocalGroups groups_;
+  const std::shared_ptr<LocalWaits> localWaits_;
   std::atomic<bool> aborted_{false};
+  // A stage thread stopped waiting for a Gloo step that still runs.
+  std::atomic<bool> abandonedLocalStep_{false};
 };
 
 std::unique_ptr<DeviceContext> makeCpuContext(LocalGroups groups);

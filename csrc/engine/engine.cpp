@@ -7,17 +7,75 @@
 
 namespace fairring {
 
+namespace {
+
+// Where a slice is, for a timeout's error.
+enum class Step : int {
+  kQueued,
+  kStaging,
+  kLocalReduceScatter,
+  kAwaitShards,
+  kReducing,
+  kAwaitReduced,
+  kLocalAllGather,
+  kDone,
+};
+
+const char* opName(c10d::ReduceOp::RedOpType op) {
+  switch (op) {
+    case c10d::ReduceOp::SUM:
+      return "sum";
+    case c10d::ReduceOp::AVG:
+      return "avg";
+    case c10d::ReduceOp::PRODUCT:
+      return "product";
+    case c10d::ReduceOp::MIN:
+      return "min";
+    case c10d::ReduceOp::MAX:
+      return "max";
+    default:
+      return "other";
+  }
+}
+
+std::string rankList(const std::vector<int>& ranks) {
+  std::string list;
+  for (int rank : ranks) {
+    list += (list.empty() ? "" : ", ") + std::to_string(rank);
+  }
+  return list;
+}
+
+std::string secondsText(std::chrono::steady_clock::duration duration) {
+  const auto tenths =
+      std::chrono::duration_cast<std::chrono::milliseconds>(duration).count() /
+      100;
+  return std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " s";
+}
+
+} // namespace
+
 struct Engine::Op {
   uint64_t seq;
   at::Tensor tensor; // the caller's
   at::Tensor flat; // 1-D and contiguous; aliases `tensor` unless copyBack
   bool copyBack;
   c10d::ReduceOp::RedOpType reduceOp;
+  std::chrono::milliseconds timeout;
+  Clock::time_point deadline;
   Fence inputReady; // the caller's work on the input
   ProfilerContext profiler; // the caller's, for the stage threads
+  std::vector<std::weak_ptr<SliceWork>> slices; // set before they are queued
   std::atomic<int64_t> slicesLeft{0};
   std::atomic<bool> settled{false};
+  // Completed on the stage threads; the caller gets its relay.
   c10::intrusive_ptr<c10::ivalue::Future> future;
+
+  std::string describe() const {
+    return "all_reduce op #" + std::to_string(seq) + " (" +
+        std::to_string(flat.numel()) + " x " +
+        c10::toString(flat.scalar_type()) + ", " + opName(reduceOp) + ")";
+  }
 
   // On the all-gather thread, after the slice's last device work was queued:
   // completion records the future's events there.
@@ -31,9 +89,9 @@ struct Engine::Op {
     future->markCompleted(c10::IValue(std::vector<at::Tensor>{tensor}));
   }
 
-  void fail(const std::exception_ptr& error) {
+  void fail(const std::string& message) {
     if (!settled.exchange(true)) {
-      future->setError(error);
+      future->setError(std::make_exception_ptr(std::runtime_error(message)));
     }
   }
 };
@@ -50,7 +108,12 @@ struct Engine::SliceWork {
   at::Tensor shards; // [machines, shard]: every machine's part of my shard
   Fence reduceScattered; // steps 1 done, shards[me] copied
   Fence reduced; // step 3 done
-  // Guarded by the engine's mutex_.
+  std::atomic<Step> step{Step::kQueued};
+  // Guarded by the engine's mutex_. By machine: what has arrived, and the
+  // sends still in flight.
+  std::vector<char> shardFrom;
+  std::vector<char> reducedFrom;
+  std::vector<int> sendsTo;
   int shardsReceived = 0;
   int reducedReceived = 0;
   int writesPending = 0;
@@ -79,19 +142,41 @@ Engine::Engine(
     const Config& config,
     std::unique_ptr<DeviceContext> device,
     std::unique_ptr<rails::Mesh> mesh,
+    std::chrono::milliseconds timeout,
     std::unique_ptr<Timeline> timeline)
     : topology_(topology),
       config_(config),
       device_(std::move(device)),
       timeline_(std::move(timeline)),
-      staging_(config.totalMemoryBytes, device_->memoryOptions()) {
+      heartbeatInterval_(std::clamp(
+          timeout / 10,
+          std::chrono::milliseconds(100),
+          std::chrono::milliseconds(5000))),
+      staging_(config.totalMemoryBytes, device_->memoryOptions()),
+      completions_(device_->device()),
+      mesh_(std::move(mesh)) {
   TORCH_CHECK(
       topology_.servesEngine(),
       "fairring: the engine needs 2+ machines with equally many ranks");
   device_->keepAlive(staging_.memory());
   lanes_ = std::make_unique<rails::Lanes>(
-      std::move(mesh), [this](const std::string& message) { fail(message); });
-  // One thread per stage, owned by the engine and joined by its destructor.
+      *mesh_,
+      [this](int peerRank, bool mismatch, const std::string& message) {
+        onRailsFailure(peerRank, mismatch, message);
+      });
+  watch_ = std::make_unique<rails::Watch>(
+      *mesh_,
+      topology_.worldSize(),
+      rails::Watch::Handlers{
+          [this](int neighbour, const rails::Watch::Notice& notice) {
+            onNotice(neighbour, notice);
+          },
+          [this](int neighbour, const std::string& error) {
+            onLost(neighbour, error);
+          }});
+  watch_->start();
+  // One thread per stage and the watchdog, owned by the engine and joined by
+  // its destructor.
   const std::array<void (Engine::*)(), kStages> loops{
       &Engine::reduceScatterLoop, &Engine::reduceLoop, &Engine::allGatherLoop};
   for (int stage = 0; stage < kStages; ++stage) {
@@ -99,23 +184,35 @@ Engine::Engine(
       try {
         device_->runStage(static_cast<Stage>(stage), [&] { (this->*loop)(); });
       } catch (const std::exception& error) {
-        fail(
-            std::string("the ") + stageName(static_cast<Stage>(stage)) +
-            " stage failed: " + error.what());
+        stop(Cause{
+            -1,
+            who(topology_.rank()) + "'s " +
+                stageName(static_cast<Stage>(stage)) +
+                " stage failed: " + error.what(),
+            false});
       }
     });
   }
+  watchdog_ = std::thread([this] { watchdogLoop(); });
 }
 
 Engine::~Engine() {
-  abort("the process group was shut down");
+  abort("destroyed its process group");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  watchdogWake_.notify_all();
   for (auto& thread : threads_) {
     thread.join();
   }
-  // Shuts the transport down: no callback runs after this. Staging is freed
-  // next; on CUDA, the device context kept it from reuse until the work
-  // queued on it has finished, so nothing here waits for the GPU.
-  lanes_.reset();
+  watchdog_.join();
+  // Shuts the transport down: no callback runs after this. Then the watch,
+  // the lanes, the mesh and the completions go (the last runs what is
+  // queued), and staging is freed; on CUDA, the device context kept it from
+  // reuse until the work queued on it has finished, so nothing here waits
+  // for the GPU.
+  mesh_->shutdown();
 }
 
 bool Engine::handles(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op) {
@@ -124,15 +221,19 @@ bool Engine::handles(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op) {
 
 c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
     const at::Tensor& tensor,
-    c10d::ReduceOp::RedOpType reduceOp) {
+    c10d::ReduceOp::RedOpType reduceOp,
+    std::chrono::milliseconds timeout) {
   auto op = std::make_shared<Op>();
   op->tensor = tensor;
   op->copyBack = !tensor.is_contiguous();
   op->flat = tensor.contiguous().view({-1});
   op->reduceOp = reduceOp;
+  op->timeout = timeout;
+  op->deadline = Clock::now() + timeout;
   op->profiler = ProfilerContext::capture();
   op->future = c10::make_intrusive<c10::ivalue::Future>(
       c10::ListType::create(c10::TensorType::get()), device_->futureDevices());
+  auto result = completions_.relay(op->future);
 
   const int64_t elementSize = op->flat.element_size();
   const int64_t unit = planUnit(
@@ -152,44 +253,58 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
     op->seq = nextSeq_++;
     op->slicesLeft = 1;
     op->finishSlice();
-    return op->future;
+    return result;
   }
   op->inputReady = device_->adoptInput(op->flat, op->tensor);
 
+  std::vector<std::shared_ptr<SliceWork>> slices;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    auto slice = std::make_shared<SliceWork>();
+    slice->op = op;
+    slice->index = static_cast<int64_t>(i);
+    slice->plan = plan[i];
+    slice->input = op->flat.narrow(0, plan[i].offset, plan[i].numel);
+    slice->shardFrom.assign(topology_.numMachines(), 0);
+    slice->reducedFrom.assign(topology_.numMachines(), 0);
+    slice->sendsTo.assign(topology_.numMachines(), 0);
+    op->slices.push_back(slice);
+    slices.push_back(std::move(slice));
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     // Numbered under the lock that queues its slices: numbers follow queue order.
     op->seq = nextSeq_++;
     if (!error_.empty()) {
-      op->fail(std::make_exception_ptr(std::runtime_error(
-          "fairring: all_reduce op #" + std::to_string(op->seq) +
-          " not started: an earlier failure stopped the engine: " + error_)));
-      return op->future;
+      op->fail(
+          "fairring: rank " + std::to_string(topology_.rank()) + ": " +
+          op->describe() +
+          " not started: an earlier failure stopped the engine: " + error_);
+      return result;
     }
-    std::erase_if(liveOps_, [](const auto& weak) { return weak.expired(); });
     liveOps_.push_back(op);
-    for (size_t i = 0; i < plan.size(); ++i) {
-      auto slice = std::make_shared<SliceWork>();
-      slice->op = op;
-      slice->index = static_cast<int64_t>(i);
-      slice->plan = plan[i];
-      slice->input = op->flat.narrow(0, plan[i].offset, plan[i].numel);
+    if (failed()) {
+      return result; // stopped: fails once the cause is settled
+    }
+    for (auto& slice : slices) {
       toReduceScatter_.push_back(std::move(slice));
     }
   }
   progress_.notify_all();
-  return op->future;
+  watchdogWake_.notify_all(); // its deadline may be the nearest
+  return result;
 }
 
 // The reduce-scatter thread: start, steps 1 and 2, in issue order.
 void Engine::reduceScatterLoop() {
   while (auto slice = popWhenReady(
              toReduceScatter_, [](const SliceWork&) { return true; })) {
+    slice->step = Step::kStaging;
     if (!traced(Stage::kReduceScatter, *slice, [&] {
           return start(slice) && reduceScatter(slice);
         })) {
       return;
     }
+    slice->step = Step::kAwaitShards;
     push(toReduce_, slice);
   }
 }
@@ -200,9 +315,11 @@ void Engine::reduceLoop() {
   while (auto slice = popWhenReady(toReduce_, [peers](const SliceWork& s) {
            return s.shardsReceived == peers;
          })) {
+    slice->step = Step::kReducing;
     if (!traced(Stage::kReduce, *slice, [&] { return reduce(slice); })) {
       return;
     }
+    slice->step = Step::kAwaitReduced;
     push(toAllGather_, slice);
   }
 }
@@ -214,8 +331,18 @@ void Engine::allGatherLoop() {
   while (auto slice = popWhenReady(toAllGather_, [peers](const SliceWork& s) {
            return s.reducedReceived == peers && s.writesPending == 0;
          })) {
-    if (traced(Stage::kAllGather, *slice, [&] { return allGather(slice); })) {
-      slice->op->finishSlice();
+    slice->step = Step::kLocalAllGather;
+    if (!traced(Stage::kAllGather, *slice, [&] { return allGather(slice); })) {
+      return;
+    }
+    slice->step = Step::kDone;
+    slice->op->finishSlice();
+    if (slice->op->settled) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      // Ops finish in issue order: the finished one is first.
+      while (!liveOps_.empty() && liveOps_.front()->settled) {
+        liveOps_.pop_front();
+      }
     }
   }
 }
@@ -274,6 +401,7 @@ void Engine::attachStaging(
 // Steps 1 and 2. Step 1 is an all-to-all of slots and a local combination
 // (Gloo's own reduce-scatter takes 2-3x as long on the same data).
 bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
+  slice->step = Step::kLocalReduceScatter;
   try {
     if (slice->index == 0) {
       device_->waitOnDevice(slice->op->inputReady);
@@ -284,7 +412,7 @@ bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
       slice->padded.narrow(0, numel, slice->plan.paddedNumel - numel).zero_();
     }
     at::Tensor input = slice->io();
-    device_->localAllToAll(slice->parts, input);
+    device_->localAllToAll(slice->parts, input, slice->op->deadline);
     const auto op = localReduceOp(slice->op->reduceOp);
     for (int64_t part = 1; part < slice->parts.size(0); ++part) {
       combineInto(slice->slot, slice->parts[part], op);
@@ -293,7 +421,11 @@ bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
     slice->shards[me].copy_(shardOf(*slice, me));
     slice->reduceScattered = device_->record();
   } catch (const std::exception& error) {
-    fail("local reduce-scatter of " + slice->describe() + " failed: " + error.what());
+    stop(Cause{
+        -1,
+        who(topology_.rank()) + "'s local reduce-scatter of " +
+            slice->describe() + " failed: " + error.what(),
+        false});
     return false;
   }
   // The rails read the slot from the host's side: it must be ready.
@@ -318,7 +450,11 @@ bool Engine::reduce(const std::shared_ptr<SliceWork>& slice) {
     reduceRows(out, slice->shards, slice->op->reduceOp, topology_.worldSize());
     slice->reduced = device_->record();
   } catch (const std::exception& error) {
-    fail("reducing " + slice->describe() + " failed: " + error.what());
+    stop(Cause{
+        -1,
+        who(topology_.rank()) + " failed reducing " + slice->describe() + ": " +
+            error.what(),
+        false});
     return false;
   }
   if (!device_->waitOnHost(slice->reduced, [this] { return failed(); })) {
@@ -339,13 +475,17 @@ bool Engine::allGather(const std::shared_ptr<SliceWork>& slice) {
     device_->waitOnDevice(slice->reduced);
     device_->waitOnDevice(slice->reducedArrived);
     at::Tensor output = slice->io();
-    device_->localAllGather(output, slice->slot);
+    device_->localAllGather(output, slice->slot, slice->op->deadline);
     if (slice->padded.defined()) {
       slice->input.copy_(slice->padded.narrow(0, 0, slice->plan.numel));
     }
     done = device_->record();
   } catch (const std::exception& error) {
-    fail("local all-gather of " + slice->describe() + " failed: " + error.what());
+    stop(Cause{
+        -1,
+        who(topology_.rank()) + "'s local all-gather of " + slice->describe() +
+            " failed: " + error.what(),
+        false});
     return false;
   }
   {
@@ -378,16 +518,18 @@ void Engine::expectMessages(const std::shared_ptr<SliceWork>& slice) {
   // Run on the transport's thread(s): count, note the fence, wake the
   // stages. The fence is recorded under the lock, so the one kept last was
   // recorded last: after every copy whose receive completed before it.
-  auto arrival = [this, slice](rails::Lane lane) {
-    return [this, slice, lane] {
+  auto arrival = [this, slice](int machine, rails::Lane lane) {
+    return [this, slice, machine, lane] {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         Fence fence = device_->receivedFence();
         if (lane == rails::kShards) {
           ++slice->shardsReceived;
+          slice->shardFrom[machine] = 1;
           slice->shardsArrived = std::move(fence);
         } else {
           ++slice->reducedReceived;
+          slice->reducedFrom[machine] = 1;
           slice->reducedArrived = std::move(fence);
         }
       }
@@ -404,14 +546,14 @@ void Engine::expectMessages(const std::shared_ptr<SliceWork>& slice) {
         {slice->tag(rails::kShards),
          device_->receiveBuffer(slice->shards[machine]),
          "shards of " + slice->describe(),
-         arrival(rails::kShards)});
+         arrival(machine, rails::kShards)});
     lanes_->expect(
         machine,
         rails::kReduced,
         {slice->tag(rails::kReduced),
          device_->receiveBuffer(shardOf(*slice, machine)),
          "reduced shards of " + slice->describe(),
-         arrival(rails::kReduced)});
+         arrival(machine, rails::kReduced)});
   }
 }
 
@@ -423,6 +565,7 @@ void Engine::send(
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++slice->writesPending;
+    ++slice->sendsTo[machine];
   }
   lanes_->send(
       machine,
@@ -432,10 +575,11 @@ void Engine::send(
       (lane == rails::kShards ? "shards of " : "reduced shards of ") +
           slice->describe(),
       // On the transport's thread, once the rails are done with the memory.
-      [this, slice] {
+      [this, slice, machine] {
         {
           std::lock_guard<std::mutex> lock(mutex_);
           --slice->writesPending;
+          --slice->sendsTo[machine];
         }
         progress_.notify_all();
       });
@@ -446,9 +590,9 @@ std::shared_ptr<Engine::SliceWork> Engine::popWhenReady(
     const std::function<bool(const SliceWork&)>& ready) {
   std::unique_lock<std::mutex> lock(mutex_);
   progress_.wait(lock, [&] {
-    return !error_.empty() || (!queue.empty() && ready(*queue.front()));
+    return failed() || (!queue.empty() && ready(*queue.front()));
   });
-  if (!error_.empty()) {
+  if (failed()) {
     return nullptr;
   }
   auto slice = std::move(queue.front());
@@ -464,34 +608,257 @@ void Engine::push(Queue& queue, std::shared_ptr<SliceWork> slice) {
   progress_.notify_all();
 }
 
-void Engine::abort(const std::string& reason) {
-  fail(reason);
-  device_->abort();
+std::string Engine::who(int rank) const {
+  const auto& machines = topology_.machines();
+  for (size_t machine = 0; machine < machines.size(); ++machine) {
+    const auto& ranks = machines[machine];
+    if (std::find(ranks.begin(), ranks.end(), rank) != ranks.end()) {
+      return "rank " + std::to_string(rank) + " (machine " +
+          std::to_string(machine) + " of " + std::to_string(machines.size()) +
+          ")";
+    }
+  }
+  return "rank " + std::to_string(rank);
 }
 
-void Engine::fail(const std::string& message) {
-  std::vector<std::shared_ptr<Op>> ops;
+void Engine::abort(const std::string& did) {
+  stop(Cause{topology_.rank(), who(topology_.rank()) + " " + did, true});
+}
+
+void Engine::onRailsFailure(
+    int peerRank,
+    bool mismatch,
+    const std::string& message) {
+  if (peerRank < 0) {
+    return; // closed here, by stop()
+  }
+  const std::string me = who(topology_.rank());
+  if (mismatch) {
+    // Seen first hand, and no rank is more to blame than another.
+    stop(Cause{-1, me + ": " + message, true});
+    return;
+  }
+  // The peer may have failed, or only stopped because of a failure elsewhere:
+  // its notice, or its control connection breaking, tells which.
+  stop(Cause{peerRank, me + " lost " + who(peerRank) + ": " + message, false});
+}
+
+void Engine::onNotice(int /*neighbour*/, const rails::Watch::Notice& notice) {
+  stop(Cause{notice.culprit, notice.what, true});
+}
+
+void Engine::onLost(int neighbour, const std::string& error) {
+  stop(Cause{
+      neighbour,
+      who(neighbour) + " exited, crashed or lost its network: its control "
+          "connection to " + who(topology_.rank()) + " broke (" + error + ")",
+      true});
+}
+
+void Engine::stop(Cause cause) {
+  std::deque<std::shared_ptr<Op>> ops;
+  bool first = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!error_.empty()) {
-      return;
+      return; // settled already
     }
-    error_ = "rank " + std::to_string(topology_.rank()) + ": " + message;
-    failed_ = true;
-    for (const auto& weak : liveOps_) {
-      if (auto op = weak.lock()) {
-        ops.push_back(std::move(op));
+    first = !failed_.exchange(true);
+    if (!cause.certain) {
+      if (!unsettled_) {
+        // A cause that blames a peer waits for that peer's own word, which
+        // may itself wait kSettleGrace.
+        cause.settleBy = Clock::now() +
+            (cause.culprit >= 0 ? 2 * kSettleGrace : kSettleGrace);
+        unsettled_ = cause;
+      }
+    } else {
+      unsettled_.reset();
+      error_ = cause.what;
+      ops.swap(liveOps_);
+    }
+  }
+  if (cause.certain) {
+    // Before the rails close: the neighbours read it before they see that.
+    watch_->announce({cause.culprit, cause.what});
+  }
+  if (first) {
+    progress_.notify_all();
+    watchdogWake_.notify_all();
+    staging_.interrupt();
+    lanes_->close("stopped");
+    device_->abort();
+  }
+  const std::string prefix = "fairring: rank " + std::to_string(topology_.rank()) + ": ";
+  for (const auto& op : ops) {
+    op->fail(prefix + op->describe() + " failed: " + cause.what);
+  }
+}
+
+void Engine::watchdogLoop() {
+  auto nextBeat = Clock::now();
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    const auto now = Clock::now();
+    if (now >= nextBeat) {
+      lock.unlock();
+      watch_->heartbeat();
+      lock.lock();
+      nextBeat = now + heartbeatInterval_;
+      continue;
+    }
+    auto wakeAt = nextBeat;
+    if (unsettled_) {
+      if (now >= unsettled_->settleBy) {
+        Cause cause = *unsettled_;
+        cause.certain = true;
+        lock.unlock();
+        stop(std::move(cause));
+        lock.lock();
+        continue;
+      }
+      wakeAt = std::min(wakeAt, unsettled_->settleBy);
+    } else if (error_.empty()) {
+      auto nextDeadline = Clock::time_point::max();
+      if (auto cause = expiredLocked(now, nextDeadline)) {
+        lock.unlock();
+        stop(std::move(*cause));
+        lock.lock();
+        continue;
+      }
+      wakeAt = std::min(wakeAt, nextDeadline);
+    }
+    watchdogWake_.wait_until(lock, wakeAt);
+  }
+}
+
+std::optional<Engine::Cause> Engine::expiredLocked(
+    Clock::time_point now,
+    Clock::time_point& nextDeadline) {
+  std::shared_ptr<Op> expired;
+  for (const auto& op : liveOps_) {
+    if (op->settled) {
+      continue;
+    }
+    if (op->deadline <= now) {
+      expired = op; // ops are in issue order: the first expired is the oldest
+      break;
+    }
+    nextDeadline = std::min(nextDeadline, op->deadline);
+  }
+  if (!expired) {
+    return std::nullopt;
+  }
+  // Where it is stuck: its first unfinished slice, or, if that has not
+  // started, the oldest unfinished slice of all (it waits behind that).
+  const auto firstUnfinished = [](const Op& op) -> std::shared_ptr<SliceWork> {
+    for (const auto& weak : op.slices) {
+      auto slice = weak.lock();
+      if (slice && slice->step != Step::kDone) {
+        return slice;
+      }
+    }
+    return nullptr;
+  };
+  std::vector<int> awaited;
+  std::string where = "while finishing";
+  if (auto slice = firstUnfinished(*expired)) {
+    where = waitingForLocked(*slice, awaited);
+    if (slice->step == Step::kQueued) {
+      for (const auto& op : liveOps_) {
+        auto head = op->settled ? nullptr : firstUnfinished(*op);
+        if (head && head->step != Step::kQueued) {
+          where = "behind " + head->op->describe() + ", " +
+              waitingForLocked(*head, awaited);
+          break;
+        }
       }
     }
   }
-  progress_.notify_all();
-  staging_.interrupt();
-  lanes_->close(message);
-  const auto error = std::make_exception_ptr(std::runtime_error(
-      "fairring: rank " + std::to_string(topology_.rank()) + ": " + message));
-  for (const auto& op : ops) {
-    op->fail(error);
+  const std::string me = who(topology_.rank());
+  std::string what = me + "'s " + expired->describe() + " timed out after " +
+      std::to_string(expired->timeout.count()) + " ms, " + where;
+  if (const std::string down = mesh_->downInterface(); !down.empty()) {
+    return Cause{
+        topology_.rank(),
+        me + " lost its network: interface " + down + " is down; " + what,
+        true};
   }
+  // A neighbour silent for several heartbeats is stopped, hung or cut off:
+  // seen first hand, so certain. The one this op waits for comes first.
+  const auto silences = watch_->silences(3 * heartbeatInterval_);
+  if (silences.empty()) {
+    return Cause{-1, what, false};
+  }
+  auto culprit = silences.front();
+  for (const auto& silence : silences) {
+    if (std::find(awaited.begin(), awaited.end(), silence.first) !=
+        awaited.end()) {
+      culprit = silence;
+      break;
+    }
+  }
+  return Cause{
+      culprit.first,
+      who(culprit.first) + " stopped responding (" + me +
+          " heard nothing from it for " + secondsText(culprit.second) +
+          ": it is stopped, hung or unreachable); " + what,
+      true};
+}
+
+std::string Engine::waitingForLocked(
+    const SliceWork& slice,
+    std::vector<int>& awaited) const {
+  const std::string which = "slice " + std::to_string(slice.index + 1) +
+      " of " + std::to_string(slice.op->slices.size());
+  std::vector<int> localPeers;
+  for (int rank : topology_.localRanks()) {
+    if (rank != topology_.rank()) {
+      localPeers.push_back(rank);
+    }
+  }
+  const auto railPeersWhere = [&](const auto& missing) {
+    std::vector<int> ranks;
+    for (int machine = 0; machine < topology_.numMachines(); ++machine) {
+      if (machine != topology_.machine() && missing(machine)) {
+        ranks.push_back(topology_.railPeers()[machine]);
+      }
+    }
+    return ranks;
+  };
+  switch (slice.step.load()) {
+    case Step::kQueued:
+      return "queued (" + which + ")";
+    case Step::kStaging:
+      return "waiting for staging memory that earlier slices hold (" + which +
+          ")";
+    case Step::kLocalReduceScatter:
+      awaited = localPeers;
+      return "in the local reduce-scatter of " + which + " with rank(s) " +
+          rankList(localPeers) + " of its machine";
+    case Step::kAwaitShards:
+      awaited = railPeersWhere([&](int m) { return !slice.shardFrom[m]; });
+      return "waiting for the shards of " + which + " from rail peer rank(s) " +
+          rankList(awaited);
+    case Step::kReducing:
+      return "reducing " + which;
+    case Step::kAwaitReduced:
+      awaited = railPeersWhere([&](int m) { return !slice.reducedFrom[m]; });
+      if (!awaited.empty()) {
+        return "waiting for the reduced shards of " + which +
+            " from rail peer rank(s) " + rankList(awaited);
+      }
+      awaited = railPeersWhere([&](int m) { return slice.sendsTo[m] > 0; });
+      return "waiting for its sends of " + which + " to rail peer rank(s) " +
+          rankList(awaited) + " to complete";
+    case Step::kLocalAllGather:
+      awaited = localPeers;
+      return "in the local all-gather of " + which + " with rank(s) " +
+          rankList(localPeers) + " of its machine";
+    case Step::kDone:
+      break;
+  }
+  return "finishing " + which;
 }
 
 EngineStats Engine::stats() const {

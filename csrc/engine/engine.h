@@ -2,11 +2,13 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,9 +18,11 @@
 
 #include "config.h"
 #include "device/device.h"
+#include "engine/completions.h"
 #include "engine/staging.h"
 #include "engine/trace.h"
 #include "rails/lanes.h"
+#include "rails/watch.h"
 #include "topology.h"
 
 namespace fairring {
@@ -52,16 +56,35 @@ struct EngineStats {
 // for an earlier stage's work through that slice's fences only: GPU order
 // depends on slice order alone (docs/design.md, "CUDA").
 //
-// A failure anywhere fails every pending op and every later one, naming the
-// rank, the stage, the op and the peer; the engine does not recover.
+// Failures (docs/design.md, "Failures"). Every op has a deadline, its
+// timeout after it was issued; a watchdog thread fails the engine when one
+// passes, naming the op, the stage and the peers it was waiting for. A
+// failure anywhere stops the engine at once (rails closed, local steps
+// abandoned, staging waits interrupted) and fails every pending op and every
+// later one with one cause, which names the rank that failed first. Where
+// this rank saw the failure first hand (a neighbour's connection broke, a
+// neighbour went silent, the ranks disagree, the user aborted) the cause is
+// certain: it is announced to the neighbours (rails::Watch), who adopt it.
+// Where it saw only an effect (a rail transfer or a local step failed, an op
+// timed out with every neighbour still alive) it waits up to kSettleGrace for
+// a neighbour's notice before settling for what it saw. The engine does not
+// recover.
+//
+// Futures complete on Completions' workers: callbacks never run on a stage
+// thread or the transport's.
 class Engine {
  public:
+  // How long a cause seen only second hand waits for a better one.
+  static constexpr std::chrono::milliseconds kSettleGrace{2000};
+
   // `timeline`: where each slice's stages are written; may be null.
+  // `timeout`: the group's, which sets the heartbeat interval.
   Engine(
       const Topology& topology,
       const Config& config,
       std::unique_ptr<DeviceContext> device,
       std::unique_ptr<rails::Mesh> mesh,
+      std::chrono::milliseconds timeout,
       std::unique_ptr<Timeline> timeline = nullptr);
   ~Engine();
 
@@ -78,27 +101,39 @@ class Engine {
 
   // Starts an all-reduce of `tensor` (on device()), in place. Must be called
   // in the same order on every rank (c10d's rule). The future holds [tensor]
-  // when done; with CUDA, its events follow the engine's last stage.
+  // when done, or fails once `timeout` has passed; with CUDA, its events
+  // follow the engine's last stage.
   c10::intrusive_ptr<c10::ivalue::Future> allreduce(
       const at::Tensor& tensor,
-      c10d::ReduceOp::RedOpType op);
+      c10d::ReduceOp::RedOpType op,
+      std::chrono::milliseconds timeout);
 
-  // Fails all pending and later ops with `reason`, aborts the local steps in
-  // flight, and lets the stage threads return. Any thread; returns at once.
-  void abort(const std::string& reason);
+  // Fails all pending and later ops because this rank `did` something ("shut
+  // down its process group"), tells the neighbours, abandons the local steps
+  // in flight, and lets the stage threads return. Any thread; returns at once.
+  void abort(const std::string& did);
 
   StagingStats stagingStats() const {
     return staging_.stats();
   }
   std::string describeRails() const {
-    return lanes_->mesh().describe();
+    return mesh_->describe();
   }
   EngineStats stats() const;
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Op;
   struct SliceWork;
   using Queue = std::deque<std::shared_ptr<SliceWork>>;
+
+  // Why the engine stopped, as every rank will report it.
+  struct Cause {
+    int culprit = -1; // the rank that failed first, if known
+    std::string what; // a sentence that names it
+    bool certain = false; // else: wait for a neighbour's notice first
+    Clock::time_point settleBy{}; // for an uncertain one
+  };
 
   // The stage threads' loops, and one slice's steps in order.
   void reduceScatterLoop();
@@ -134,7 +169,24 @@ class Engine {
   template <typename Step>
   bool traced(Stage stage, const SliceWork& slice, Step&& step);
 
-  void fail(const std::string& message);
+  // The watchdog: heartbeats, op deadlines, settling uncertain causes.
+  void watchdogLoop();
+  // Why the oldest expired op is stuck, or nothing if none has expired (then
+  // `nextDeadline` is the nearest). Needs mutex_.
+  std::optional<Cause> expiredLocked(
+      Clock::time_point now,
+      Clock::time_point& nextDeadline);
+  std::string waitingForLocked(const SliceWork& slice, std::vector<int>& awaited)
+      const;
+  // Stops the engine (once) and fails the ops once the cause is settled.
+  void stop(Cause cause);
+  // Handlers of the rails and the watch (transport thread).
+  void onRailsFailure(int peerRank, bool mismatch, const std::string& message);
+  void onNotice(int neighbour, const rails::Watch::Notice& notice);
+  void onLost(int neighbour, const std::string& error);
+  // "rank 3 (machine 1 of 2)".
+  std::string who(int rank) const;
+
   bool failed() const {
     return failed_.load();
   }
@@ -143,11 +195,16 @@ class Engine {
   const Config config_;
   const std::unique_ptr<DeviceContext> device_;
   const std::unique_ptr<Timeline> timeline_;
+  const std::chrono::milliseconds heartbeatInterval_;
   StagingRing staging_;
-  // Reset first in the destructor: its callbacks use the members below.
+  Completions completions_;
+  // The destructor shuts the mesh down before anything else goes: the
+  // callbacks of the rails and the watch use the members below.
+  std::unique_ptr<rails::Mesh> mesh_;
   std::unique_ptr<rails::Lanes> lanes_;
+  std::unique_ptr<rails::Watch> watch_;
 
-  std::atomic<bool> failed_{false};
+  std::atomic<bool> failed_{false}; // stopped, whether settled or not
   std::atomic<uint64_t> nextSeq_{0};
   std::atomic<int64_t> slicesDone_{0};
 
@@ -159,11 +216,15 @@ class Engine {
   // The all-gather stage's fence for the last slice that gave its staging
   // back: a new lease waits for it before the memory is reused.
   Fence lastReleased_;
-  std::vector<std::weak_ptr<Op>> liveOps_;
-  std::string error_;
+  std::deque<std::shared_ptr<Op>> liveOps_; // issued, not yet settled
+  std::optional<Cause> unsettled_; // stopped, waiting for a better cause
+  std::string error_; // the settled cause; empty while none is
+  bool stopping_ = false; // the destructor runs: the watchdog returns
+  std::condition_variable watchdogWake_;
 
   // Started last: they use everything above.
   std::array<std::thread, kStages> threads_;
+  std::thread watchdog_;
 };
 
 } // namespace fairring

@@ -41,20 +41,22 @@ Endpoint::Endpoint(
       device.is_cpu() || (device.is_cuda() && device.has_index()),
       "fairring: a rails endpoint moves CPU or indexed CUDA tensors, not ",
       device);
+  mesh_ = std::make_unique<TensorpipeMesh>(
+      store,
+      storePrefix,
+      topology,
+      resolveListenAddress(interfaceName),
+      device,
+      /*allowInfiniband=*/true,
+      timeout);
   lanes_ = std::make_unique<Lanes>(
-      std::make_unique<TensorpipeMesh>(
-          store,
-          storePrefix,
-          topology,
-          resolveListenAddress(interfaceName),
-          device,
-          /*allowInfiniband=*/true,
-          timeout),
-      [this](const std::string& message) { failAll(message); });
+      *mesh_, [this](int, bool, const std::string& message) {
+        failAll(message);
+      });
 }
 
 Endpoint::~Endpoint() {
-  lanes_.reset();
+  mesh_->shutdown(); // no callback runs after this
 }
 
 std::shared_ptr<Transfer> Endpoint::track(const at::Tensor& tensor) {

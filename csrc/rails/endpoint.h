@@ -71,7 +71,9 @@ class Endpoint {
   std::mutex mutex_;
   std::string error_; // guarded by mutex_
   std::vector<std::weak_ptr<Transfer>> pending_; // guarded by mutex_
-  std::unique_ptr<Lanes> lanes_; // last: its callbacks use the above
+  // Last: their callbacks use the above. Shut down before Lanes goes.
+  std::unique_ptr<Mesh> mesh_;
+  std::unique_ptr<Lanes> lanes_;
 };
 
 } // namespace fairring::rails

@@ -10,25 +10,16 @@ const char* laneName(Lane lane) {
 }
 } // namespace
 
-Lanes::Lanes(std::unique_ptr<Mesh> mesh, Failure onFailure)
-    : mesh_(std::move(mesh)),
+Lanes::Lanes(Mesh& mesh, Failure onFailure)
+    : mesh_(mesh),
       onFailure_(std::move(onFailure)),
-      expected_(mesh_->numMachines()),
-      reading_(mesh_->numMachines(), {false, false}) {}
-
-Lanes::~Lanes() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    failed_ = true; // callbacks fired by the close below only return
-  }
-  // Joins the transport's thread while the state its callbacks touch lives.
-  mesh_->shutdown();
-}
+      expected_(mesh_.numMachines()),
+      reading_(mesh_.numMachines(), {false, false}) {}
 
 std::string Lanes::fromPeer(const Expected& expected, int machine, Lane lane)
     const {
   return expected.what + " from rail peer rank " +
-      std::to_string(mesh_->peerRank(machine)) + " (" + laneName(lane) + ")";
+      std::to_string(mesh_.peerRank(machine)) + " (" + laneName(lane) + ")";
 }
 
 bool Lanes::stopped() {
@@ -38,14 +29,14 @@ bool Lanes::stopped() {
 
 void Lanes::checkPeer(int machine) const {
   TORCH_CHECK(
-      machine >= 0 && machine < mesh_->numMachines() &&
-          machine != mesh_->machine(),
+      machine >= 0 && machine < mesh_.numMachines() &&
+          machine != mesh_.machine(),
       "fairring: no rail peer on machine ",
       machine,
       " (this rank is on machine ",
-      mesh_->machine(),
+      mesh_.machine(),
       " of ",
-      mesh_->numMachines(),
+      mesh_.numMachines(),
       ")");
 }
 
@@ -78,7 +69,7 @@ void Lanes::readNext(int machine, Lane lane) {
     // Copied, not popped: it stays first until it has arrived.
     next = queue.front();
   }
-  Connection& connection = mesh_->connection(machine, lane);
+  Connection& connection = mesh_.connection(machine, lane);
   connection.readHeader([this, &connection, machine, lane, next](
                             const std::string& error,
                             std::string tag,
@@ -87,16 +78,20 @@ void Lanes::readNext(int machine, Lane lane) {
       return;
     }
     if (!error.empty()) {
-      fail("receiving " + fromPeer(next, machine, lane) + " failed: " + error);
+      fail(
+          mesh_.peerRank(machine),
+          "receiving " + fromPeer(next, machine, lane) + " failed: " + error);
       return;
     }
     if (tag != next.tag || bytes != next.target.bytes) {
       fail(
+          mesh_.peerRank(machine),
           "receiving " + fromPeer(next, machine, lane) + ": expected '" +
           next.tag + "' (" + std::to_string(next.target.bytes) +
-          " bytes) but got '" + tag + "' (" + std::to_string(bytes) +
+          " bytes) but got '" + tag.substr(0, 120) + "' (" + std::to_string(bytes) +
           " bytes); the ranks issued different all-reduces (sizes, dtypes, "
-          "ops or order differ)");
+          "ops or order differ)",
+          /*mismatch=*/true);
       return;
     }
     connection.readPayload(
@@ -106,8 +101,9 @@ void Lanes::readNext(int machine, Lane lane) {
           }
           if (!error.empty()) {
             fail(
+                mesh_.peerRank(machine),
                 "receiving " + fromPeer(next, machine, lane) +
-                " failed: " + error);
+                    " failed: " + error);
             return;
           }
           bytesReceived_ += static_cast<int64_t>(next.target.bytes);
@@ -138,9 +134,9 @@ void Lanes::send(
       return;
     }
   }
-  const int peer = mesh_->peerRank(machine);
+  const int peer = mesh_.peerRank(machine);
   const size_t bytes = buffer.bytes;
-  mesh_->connection(machine, lane)
+  mesh_.connection(machine, lane)
       .write(
           std::move(tag),
           buffer,
@@ -151,6 +147,7 @@ void Lanes::send(
             }
             if (!error.empty()) {
               fail(
+                  peer,
                   "sending " + what + " to rail peer rank " +
                   std::to_string(peer) + " (" + laneName(lane) +
                   ") failed: " + error);
@@ -162,10 +159,10 @@ void Lanes::send(
 }
 
 void Lanes::close(const std::string& reason) {
-  fail(reason);
+  fail(-1, reason);
 }
 
-void Lanes::fail(const std::string& message) {
+void Lanes::fail(int peerRank, const std::string& message, bool mismatch) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (std::exchange(failed_, true)) {
@@ -177,8 +174,8 @@ void Lanes::fail(const std::string& message) {
       }
     }
   }
-  mesh_->close();
-  onFailure_(message);
+  mesh_.close();
+  onFailure_(peerRank, mismatch, message);
 }
 
 } // namespace fairring::rails

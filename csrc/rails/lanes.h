@@ -4,7 +4,6 @@
 #include <atomic>
 #include <deque>
 #include <functional>
-#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -24,8 +23,12 @@ namespace fairring::rails {
 // exchanging, and mixing the data would be worse than stopping.
 //
 // Any failure (transport error, unexpected message) is reported once, through
-// `onFailure`, naming the peer rank and what was being moved; the mesh is
-// then closed so the peers fail at once too. Later calls do nothing.
+// `onFailure`, with the peer rank involved and what was being moved; the
+// mesh's data connections are then closed so the peers fail at once too.
+// Later calls do nothing.
+//
+// The mesh is its owner's, who shuts it down (no callback runs after that)
+// before destroying Lanes.
 //
 // Threads: `expect` and `send` may be called from any thread. Callbacks
 // (`onArrival`, `onSent`, `onFailure`) run on the transport's thread, or
@@ -33,7 +36,11 @@ namespace fairring::rails {
 // Lanes under a lock they hold.
 class Lanes {
  public:
-  using Failure = std::function<void(const std::string& message)>;
+  // `peerRank`: the rail peer whose transfer failed, -1 if closed here;
+  // `mismatch`: the peer sent a different message than expected (the ranks
+  // disagree), rather than the transfer failing.
+  using Failure = std::function<
+      void(int peerRank, bool mismatch, const std::string& message)>;
 
   struct Expected {
     std::string tag;
@@ -42,9 +49,7 @@ class Lanes {
     std::function<void()> onArrival;
   };
 
-  Lanes(std::unique_ptr<Mesh> mesh, Failure onFailure);
-  // Closes the mesh; the transport's thread is gone when the mesh is.
-  ~Lanes();
+  Lanes(Mesh& mesh, Failure onFailure);
 
   Lanes(const Lanes&) = delete;
   Lanes& operator=(const Lanes&) = delete;
@@ -64,7 +69,7 @@ class Lanes {
   void close(const std::string& reason);
 
   const Mesh& mesh() const {
-    return *mesh_;
+    return mesh_;
   }
   int64_t bytesSent() const {
     return bytesSent_.load();
@@ -77,13 +82,12 @@ class Lanes {
   // Posts the read for the first message expected from `machine` on `lane`;
   // its completion posts the next.
   void readNext(int machine, Lane lane);
-  void fail(const std::string& message);
+  void fail(int peerRank, const std::string& message, bool mismatch = false);
   bool stopped();
   void checkPeer(int machine) const;
   std::string fromPeer(const Expected& expected, int machine, Lane lane) const;
 
-  // Shut down (not reset) by the destructor: callbacks may still read it.
-  const std::unique_ptr<Mesh> mesh_;
+  Mesh& mesh_;
   const Failure onFailure_;
   std::atomic<int64_t> bytesSent_{0};
   std::atomic<int64_t> bytesReceived_{0};

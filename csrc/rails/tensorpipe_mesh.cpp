@@ -1,8 +1,19 @@
 #include "rails/tensorpipe_mesh.h"
 
+#include <algorithm>
+#include <charconv>
 #include <condition_variable>
+#include <limits>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <sstream>
+#include <string_view>
+
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
 
 #include <c10/util/Exception.h>
 #include <tensorpipe/tensorpipe.h>
@@ -14,13 +25,16 @@ namespace fairring::rails {
 namespace {
 
 constexpr const char* kHello = "fairring-rails-hello";
+// The lane number a hello gives for a control connection.
+constexpr int kControlLane = kLanes;
+// Rejected pipes noted for a timeout's error; later ones are only counted.
+constexpr size_t kRejectionsNoted = 8;
 
 // Says who opens a pipe: rank, lane, and the index of the device its buffers
 // are on (the type is the mesh's).
-std::string helloMetadata(int rank, Lane lane, int deviceIndex) {
+std::string helloMetadata(int rank, int lane, int deviceIndex) {
   return std::string(kHello) + " " + std::to_string(rank) + " " +
-      std::to_string(static_cast<int>(lane)) + " " +
-      std::to_string(deviceIndex);
+      std::to_string(lane) + " " + std::to_string(deviceIndex);
 }
 
 tensorpipe::Device tensorpipeDevice(c10::Device device) {
@@ -33,6 +47,54 @@ tensorpipe::Device tensorpipeDevice(c10::Device device) {
       : tensorpipe::Device{tensorpipe::kCpuDeviceType, 0};
 }
 
+// The whole of `text` as a decimal int, or nothing.
+std::optional<int> parseInt(std::string_view text) {
+  int value = 0;
+  const auto [end, error] =
+      std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size()) {
+    return std::nullopt;
+  }
+  return value;
+}
+
+std::vector<std::string_view> splitWords(std::string_view text) {
+  std::vector<std::string_view> words;
+  while (!text.empty()) {
+    const size_t space = text.find(' ');
+    words.push_back(text.substr(0, space));
+    if (space == std::string_view::npos) {
+      break;
+    }
+    text.remove_prefix(space + 1);
+  }
+  return words;
+}
+
+// A device index a peer may name: 0 on the CPU; a CUDA device index.
+bool plausibleDeviceIndex(int index, bool cuda) {
+  return cuda ? index >= 0 && index <= std::numeric_limits<c10::DeviceIndex>::max()
+              : index == 0;
+}
+
+// Whether `rank` connects to this rank, and on which lanes: rail peers on
+// lower machines open every lane; ranks of this machine with a lower local
+// index open a control connection only.
+bool connectsHere(const Topology& topology, int rank, int lane) {
+  for (int machine = 0; machine < topology.machine(); ++machine) {
+    if (topology.railPeers()[machine] == rank) {
+      return lane >= 0 && lane <= kControlLane;
+    }
+  }
+  const auto& local = topology.localRanks();
+  for (int index = 0; index < topology.localRank(); ++index) {
+    if (local[index] == rank) {
+      return lane == kControlLane;
+    }
+  }
+  return false;
+}
+
 struct AcceptedPipe {
   int rank;
   int lane;
@@ -43,20 +105,81 @@ struct AcceptedPipe {
 // Pipes accepted so far; written by TensorPipe's loop thread, read by the
 // constructing thread.
 struct Accepted {
+  Accepted(const Topology& topology, bool cuda)
+      : topology(topology), cuda(cuda) {}
+  const Topology topology;
+  const bool cuda;
   std::mutex mutex;
   std::condition_variable changed;
   std::vector<AcceptedPipe> pipes;
-  std::string error;
+  std::set<std::pair<int, int>> seen; // (rank, lane)
+  std::vector<std::string> rejections;
+  size_t rejected = 0;
+  std::string error; // the listener failed
+
+  void reject(const std::shared_ptr<tensorpipe::Pipe>& pipe, std::string why) {
+    pipe->close();
+    std::lock_guard<std::mutex> lock(mutex);
+    if (rejections.size() < kRejectionsNoted) {
+      rejections.push_back(std::move(why));
+    }
+    ++rejected;
+  }
 };
 
-void acceptNext(
+void admit(
+    const std::shared_ptr<tensorpipe::Pipe>& pipe,
+    const std::shared_ptr<Accepted>& accepted) {
+  pipe->readDescriptor([pipe, accepted](
+                           const tensorpipe::Error& error,
+                           tensorpipe::Descriptor descriptor) {
+    if (error) {
+      accepted->reject(pipe, "a connection closed before its hello: " + error.what());
+      return;
+    }
+    if (!descriptor.tensors.empty() || !descriptor.payloads.empty()) {
+      accepted->reject(pipe, "a hello carried data");
+      return;
+    }
+    int rank = -1;
+    int lane = -1;
+    int deviceIndex = -1;
+    std::string why = checkHello(
+        descriptor.metadata, accepted->topology, accepted->cuda, rank, lane, deviceIndex);
+    if (why.empty()) {
+      std::lock_guard<std::mutex> lock(accepted->mutex);
+      if (!accepted->seen.emplace(rank, lane).second) {
+        why = "a second hello from rank " + std::to_string(rank) + " on lane " +
+            std::to_string(lane);
+      }
+    }
+    if (!why.empty()) {
+      accepted->reject(pipe, why);
+      return;
+    }
+    pipe->read(
+        tensorpipe::Allocation{},
+        [pipe, accepted, rank, lane, deviceIndex](const tensorpipe::Error& error) {
+          if (error) {
+            accepted->reject(
+                pipe,
+                "reading the hello of rank " + std::to_string(rank) + ": " +
+                    error.what());
+            return;
+          }
+          std::lock_guard<std::mutex> lock(accepted->mutex);
+          accepted->pipes.push_back({rank, lane, deviceIndex, pipe});
+          accepted->changed.notify_all();
+        });
+  });
+}
+
+// Accepts pipes until the listener closes: expected ones are admitted, the
+// rest rejected.
+void acceptForever(
     const std::shared_ptr<tensorpipe::Listener>& listener,
-    const std::shared_ptr<Accepted>& accepted,
-    int remaining) {
-  if (remaining == 0) {
-    return;
-  }
-  listener->accept([listener, accepted, remaining](
+    const std::shared_ptr<Accepted>& accepted) {
+  listener->accept([listener, accepted](
                        const tensorpipe::Error& error,
                        std::shared_ptr<tensorpipe::Pipe> pipe) {
     if (error) {
@@ -65,42 +188,10 @@ void acceptNext(
       accepted->changed.notify_all();
       return;
     }
-    pipe->readDescriptor([pipe, accepted](
-                             const tensorpipe::Error& error,
-                             tensorpipe::Descriptor descriptor) {
-      std::istringstream hello(descriptor.metadata);
-      std::string word;
-      int rank = -1;
-      int lane = -1;
-      int deviceIndex = -1;
-      hello >> word >> rank >> lane >> deviceIndex;
-      if (error || word != kHello || lane < 0 || lane >= kLanes ||
-          deviceIndex < 0) {
-        std::lock_guard<std::mutex> lock(accepted->mutex);
-        accepted->error = error
-            ? "reading a rail peer's hello: " + error.what()
-            : "a rail connection did not start with fairring's hello";
-        accepted->changed.notify_all();
-        return;
-      }
-      pipe->read(
-          tensorpipe::Allocation{},
-          [pipe, accepted, rank, lane, deviceIndex](
-              const tensorpipe::Error& error) {
-            std::lock_guard<std::mutex> lock(accepted->mutex);
-            if (error) {
-              accepted->error = "reading the hello of rank " +
-                  std::to_string(rank) + ": " + error.what();
-            } else {
-              accepted->pipes.push_back({rank, lane, deviceIndex, pipe});
-            }
-            accepted->changed.notify_all();
-          });
-    });
-    acceptNext(listener, accepted, remaining - 1);
+    admit(pipe, accepted);
+    acceptForever(listener, accepted);
   });
 }
-
 
 tensorpipe::Buffer tensorpipeBuffer(const Buffer& buffer) {
   if (buffer.device.is_cpu()) {
@@ -116,12 +207,16 @@ std::string errorText(const tensorpipe::Error& error) {
 } // namespace
 
 // One pipe, as a Connection. Its callbacks run on TensorPipe's loop thread.
+// Reads check a message's shape against what is expected before TensorPipe
+// is given memory for it: TensorPipe trusts the sender's descriptor.
 class TensorpipeConnection final : public Connection {
  public:
+  // `own`: where this rank's buffers are; `target`: where the peer's are.
   TensorpipeConnection(
       std::shared_ptr<tensorpipe::Pipe> pipe,
+      tensorpipe::Device own,
       tensorpipe::Device target)
-      : pipe_(std::move(pipe)), target_(target) {}
+      : pipe_(std::move(pipe)), own_(own), target_(target) {}
 
   void write(std::string tag, const Buffer& buffer, Done done) override {
     tensorpipe::Message message;
@@ -138,20 +233,35 @@ class TensorpipeConnection final : public Connection {
   }
 
   void readHeader(Header header) override {
-    pipe_->readDescriptor([header = std::move(header)](
+    pipe_->readDescriptor([this, header = std::move(header)](
                               const tensorpipe::Error& error,
                               tensorpipe::Descriptor descriptor) {
       if (error) {
         header(errorText(error), "", 0);
-      } else if (descriptor.tensors.size() != 1) {
+        return;
+      }
+      if (descriptor.tensors.size() != 1 || !descriptor.payloads.empty()) {
         header(
             "a message with " + std::to_string(descriptor.tensors.size()) +
-                " payloads arrived ('" + descriptor.metadata + "')",
+                " tensors and " + std::to_string(descriptor.payloads.size()) +
+                " payloads arrived where one tensor was expected",
             "",
             0);
-      } else {
-        header("", descriptor.metadata, descriptor.tensors[0].length);
+        return;
       }
+      const auto& tensor = descriptor.tensors[0];
+      if (tensor.sourceDevice.type != own_.type || !tensor.targetDevice ||
+          !(*tensor.targetDevice == own_)) {
+        header(
+            "a message from " + tensor.sourceDevice.toString() + " for " +
+                (tensor.targetDevice ? tensor.targetDevice->toString()
+                                     : std::string("no named device")) +
+                " arrived where " + own_.toString() + " was expected",
+            "",
+            0);
+        return;
+      }
+      header("", std::move(descriptor.metadata), tensor.length);
     });
   }
 
@@ -165,17 +275,83 @@ class TensorpipeConnection final : public Connection {
         });
   }
 
+  void writeNote(std::string text, Done done) override {
+    tensorpipe::Message message;
+    message.metadata = std::move(text);
+    pipe_->write(
+        std::move(message),
+        [done = std::move(done)](const tensorpipe::Error& error) {
+          done(errorText(error));
+        });
+  }
+
+  void readNote(Note note) override {
+    pipe_->readDescriptor([pipe = pipe_, note = std::move(note)](
+                              const tensorpipe::Error& error,
+                              tensorpipe::Descriptor descriptor) {
+      if (error) {
+        note(errorText(error), "");
+      } else if (!descriptor.tensors.empty() || !descriptor.payloads.empty()) {
+        note("a message with data arrived where a note was expected", "");
+      } else if (descriptor.metadata.size() > kMaxNoteBytes) {
+        note(
+            "a note of " + std::to_string(descriptor.metadata.size()) +
+                " bytes arrived (at most " + std::to_string(kMaxNoteBytes) +
+                " are allowed)",
+            "");
+      } else {
+        pipe->read(
+            tensorpipe::Allocation{},
+            [note, text = std::move(descriptor.metadata)](
+                const tensorpipe::Error& error) mutable {
+              note(errorText(error), error ? std::string() : std::move(text));
+            });
+      }
+    });
+  }
+
   void close() {
     pipe_->close();
   }
 
  private:
   const std::shared_ptr<tensorpipe::Pipe> pipe_;
+  const tensorpipe::Device own_;
   const tensorpipe::Device target_;
 };
 
-namespace {
-} // namespace
+std::string checkHello(
+    const std::string& hello,
+    const Topology& topology,
+    bool cuda,
+    int& rank,
+    int& lane,
+    int& deviceIndex) {
+  const auto words = splitWords(hello);
+  std::optional<int> fields[3];
+  if (words.size() == 4 && words[0] == kHello) {
+    for (int i = 0; i < 3; ++i) {
+      fields[i] = parseInt(words[i + 1]);
+    }
+  }
+  if (!fields[0] || !fields[1] || !fields[2]) {
+    return "a connection did not open with fairring's hello (got '" +
+        hello.substr(0, 80) + "')";
+  }
+  if (!connectsHere(topology, *fields[0], *fields[1])) {
+    return "rank " + std::to_string(*fields[0]) + " on lane " +
+        std::to_string(*fields[1]) + " is not a peer that connects to rank " +
+        std::to_string(topology.rank());
+  }
+  if (!plausibleDeviceIndex(*fields[2], cuda)) {
+    return "rank " + std::to_string(*fields[0]) + " named device index " +
+        std::to_string(*fields[2]);
+  }
+  rank = *fields[0];
+  lane = *fields[1];
+  deviceIndex = *fields[2];
+  return "";
+}
 
 std::string resolveListenAddress(const std::string& interfaceName) {
   auto [error, address] = interfaceName.empty()
@@ -200,12 +376,31 @@ TensorpipeMesh::TensorpipeMesh(
     c10::Device device,
     bool allowInfiniband,
     std::chrono::milliseconds timeout)
-    : topology_(topology), connections_(topology.numMachines()) {
+    : topology_(topology),
+      listenAddress_(listenAddress),
+      connections_(topology.numMachines()) {
   TORCH_CHECK(
       topology_.regular(),
       "fairring: rails need every machine to hold equally many ranks");
   const int rank = topology_.rank();
   const tensorpipe::Device ownDevice = tensorpipeDevice(device);
+  for (int machine = 0; machine < numMachines(); ++machine) {
+    if (machine != topology_.machine()) {
+      neighbours_.push_back(peerRank(machine));
+    }
+  }
+  for (int local : topology_.localRanks()) {
+    if (local != rank) {
+      neighbours_.push_back(local);
+    }
+  }
+  controls_.resize(neighbours_.size());
+  const auto neighbourIndex = [&](int peer) {
+    return static_cast<size_t>(
+        std::find(neighbours_.begin(), neighbours_.end(), peer) -
+        neighbours_.begin());
+  };
+
   context_ = std::make_shared<tensorpipe::Context>(
       tensorpipe::ContextOptions().name("fairring-rank-" + std::to_string(rank)));
   std::vector<std::string> listenUrls{"uv://" + listenAddress};
@@ -234,34 +429,35 @@ TensorpipeMesh::TensorpipeMesh(
       storePrefix + "url/" + std::to_string(rank),
       std::vector<uint8_t>(published.begin(), published.end()));
 
-  // Peers on lower machines connect to us, one pipe per lane.
-  auto accepted = std::make_shared<Accepted>();
-  const int expected = topology_.machine() * kLanes;
-  acceptNext(listener_, accepted, expected);
+  // Rail peers on lower machines connect to us (every lane), and so do the
+  // ranks of this machine with a lower local index (control).
+  auto accepted = std::make_shared<Accepted>(topology_, device.is_cuda());
+  const int expected =
+      topology_.machine() * (kLanes + 1) + topology_.localRank();
+  acceptForever(listener_, accepted);
 
   auto writeError = std::make_shared<std::pair<std::mutex, std::string>>();
-  for (int machine = topology_.machine() + 1; machine < topology_.numMachines();
-       ++machine) {
-    const int peer = peerRank(machine);
+  const auto connectTo = [&](int peer, const std::vector<int>& lanes) {
     const auto bytes = store->get(storePrefix + "url/" + std::to_string(peer));
-    std::istringstream peerRecord(std::string(bytes.begin(), bytes.end()));
-    int peerDeviceIndex = -1;
-    std::string peerUrl;
-    peerRecord >> peerDeviceIndex >> peerUrl;
+    const std::string record(bytes.begin(), bytes.end());
+    const auto words = splitWords(record);
+    const auto peerDeviceIndex =
+        words.size() == 2 ? parseInt(words[0]) : std::nullopt;
     TORCH_CHECK(
-        peerDeviceIndex >= 0 && !peerUrl.empty(),
+        peerDeviceIndex && plausibleDeviceIndex(*peerDeviceIndex, device.is_cuda()) &&
+            words[1].starts_with("uv://"),
         "fairring: rank ",
         rank,
         ": rails mesh: rank ",
         peer,
         " published a malformed address '",
-        std::string(bytes.begin(), bytes.end()),
+        record.substr(0, 200),
         "' (are all ranks running the same fairring?)");
-    for (int lane = 0; lane < kLanes; ++lane) {
+    const std::string peerUrl(words[1]);
+    for (int lane : lanes) {
       auto pipe = context_->connect(peerUrl);
       tensorpipe::Message hello;
-      hello.metadata =
-          helloMetadata(rank, static_cast<Lane>(lane), ownDevice.index);
+      hello.metadata = helloMetadata(rank, lane, ownDevice.index);
       pipe->write(
           std::move(hello), [writeError, peer](const tensorpipe::Error& error) {
             if (error) {
@@ -270,10 +466,27 @@ TensorpipeMesh::TensorpipeMesh(
                   std::to_string(peer) + ": " + error.what();
             }
           });
-      connections_[machine][lane] = std::make_unique<TensorpipeConnection>(
+      auto connection = std::make_unique<TensorpipeConnection>(
           std::move(pipe),
-          tensorpipe::Device{ownDevice.type, peerDeviceIndex});
+          ownDevice,
+          tensorpipe::Device{ownDevice.type, *peerDeviceIndex});
+      if (lane == kControlLane) {
+        controls_[neighbourIndex(peer)] = std::move(connection);
+      } else {
+        connections_[machineOf(peer)][lane] =
+            std::move(connection);
+      }
     }
+  };
+  for (int machine = topology_.machine() + 1; machine < numMachines();
+       ++machine) {
+    connectTo(peerRank(machine), {kShards, kReduced, kControlLane});
+  }
+  const auto& local = topology_.localRanks();
+  for (int index = topology_.localRank() + 1;
+       index < static_cast<int>(local.size());
+       ++index) {
+    connectTo(local[index], {kControlLane});
   }
 
   std::unique_lock<std::mutex> lock(accepted->mutex);
@@ -284,27 +497,37 @@ TensorpipeMesh::TensorpipeMesh(
   std::string failure = accepted->error;
   if (failure.empty() && !complete) {
     std::ostringstream missing;
-    for (int machine = 0; machine < topology_.machine(); ++machine) {
-      int lanes = 0;
+    for (int peer : neighbours_) {
+      const int lanes = connectsHere(topology_, peer, 0) ? kLanes + 1
+          : connectsHere(topology_, peer, kControlLane)  ? 1
+                                                         : 0;
+      int arrived = 0;
       for (const auto& entry : accepted->pipes) {
-        lanes += entry.rank == peerRank(machine);
+        arrived += entry.rank == peer;
       }
-      if (lanes < kLanes) {
-        missing << " " << peerRank(machine);
+      if (arrived < lanes) {
+        missing << " " << peer;
       }
     }
     failure = "timed out after " + std::to_string(timeout.count()) +
-        " ms waiting for rail peer rank(s)" + missing.str() +
-        " to connect to " + url_;
+        " ms waiting for rank(s)" + missing.str() + " to connect to " + url_;
+    if (accepted->rejected > 0) {
+      failure += "; rejected " + std::to_string(accepted->rejected) +
+          " connection(s):";
+      for (const auto& why : accepted->rejections) {
+        failure += " [" + why + "]";
+      }
+    }
   }
   for (const auto& entry : accepted->pipes) {
-    for (int machine = 0; machine < topology_.machine(); ++machine) {
-      if (peerRank(machine) == entry.rank) {
-        connections_[machine][entry.lane] =
-            std::make_unique<TensorpipeConnection>(
-                entry.pipe,
-                tensorpipe::Device{ownDevice.type, entry.deviceIndex});
-      }
+    auto connection = std::make_unique<TensorpipeConnection>(
+        entry.pipe,
+        ownDevice,
+        tensorpipe::Device{ownDevice.type, entry.deviceIndex});
+    if (entry.lane == kControlLane) {
+      controls_[neighbourIndex(entry.rank)] = std::move(connection);
+    } else {
+      connections_[machineOf(entry.rank)][entry.lane] = std::move(connection);
     }
   }
   lock.unlock();
@@ -322,6 +545,12 @@ TensorpipeMesh::TensorpipeMesh(
 
 TensorpipeMesh::~TensorpipeMesh() {
   shutdown();
+}
+
+int TensorpipeMesh::machineOf(int railPeer) const {
+  const auto& peers = topology_.railPeers();
+  return static_cast<int>(
+      std::find(peers.begin(), peers.end(), railPeer) - peers.begin());
 }
 
 void TensorpipeMesh::shutdown() {
@@ -343,6 +572,44 @@ Connection& TensorpipeMesh::connection(int machine, Lane lane) {
   const auto& connection = connections_.at(machine)[lane];
   TORCH_CHECK(connection, "fairring: no rail connection to machine ", machine);
   return *connection;
+}
+
+std::string TensorpipeMesh::downInterface() const {
+  ifaddrs* interfaces = nullptr;
+  if (getifaddrs(&interfaces) != 0) {
+    return "";
+  }
+  const std::unique_ptr<ifaddrs, decltype(&freeifaddrs)> owned(
+      interfaces, &freeifaddrs);
+  for (const ifaddrs* entry = interfaces; entry != nullptr;
+       entry = entry->ifa_next) {
+    if (entry->ifa_addr == nullptr ||
+        (entry->ifa_addr->sa_family != AF_INET &&
+         entry->ifa_addr->sa_family != AF_INET6)) {
+      continue;
+    }
+    char host[NI_MAXHOST];
+    const socklen_t length = entry->ifa_addr->sa_family == AF_INET
+        ? sizeof(sockaddr_in)
+        : sizeof(sockaddr_in6);
+    if (getnameinfo(
+            entry->ifa_addr, length, host, sizeof(host), nullptr, 0,
+            NI_NUMERICHOST) != 0 ||
+        listenAddress_ != host) {
+      continue;
+    }
+    const bool up = (entry->ifa_flags & IFF_UP) && (entry->ifa_flags & IFF_RUNNING);
+    return up ? "" : std::string(entry->ifa_name);
+  }
+  return "";
+}
+
+Connection& TensorpipeMesh::control(size_t index) {
+  TORCH_CHECK(
+      index < controls_.size() && controls_[index],
+      "fairring: no control connection to neighbour ",
+      index);
+  return *controls_[index];
 }
 
 } // namespace fairring::rails

@@ -34,12 +34,22 @@ class TensorpipeConnection;
 // peers which device its buffers live on, so that a write names its target
 // device and goes out without waiting for the reader to say where it lands.
 //
-// Construction is collective over the rail: every rank listens, publishes its
-// address and device in the store, connects to the peers on higher machines
-// and accepts the others. It returns once every pipe is up, or throws naming
-// the peers still missing after `timeout`. TensorPipe runs every callback on
-// its own loop thread; shutdown() (and the destructor) close the context and
-// join that thread.
+// Construction is collective over the rail and the machine: every rank
+// listens, publishes its address and device in the store, connects to the
+// rail peers on higher machines (data lanes and control) and to the ranks of
+// its machine with a higher local index (control), and accepts the others. It
+// returns once every pipe is up, or throws naming the peers still missing
+// after `timeout`.
+//
+// Peers are not trusted: an accepted pipe must open with a well-formed hello
+// from a rank expected to connect here, on a lane it may use, once. Any other
+// pipe is closed and noted (the note shows in a timeout's error), and
+// accepting goes on. Every message read later is checked against what the
+// reader expects (kind, count, length, devices) before TensorPipe is given
+// memory for it.
+//
+// TensorPipe runs every callback on its own loop thread; shutdown() (and the
+// destructor) close the context and join that thread.
 class TensorpipeMesh final : public Mesh {
  public:
   TensorpipeMesh(
@@ -62,14 +72,22 @@ class TensorpipeMesh final : public Mesh {
     return topology_.railPeers()[machine];
   }
   Connection& connection(int machine, Lane lane) override;
+  const std::vector<int>& neighbours() const override {
+    return neighbours_;
+  }
+  Connection& control(size_t index) override;
   void close() override;
   void shutdown() override;
   std::string describe() const override {
     return url_ + " (" + transports_ + ")";
   }
+  std::string downInterface() const override;
 
  private:
+  int machineOf(int railPeer) const;
+
   const Topology topology_;
+  const std::string listenAddress_;
   std::shared_ptr<tensorpipe::Context> context_;
   std::shared_ptr<tensorpipe::Listener> listener_;
   std::string url_;
@@ -77,7 +95,21 @@ class TensorpipeMesh final : public Mesh {
   // By machine; empty for this rank's own machine.
   std::vector<std::array<std::unique_ptr<TensorpipeConnection>, kLanes>>
       connections_;
+  std::vector<int> neighbours_;
+  std::vector<std::unique_ptr<TensorpipeConnection>> controls_; // by neighbour
 };
+
+// Parses a peer's hello, "fairring-rails-hello <rank> <lane> <device index>",
+// and checks every field against what this rank accepts (exposed for tests).
+// Lane kLanes is the control lane. Returns an empty string and sets the
+// outputs if it is acceptable, else why not.
+std::string checkHello(
+    const std::string& hello,
+    const Topology& topology,
+    bool cuda,
+    int& rank,
+    int& lane,
+    int& deviceIndex);
 
 // The address to listen on: that of `interfaceName`, or, if empty, the one
 // TensorPipe picks the way NCCL does. Throws with the reason otherwise.

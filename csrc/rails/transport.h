@@ -1,14 +1,16 @@
 #pragma once
 
-// What the rails protocol (lanes.h) needs from a transport: one ordered,
-// reliable message connection per (rail peer, lane). TensorPipe provides it
-// today (tensorpipe_mesh.h); another transport replaces it by implementing
-// these two classes, without touching the protocol or the engine.
+// What the rails protocols need from a transport: one ordered, reliable
+// message connection per (rail peer, lane) for the data (lanes.h), and one
+// per neighbour for control (watch.h). TensorPipe provides them today
+// (tensorpipe_mesh.h); another transport replaces it by implementing these two
+// classes, without touching the protocols or the engine.
 
 #include <cstddef>
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
@@ -48,10 +50,21 @@ class Connection {
   virtual void readHeader(Header header) = 0;
   // Reads the payload of the message whose header was just read.
   virtual void readPayload(const Buffer& buffer, Done done) = 0;
+
+  // Control connections carry notes: short texts with no payload.
+  using Note = std::function<void(const std::string& error, std::string text)>;
+  virtual void writeNote(std::string text, Done done) = 0;
+  // Reads the next note; a message that is not a note, or longer than
+  // kMaxNoteBytes, is an error.
+  virtual void readNote(Note note) = 0;
 };
 
-// Connections from this rank to its rail peers: the ranks with the same local
-// index on every other machine.
+constexpr size_t kMaxNoteBytes = 4096;
+
+// Connections from this rank to its rail peers (the ranks with the same local
+// index on every other machine): data lanes, and one control connection
+// each. The other ranks of this machine get a control connection too, so that
+// news of a failure reaches every rank through rails and machines.
 class Mesh {
  public:
   virtual ~Mesh() = default;
@@ -61,15 +74,24 @@ class Mesh {
   virtual int peerRank(int machine) const = 0;
   // To the rail peer on `machine` (not this rank's own).
   virtual Connection& connection(int machine, Lane lane) = 0;
-  // Closes every connection: pending and later operations fail, here and at
-  // the peers, which so learn of a failure without waiting for a timeout.
-  // Safe from any thread, the transport's included.
+  // The ranks with a control connection: rail peers by machine, then the
+  // other ranks of this machine by local index.
+  virtual const std::vector<int>& neighbours() const = 0;
+  // The control connection to neighbours()[index].
+  virtual Connection& control(size_t index) = 0;
+  // Closes every data connection: pending and later transfers fail, here and
+  // at the peers, which so learn of a failure without waiting for a timeout.
+  // Control connections stay open, so that a failure notice sent just before
+  // still arrives. Safe from any thread, the transport's included.
   virtual void close() = 0;
-  // Closes, then waits until no callback runs or will run: after it returns,
-  // the state those callbacks use may go. Idempotent.
+  // Closes everything, then waits until no callback runs or will run: after
+  // it returns, the state those callbacks use may go. Idempotent.
   virtual void shutdown() = 0;
   // Where this rank listens and what it speaks, for logs.
   virtual std::string describe() const = 0;
+  // The name of the network interface this rank listens on if it is down
+  // (its link lost), else empty.
+  virtual std::string downInterface() const = 0;
 };
 
 } // namespace fairring::rails

@@ -1,0 +1,106 @@
+#include "engine/completions.h"
+
+#include <optional>
+
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+namespace fairring {
+
+Completions::~Completions() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  for (auto& worker : workers_) {
+    worker.join();
+  }
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> Completions::relay(
+    const c10::intrusive_ptr<c10::ivalue::Future>& inner) {
+  auto outer = c10::make_intrusive<c10::ivalue::Future>(
+      inner->elementType(), inner->devices());
+  inner->addCallback([this, outer](c10::ivalue::Future& done) {
+    auto completed =
+        c10::intrusive_ptr<c10::ivalue::Future>::unsafe_reclaim_from_nonowning(
+            &done);
+    post([device = device_, outer, completed] {
+      std::optional<c10::StreamGuard> onPoolStream;
+      if (device.is_cuda()) {
+        onPoolStream.emplace(
+            c10::impl::VirtualGuardImpl(device.type())
+                .getStreamFromGlobalPool(device));
+      }
+      // Done already; with CUDA, the current stream now waits for its events,
+      // and markCompleted records the outer future's after them.
+      completed->wait();
+      if (completed->hasError()) {
+        outer->setError(completed->exception_ptr());
+      } else {
+        outer->markCompleted(completed->value());
+      }
+    });
+  });
+  return outer;
+}
+
+size_t Completions::workers() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return running_;
+}
+
+void Completions::post(std::function<void()> task) {
+  std::vector<std::thread> finished;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tasks_.push_back(std::move(task));
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      if (std::erase(left_, it->get_id()) > 0) {
+        finished.push_back(std::move(*it));
+        it = workers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (idle_ == 0 && running_ < kMaxWorkers) {
+      const bool first = running_ == 0;
+      ++running_;
+      workers_.emplace_back([this, first] { work(first); });
+    }
+  }
+  wake_.notify_one();
+  for (auto& worker : finished) {
+    worker.join(); // it has left its loop: returns at once
+  }
+}
+
+void Completions::work(bool first) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    if (tasks_.empty()) {
+      if (stopping_) {
+        break;
+      }
+      ++idle_;
+      const bool woken = wake_.wait_for(lock, kIdleExit, [this] {
+        return stopping_ || !tasks_.empty();
+      });
+      --idle_;
+      if (!woken && !first) {
+        break;
+      }
+      continue;
+    }
+    auto task = std::move(tasks_.front());
+    tasks_.pop_front();
+    lock.unlock();
+    task();
+    lock.lock();
+  }
+  --running_;
+  left_.push_back(std::this_thread::get_id());
+}
+
+} // namespace fairring

@@ -1,0 +1,113 @@
+#include "rails/watch.h"
+
+#include <charconv>
+
+namespace fairring::rails {
+
+namespace {
+constexpr std::string_view kAlive = "alive";
+constexpr std::string_view kFailed = "failed ";
+} // namespace
+
+Watch::Watch(Mesh& mesh, int worldSize, Handlers handlers)
+    : mesh_(mesh),
+      worldSize_(worldSize),
+      handlers_(std::move(handlers)),
+      lastHeard_(mesh.neighbours().size(), Clock::now()) {}
+
+void Watch::start() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::fill(lastHeard_.begin(), lastHeard_.end(), Clock::now());
+  }
+  for (size_t index = 0; index < lastHeard_.size(); ++index) {
+    readNext(index);
+  }
+}
+
+void Watch::readNext(size_t index) {
+  const int neighbour = mesh_.neighbours()[index];
+  mesh_.control(index).readNote(
+      [this, index, neighbour](const std::string& error, std::string text) {
+        if (!error.empty()) {
+          handlers_.onLost(neighbour, error);
+          return; // no more reads: the connection is gone
+        }
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          lastHeard_[index] = Clock::now();
+        }
+        if (text != kAlive) {
+          Notice notice;
+          if (!parseNotice(text, worldSize_, notice)) {
+            handlers_.onLost(
+                neighbour,
+                "it sent a malformed control note '" + text.substr(0, 80) + "'");
+            return;
+          }
+          handlers_.onNotice(neighbour, notice);
+        }
+        readNext(index);
+      });
+}
+
+void Watch::heartbeat() {
+  for (size_t index = 0; index < lastHeard_.size(); ++index) {
+    // A failed write shows on the read side as a lost connection.
+    mesh_.control(index).writeNote(std::string(kAlive), [](const std::string&) {});
+  }
+}
+
+void Watch::announce(const Notice& notice) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (std::exchange(announced_, true)) {
+      return;
+    }
+  }
+  std::string text = std::string(kFailed) + std::to_string(notice.culprit) +
+      " " + notice.what;
+  if (text.size() > kMaxNoteBytes) {
+    text.resize(kMaxNoteBytes);
+  }
+  for (size_t index = 0; index < lastHeard_.size(); ++index) {
+    mesh_.control(index).writeNote(text, [](const std::string&) {});
+  }
+}
+
+std::vector<std::pair<int, Watch::Clock::duration>> Watch::silences(
+    Clock::duration atLeast) const {
+  std::vector<std::pair<int, Clock::duration>> silent;
+  const auto now = Clock::now();
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t index = 0; index < lastHeard_.size(); ++index) {
+    if (now - lastHeard_[index] >= atLeast) {
+      silent.emplace_back(mesh_.neighbours()[index], now - lastHeard_[index]);
+    }
+  }
+  return silent;
+}
+
+bool Watch::parseNotice(const std::string& text, int worldSize, Notice& notice) {
+  std::string_view rest(text);
+  if (!rest.starts_with(kFailed)) {
+    return false;
+  }
+  rest.remove_prefix(kFailed.size());
+  const size_t space = rest.find(' ');
+  if (space == std::string_view::npos || space == 0) {
+    return false;
+  }
+  int culprit = 0;
+  const auto [end, error] =
+      std::from_chars(rest.data(), rest.data() + space, culprit);
+  if (error != std::errc() || end != rest.data() + space || culprit < -1 ||
+      culprit >= worldSize) {
+    return false;
+  }
+  notice.culprit = culprit;
+  notice.what = std::string(rest.substr(space + 1));
+  return true;
+}
+
+} // namespace fairring::rails

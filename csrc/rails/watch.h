@@ -1,0 +1,79 @@
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "rails/transport.h"
+
+namespace fairring::rails {
+
+// The control protocol, over a Mesh's control connections: how a rank learns
+// that a neighbour (a rail peer, or another rank of its machine) has failed,
+// and why, without waiting for a timeout.
+//
+// Two notes travel on a control connection:
+//   "alive"                      a heartbeat, sent by heartbeat()
+//   "failed <culprit> <what>"    a failure notice: which rank failed first
+//                                (-1: unknown) and what was seen, as text
+// A rank that stops announces once, to every neighbour; a rank that learns of
+// a failure from a notice stops and announces it in turn, so the notice
+// floods the group along rails and machines, and every rank names the same
+// culprit. A control connection that fails without a notice means its
+// neighbour exited or the link broke; silence (no heartbeat) means it is
+// stopped, hung or unreachable. Every note is checked before use.
+//
+// Threads: handlers run on the transport's thread and must not block; the
+// other methods may be called from any thread. The mesh is its owner's, who
+// shuts it down (no handler runs after that) before destroying the Watch.
+class Watch {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  struct Notice {
+    int culprit = -1; // a rank of the group; -1 if unknown
+    std::string what;
+  };
+  struct Handlers {
+    // A neighbour's failure notice.
+    std::function<void(int neighbour, const Notice& notice)> onNotice;
+    // A neighbour's control connection failed, or it sent a malformed note.
+    std::function<void(int neighbour, const std::string& error)> onLost;
+  };
+
+  Watch(Mesh& mesh, int worldSize, Handlers handlers);
+
+  Watch(const Watch&) = delete;
+  Watch& operator=(const Watch&) = delete;
+
+  // Starts reading every control connection.
+  void start();
+  // Tells every neighbour this rank is alive.
+  void heartbeat();
+  // Sends `notice` to every neighbour; only the first call does.
+  void announce(const Notice& notice);
+  // The neighbours not heard from for `atLeast` (counting from start()), and
+  // for how long, in neighbour order.
+  std::vector<std::pair<int, Clock::duration>> silences(
+      Clock::duration atLeast) const;
+
+  // Parses a failure notice's text (exposed for tests): true and the
+  // notice if well-formed, with the culprit in [-1, worldSize).
+  static bool parseNotice(const std::string& text, int worldSize, Notice& notice);
+
+ private:
+  void readNext(size_t index);
+
+  Mesh& mesh_;
+  const int worldSize_;
+  const Handlers handlers_;
+
+  mutable std::mutex mutex_;
+  bool announced_ = false;
+  std::vector<Clock::time_point> lastHeard_; // by neighbour index
+};
+
+} // namespace fairring::rails
