@@ -86,6 +86,8 @@ class InitSpec:
     port: int = 0
     path: str = ""
     extra_env: dict[str, str] = field(default_factory=dict)
+    # The process group's timeout: how long a collective may wait.
+    timeout: timedelta = COLLECTIVE_TIMEOUT
 
 
 def _die_with_parent() -> None:
@@ -125,7 +127,7 @@ def init_process_group(spec: InitSpec, rank: int, world_size: int, store_port: i
 
     import fairring  # noqa: F401  (registers the backend)
 
-    common = {"backend": spec.backend, "timeout": COLLECTIVE_TIMEOUT}
+    common = {"backend": spec.backend, "timeout": spec.timeout}
     if spec.method == "store":
         store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=COLLECTIVE_TIMEOUT)
         dist.init_process_group(store=store, rank=rank, world_size=world_size, **common)

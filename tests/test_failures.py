@@ -1,53 +1,142 @@
-"""Failures in the engine complete the pending work with an error; nothing hangs."""
+"""Failures: every pending and later op fails within the timeout, naming the rank that failed first; nothing hangs.
+
+Faults are real: processes killed or frozen by signals, a namespace's link set
+down. Gloo, in the same test, shows what the baseline does.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import time
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from harness import Layout, RankFailure, RankPool
+from fairring.bench.netns import Host, NetnsCluster, netns_available
+from harness import InitSpec, Layout, RankFailure, RankPool
 from scenarios import make_engine
 
+# Engine::kSettleGrace: how long a rank that saw only the effect of a failure
+# waits for a neighbour to name its cause.
+Engine_SETTLE_GRACE_S = 2.0
 
-def die_or_reduce(victim: int) -> dict[str, object]:
-    """The victim exits abruptly; the others all-reduce and report what happened."""
-    make_engine("cpu")  # the failure under test is the engine's, not its creation's
-    if dist.get_rank() == victim:
-        os._exit(17)
-    time.sleep(0.5)  # usually the victim is gone first; either order must work
-    start = time.monotonic()
+
+# A short group timeout, so that timeouts show within a test's time.
+FAULT_TIMEOUT = timedelta(seconds=10)
+
+
+def stream_until_failure(victim: int, fault: str, scratch: str) -> dict[str, object]:
+    """Every rank all-reduces 1 Mi floats in a stream until one fails; the victim injects `fault` on itself.
+
+    "kill": SIGKILL; "stop": SIGSTOP (alive, sockets open, silent); "link": its
+    host's link goes down (it runs inside that host's network namespace). The
+    others report their first error, a later op's error, the seconds from the
+    fault to each, and how long destroying the group took.
+    """
+    rank = dist.get_rank()
+    tensor = torch.ones(1 << 20)
+    for _ in range(3):  # the engine is made, and every path warm
+        dist.all_reduce(tensor)
+    folder = Path(scratch)
+    if rank == victim:
+        if fault == "link":
+            subprocess.run(["ip", "link", "set", "eth0", "down"], check=True)
+        (folder / "fault").write_text(f"{os.getpid()} {time.time()}")
+        if fault == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
     outcome: dict[str, object] = {}
+    started = time.monotonic()
     try:
-        dist.all_reduce(torch.ones(4096))
-        outcome["first"] = "completed"
+        while time.monotonic() - started < 120:
+            dist.all_reduce(tensor)
+        outcome["first"] = "no error in 120 s"
     except RuntimeError as error:
         outcome["first"] = str(error)
+    failed_at = time.time()
     try:
-        dist.all_reduce(torch.ones(4096))
+        dist.all_reduce(tensor)
         outcome["later"] = "completed"
     except RuntimeError as error:
         outcome["later"] = str(error)
-    outcome["seconds"] = time.monotonic() - start
+    outcome["later_seconds"] = time.time() - failed_at
+    victim_pid, fault_time = (folder / "fault").read_text().split()
+    outcome["seconds"] = failed_at - float(fault_time)
+    (folder / f"failed{rank}").write_text("")
+    if fault == "stop" and rank == min(set(range(dist.get_world_size())) - {victim}):
+        # Once every survivor has its error, the frozen rank may go.
+        survivors = dist.get_world_size() - 1
+        deadline = time.monotonic() + 60
+        while len(list(folder.glob("failed*"))) < survivors and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(int(victim_pid), signal.SIGKILL)
+    destroy_started = time.monotonic()
+    dist.destroy_process_group()
+    outcome["destroy_seconds"] = time.monotonic() - destroy_started
     return outcome
 
 
-@pytest.mark.timeout(180)
-def test_dead_rail_peer_fails_pending_and_later_ops_naming_it() -> None:
-    ranks = RankPool(Layout(2, 1)).start()
+def inject(backend: str, fault: str, tmp_path: Path, hosts: list[Host] | None = None) -> dict[int, dict[str, object]]:
+    """Runs stream_until_failure on 2 machines x 2 ranks with the last rank as the victim."""
+    layout = Layout(2, 2)
+    victim = layout.world_size - 1
+    spec = InitSpec(backend=backend, timeout=FAULT_TIMEOUT)
+    if hosts is not None:
+        spec = InitSpec(method="tcp", host=hosts[0].address, port=29500, backend=backend, timeout=FAULT_TIMEOUT)
+    scratch = tmp_path / backend
+    scratch.mkdir()
+    ranks = RankPool(layout, spec, hosts=hosts).start()
     try:
+        if fault == "link":
+            return dict(enumerate(ranks.run(stream_until_failure, victim, fault, str(scratch), timeout=90)))
         with pytest.raises(RankFailure) as failure:
-            ranks.run(die_or_reduce, 1, timeout=120)
+            ranks.run(stream_until_failure, victim, fault, str(scratch), timeout=90)
     finally:
         ranks.close()
-    assert "exit" in failure.value.outcomes[1]
-    outcome = failure.value.results[0]
-    assert "rail peer rank 1" in outcome["first"] and "op #" in outcome["first"], outcome
-    assert "earlier failure stopped the engine" in outcome["later"], outcome
-    assert outcome["seconds"] < 30, outcome
+    assert set(failure.value.results) == set(range(victim)), failure.value
+    return failure.value.results
+
+
+def report(title: str, outcomes: dict[str, dict[int, dict[str, object]]]) -> None:
+    """Prints what each survivor saw, side by side for each backend (pytest -s shows it)."""
+    print(f"\n{title}")
+    for backend, by_rank in outcomes.items():
+        for rank, outcome in sorted(by_rank.items()):
+            print(f"  {backend:8} rank {rank}: after {outcome['seconds']:.2f} s: {str(outcome['first'])[:300]}")
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_rank_is_named_by_every_survivor(tmp_path: Path) -> None:
+    outcomes = {backend: inject(backend, "kill", tmp_path) for backend in ("fairring", "gloo")}
+    report("rank 3 of 2x2 is killed (SIGKILL) mid-stream:", outcomes)
+    for rank, outcome in outcomes["fairring"].items():
+        first = str(outcome["first"])
+        assert "rank 3 (machine 1 of 2) exited, crashed or lost its network" in first, (rank, first)
+        assert float(outcome["seconds"]) < FAULT_TIMEOUT.total_seconds(), outcome
+        assert "earlier failure stopped the engine" in str(outcome["later"]), outcome
+        assert "rank 3 (machine 1 of 2)" in str(outcome["later"]), outcome
+        assert float(outcome["later_seconds"]) < 1, outcome
+        assert float(outcome["destroy_seconds"]) < 5, outcome
+
+
+@pytest.mark.timeout(300)
+def test_a_frozen_rank_fails_every_survivor_within_the_timeout(tmp_path: Path) -> None:
+    outcomes = {backend: inject(backend, "stop", tmp_path) for backend in ("fairring", "gloo")}
+    report("rank 3 of 2x2 freezes (SIGSTOP) mid-stream; group timeout 10 s:", outcomes)
+    limit = FAULT_TIMEOUT.total_seconds() + 2 * Engine_SETTLE_GRACE_S + 1
+    for rank, outcome in outcomes["fairring"].items():
+        first = str(outcome["first"])
+        assert "rank 3 (machine 1 of 2) stopped responding" in first, (rank, first)
+        assert "timed out after 10000 ms" in first, (rank, first)
+        assert float(outcome["seconds"]) < limit, outcome
+        assert float(outcome["later_seconds"]) < 1, outcome
+        assert float(outcome["destroy_seconds"]) < 5, outcome
 
 
 def late_peer_and_bounded_wait() -> str:
@@ -99,3 +188,23 @@ def test_ranks_issuing_different_all_reduces_fail_instead_of_mixing_data(differe
     for message in messages:
         assert "the ranks issued different all-reduces" in message or "rail peer rank" in message, messages
     assert any("the ranks issued different all-reduces" in message for message in messages), messages
+
+
+@pytest.mark.timeout(300)
+def test_a_machine_whose_link_goes_down_is_named_by_every_rank(tmp_path: Path) -> None:
+    available, reason = netns_available()
+    if not available:
+        pytest.skip(f"network namespaces unavailable: {reason}")
+    with NetnsCluster(2) as cluster:
+        outcomes = {"fairring": inject("fairring", "link", tmp_path, hosts=cluster.hosts)}
+    report("machine 1 of 2x2 loses its link (eth0 down) mid-stream; group timeout 10 s:", outcomes)
+    limit = FAULT_TIMEOUT.total_seconds() + 2 * Engine_SETTLE_GRACE_S + 1
+    for rank, outcome in outcomes["fairring"].items():
+        first = str(outcome["first"])
+        assert "(machine 1 of 2)" in first, (rank, first)
+        if rank >= 2:
+            assert "lost its network: interface eth0 is down" in first, (rank, first)
+        else:
+            assert "stopped responding" in first, (rank, first)
+        assert float(outcome["seconds"]) < limit, outcome
+        assert float(outcome["destroy_seconds"]) < 5, outcome

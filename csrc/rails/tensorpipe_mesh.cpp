@@ -71,6 +71,16 @@ std::vector<std::string_view> splitWords(std::string_view text) {
   return words;
 }
 
+// The host part of "host", "host:port", "[v6]" or "[v6]:port".
+std::string hostOf(const std::string& address) {
+  if (address.starts_with("[")) {
+    return address.substr(1, address.find(']') - 1);
+  }
+  return std::count(address.begin(), address.end(), ':') == 1
+      ? address.substr(0, address.find(':'))
+      : address;
+}
+
 // A device index a peer may name: 0 on the CPU; a CUDA device index.
 bool plausibleDeviceIndex(int index, bool cuda) {
   return cuda ? index >= 0 && index <= std::numeric_limits<c10::DeviceIndex>::max()
@@ -377,7 +387,7 @@ TensorpipeMesh::TensorpipeMesh(
     bool allowInfiniband,
     std::chrono::milliseconds timeout)
     : topology_(topology),
-      listenAddress_(listenAddress),
+      listenHost_(hostOf(listenAddress)),
       connections_(topology.numMachines()) {
   TORCH_CHECK(
       topology_.regular(),
@@ -595,7 +605,7 @@ std::string TensorpipeMesh::downInterface() const {
     if (getnameinfo(
             entry->ifa_addr, length, host, sizeof(host), nullptr, 0,
             NI_NUMERICHOST) != 0 ||
-        listenAddress_ != host) {
+        listenHost_ != host) {
       continue;
     }
     const bool up = (entry->ifa_flags & IFF_UP) && (entry->ifa_flags & IFF_RUNNING);

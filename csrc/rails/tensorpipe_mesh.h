@@ -87,7 +87,7 @@ class TensorpipeMesh final : public Mesh {
   int machineOf(int railPeer) const;
 
   const Topology topology_;
-  const std::string listenAddress_;
+  const std::string listenHost_; // the address, without a port
   std::shared_ptr<tensorpipe::Context> context_;
   std::shared_ptr<tensorpipe::Listener> listener_;
   std::string url_;
