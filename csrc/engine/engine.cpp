@@ -173,7 +173,8 @@ Engine::Engine(
           },
           [this](int neighbour, const std::string& error) {
             onLost(neighbour, error);
-          }});
+          },
+          [this](int neighbour) { onBye(neighbour); }});
   watch_->start();
   // One thread per stage and the watchdog, owned by the engine and joined by
   // its destructor.
@@ -622,7 +623,31 @@ std::string Engine::who(int rank) const {
 }
 
 void Engine::abort(const std::string& did) {
-  stop(Cause{topology_.rank(), who(topology_.rank()) + " " + did, true});
+  Cause cause{topology_.rank(), who(topology_.rank()) + " " + did, true};
+  cause.departure = true;
+  stop(std::move(cause));
+}
+
+bool Engine::departed(int rank) const {
+  return std::find(departed_.begin(), departed_.end(), rank) != departed_.end();
+}
+
+void Engine::onBye(int neighbour) {
+  std::optional<Cause> blamed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    departed_.push_back(neighbour);
+    if (unsettled_ && unsettled_->culprit == neighbour) {
+      blamed = unsettled_; // its connections closed before its goodbye came
+    }
+  }
+  if (blamed) {
+    stop(Cause{
+        neighbour,
+        who(neighbour) + " shut down its process group while " +
+            who(topology_.rank()) + " still needed it; " + blamed->what,
+        true});
+  }
 }
 
 void Engine::onRailsFailure(
@@ -638,6 +663,19 @@ void Engine::onRailsFailure(
     stop(Cause{-1, me + ": " + message, true});
     return;
   }
+  bool gone = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    gone = departed(peerRank);
+  }
+  if (gone) {
+    stop(Cause{
+        peerRank,
+        who(peerRank) + " shut down its process group while " + me +
+            " still needed it: " + message,
+        true});
+    return;
+  }
   // The peer may have failed, or only stopped because of a failure elsewhere:
   // its notice, or its control connection breaking, tells which.
   stop(Cause{peerRank, me + " lost " + who(peerRank) + ": " + message, false});
@@ -648,6 +686,12 @@ void Engine::onNotice(int /*neighbour*/, const rails::Watch::Notice& notice) {
 }
 
 void Engine::onLost(int neighbour, const std::string& error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (departed(neighbour)) {
+      return; // it left in good order; an op that needs it will say so
+    }
+  }
   stop(Cause{
       neighbour,
       who(neighbour) + " exited, crashed or lost its network: its control "
@@ -664,6 +708,11 @@ void Engine::stop(Cause cause) {
       return; // settled already
     }
     first = !failed_.exchange(true);
+    const bool pending = std::any_of(
+        liveOps_.begin(), liveOps_.end(), [](const auto& op) {
+          return !op->settled;
+        });
+    cause.departure = cause.departure && !pending;
     if (!cause.certain) {
       if (!unsettled_) {
         // A cause that blames a peer waits for that peer's own word, which
@@ -678,7 +727,9 @@ void Engine::stop(Cause cause) {
       ops.swap(liveOps_);
     }
   }
-  if (cause.certain) {
+  if (cause.departure) {
+    watch_->farewell();
+  } else if (cause.certain) {
     // Before the rails close: the neighbours read it before they see that.
     watch_->announce({cause.culprit, cause.what});
   }
@@ -783,6 +834,15 @@ std::optional<Engine::Cause> Engine::expiredLocked(
         topology_.rank(),
         me + " lost its network: interface " + down + " is down; " + what,
         true};
+  }
+  for (int rank : awaited) {
+    if (departed(rank)) {
+      return Cause{
+          rank,
+          who(rank) + " shut down its process group while " + me +
+              " still needed it; " + what,
+          true};
+    }
   }
   // A neighbour silent for several heartbeats is stopped, hung or cut off:
   // seen first hand, so certain. The one this op waits for comes first.

@@ -132,6 +132,9 @@ class Engine {
     int culprit = -1; // the rank that failed first, if known
     std::string what; // a sentence that names it
     bool certain = false; // else: wait for a neighbour's notice first
+    // This rank leaves in good order: with no op pending, it only says
+    // goodbye, which stops no other rank.
+    bool departure = false;
     Clock::time_point settleBy{}; // for an uncertain one
   };
 
@@ -184,6 +187,8 @@ class Engine {
   void onRailsFailure(int peerRank, bool mismatch, const std::string& message);
   void onNotice(int neighbour, const rails::Watch::Notice& notice);
   void onLost(int neighbour, const std::string& error);
+  void onBye(int neighbour);
+  bool departed(int rank) const; // said goodbye; needs mutex_
   // "rank 3 (machine 1 of 2)".
   std::string who(int rank) const;
 
@@ -218,6 +223,7 @@ class Engine {
   Fence lastReleased_;
   std::deque<std::shared_ptr<Op>> liveOps_; // issued, not yet settled
   std::optional<Cause> unsettled_; // stopped, waiting for a better cause
+  std::vector<int> departed_; // neighbours that said goodbye
   std::string error_; // the settled cause; empty while none is
   bool stopping_ = false; // the destructor runs: the watchdog returns
   std::condition_variable watchdogWake_;

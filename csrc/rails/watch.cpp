@@ -6,6 +6,7 @@ namespace fairring::rails {
 
 namespace {
 constexpr std::string_view kAlive = "alive";
+constexpr std::string_view kBye = "bye";
 constexpr std::string_view kFailed = "failed ";
 } // namespace
 
@@ -37,7 +38,9 @@ void Watch::readNext(size_t index) {
           std::lock_guard<std::mutex> lock(mutex_);
           lastHeard_[index] = Clock::now();
         }
-        if (text != kAlive) {
+        if (text == kBye) {
+          handlers_.onBye(neighbour);
+        } else if (text != kAlive) {
           Notice notice;
           if (!parseNotice(text, worldSize_, notice)) {
             handlers_.onLost(
@@ -72,6 +75,18 @@ void Watch::announce(const Notice& notice) {
   }
   for (size_t index = 0; index < lastHeard_.size(); ++index) {
     mesh_.control(index).writeNote(text, [](const std::string&) {});
+  }
+}
+
+void Watch::farewell() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (std::exchange(announced_, true)) {
+      return;
+    }
+  }
+  for (size_t index = 0; index < lastHeard_.size(); ++index) {
+    mesh_.control(index).writeNote(std::string(kBye), [](const std::string&) {});
   }
 }
 

@@ -15,8 +15,10 @@ namespace fairring::rails {
 // that a neighbour (a rail peer, or another rank of its machine) has failed,
 // and why, without waiting for a timeout.
 //
-// Two notes travel on a control connection:
+// Three notes travel on a control connection:
 //   "alive"                      a heartbeat, sent by heartbeat()
+//   "bye"                        the sender leaves in good order, with no op
+//                                of its own pending: not a failure by itself
 //   "failed <culprit> <what>"    a failure notice: which rank failed first
 //                                (-1: unknown) and what was seen, as text
 // A rank that stops announces once, to every neighbour; a rank that learns of
@@ -42,6 +44,8 @@ class Watch {
     std::function<void(int neighbour, const Notice& notice)> onNotice;
     // A neighbour's control connection failed, or it sent a malformed note.
     std::function<void(int neighbour, const std::string& error)> onLost;
+    // A neighbour said goodbye.
+    std::function<void(int neighbour)> onBye;
   };
 
   Watch(Mesh& mesh, int worldSize, Handlers handlers);
@@ -53,8 +57,12 @@ class Watch {
   void start();
   // Tells every neighbour this rank is alive.
   void heartbeat();
-  // Sends `notice` to every neighbour; only the first call does.
+  // Sends `notice` to every neighbour; only the first call of this or
+  // farewell() does.
   void announce(const Notice& notice);
+  // Says goodbye to every neighbour; only the first call of this or
+  // announce() does.
+  void farewell();
   // The neighbours not heard from for `atLeast` (counting from start()), and
   // for how long, in neighbour order.
   std::vector<std::pair<int, Clock::duration>> silences(

@@ -1,0 +1,114 @@
+"""Shutdown, abort, group churn and completion callbacks: everything returns, and nothing is left behind."""
+
+from __future__ import annotations
+
+import os
+import time
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness import Layout, RankPool
+from reference import all_ranks_reduced, assert_matches, rank_tensor
+from scenarios import make_engine
+
+
+def stop_with_a_local_step_blocked(how: str) -> tuple[float, str]:
+    """Rank 3 stays away, so rank 2 blocks in a local step (Gloo, which cannot abort) and ranks 0 and 1
+    in theirs or on the rails; then each stops its group by `how` ("destroy" or "abort").
+
+    Returns how long that took and the error the op's wait() raised.
+    """
+    make_engine("cpu")
+    if dist.get_rank() == 3:
+        time.sleep(4)
+        dist.destroy_process_group()
+        return 0.0, ""
+    work = dist.all_reduce(torch.ones(1 << 16), async_op=True)
+    time.sleep(1)
+    start = time.monotonic()
+    if how == "destroy":
+        dist.destroy_process_group()
+    else:
+        dist.group.WORLD.abort()
+    elapsed = time.monotonic() - start
+    try:
+        work.wait()
+    except RuntimeError as error:
+        return elapsed, str(error)
+    return elapsed, "no error"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["destroy", "abort"])
+def test_stopping_returns_while_a_local_step_is_blocked(how: str) -> None:
+    with RankPool(Layout(2, 2)) as ranks:
+        outcomes = ranks.run(stop_with_a_local_step_blocked, how, timeout=90)
+    did = "shut down its process group" if how == "destroy" else "aborted its process group"
+    for rank, (elapsed, error) in enumerate(outcomes[:3]):
+        assert elapsed < 2, (rank, elapsed)
+        # Each rank stops its own group at about the same time: the first to say so is named.
+        assert did in error and "(machine " in error, (rank, error)
+
+
+def process_resources() -> tuple[int, int, int]:
+    """Threads, open file descriptors and resident bytes of this process."""
+    threads = len(os.listdir("/proc/self/task"))
+    descriptors = len(os.listdir("/proc/self/fd"))
+    with open("/proc/self/statm") as statm:
+        resident_pages = int(statm.read().split()[1])
+    return threads, descriptors, resident_pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def churn_groups(cycles: int) -> list[tuple[int, int, int]]:
+    """Makes a group, runs engine all-reduces on it, destroys it; `cycles` times. Resources after each."""
+    shape = (1 << 16,)
+    expected = all_ranks_reduced(shape, torch.float32)
+    after: list[tuple[int, int, int]] = []
+    for _ in range(cycles):
+        group = dist.new_group(backend="fairring")
+        for _ in range(3):
+            tensor = rank_tensor(dist.get_rank(), shape, torch.float32)
+            dist.all_reduce(tensor, group=group)
+            assert_matches(tensor, expected)
+        dist.destroy_process_group(group)
+        time.sleep(0.1)  # threads that were told to leave finish leaving
+        after.append(process_resources())
+    return after
+
+
+@pytest.mark.timeout(240)
+def test_making_and_destroying_groups_leaves_threads_descriptors_and_memory_where_they_were() -> None:
+    with RankPool(Layout(2, 2)) as ranks:
+        by_rank = ranks.run(churn_groups, 20, timeout=200)
+    for rank, after in enumerate(by_rank):
+        warm = after[2]  # the allocator and torch's pools have settled
+        last = after[-1]
+        print(f"rank {rank}: threads {warm[0]} -> {last[0]}, fds {warm[1]} -> {last[1]}, "
+              f"RSS {warm[2] / 2**20:.1f} -> {last[2] / 2**20:.1f} MiB")
+        assert last[0] <= warm[0], (rank, after)
+        assert last[1] <= warm[1], (rank, after)
+        assert last[2] - warm[2] < 16 * 2**20, (rank, after)
+
+
+def nested_all_reduce_in_a_callback() -> None:
+    """A completion callback issues a second all-reduce and waits for it: it must not deadlock the engine."""
+    shape = (1 << 14,)
+    first = rank_tensor(dist.get_rank(), shape, torch.float32)
+    second = rank_tensor(dist.get_rank(), shape, torch.float32, seed=7)
+
+    def then_reduce_second(done: torch.futures.Future) -> torch.Tensor:
+        done.value()
+        dist.all_reduce(second)  # blocks this callback until the second op completes
+        return second
+
+    chained = dist.all_reduce(first, async_op=True).get_future().then(then_reduce_second)
+    chained.wait()
+    assert_matches(first, all_ranks_reduced(shape, torch.float32))
+    assert_matches(second, all_ranks_reduced(shape, torch.float32, seed=7))
+
+
+@pytest.mark.timeout(120)
+def test_a_callback_may_issue_and_wait_for_another_all_reduce() -> None:
+    with RankPool(Layout(2, 2)) as ranks:
+        ranks.run(nested_all_reduce_in_a_callback, timeout=60)
