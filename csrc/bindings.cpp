@@ -12,6 +12,8 @@
 #include "engine/plan.h"
 #include "engine/staging.h"
 #include "rails/endpoint.h"
+#include "rails/tensorpipe_mesh.h"
+#include "rails/watch.h"
 #include "topology.h"
 
 namespace py = pybind11;
@@ -275,6 +277,35 @@ PYBIND11_MODULE(_C, module) {
       py::arg("slice_numel"),
       py::arg("unit"),
       "The slice plan: [(offset, numel, padded_numel)].");
+  // What a rank accepts from peers, exposed so tests can throw malformed
+  // input at the checks without a network.
+  module.def(
+      "check_hello",
+      [](const std::string& hello, const fairring::Topology& topology, bool cuda) {
+        int rank = -1;
+        int lane = -1;
+        int deviceIndex = -1;
+        std::string why = fairring::rails::checkHello(
+            hello, topology, cuda, rank, lane, deviceIndex);
+        return std::make_tuple(why, rank, lane, deviceIndex);
+      },
+      py::arg("hello"),
+      py::arg("topology"),
+      py::arg("cuda") = false,
+      "A rails hello as the accepting rank (topology.rank) checks it: "
+      "(why it is refused, or '', rank, lane, device index).");
+  module.def(
+      "parse_notice",
+      [](const std::string& text, int worldSize) -> py::object {
+        fairring::rails::Watch::Notice notice;
+        if (!fairring::rails::Watch::parseNotice(text, worldSize, notice)) {
+          return py::none();
+        }
+        return py::make_tuple(notice.culprit, notice.what);
+      },
+      py::arg("text"),
+      py::arg("world_size"),
+      "A control note parsed as a failure notice: (culprit, what), or None.");
   module.def(
       "staging_bytes_for",
       [](int64_t sliceBytes, int localSize, int machines, bool padded) {

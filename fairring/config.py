@@ -31,6 +31,9 @@ TIMELINE = "FAIRRING_TIMELINE"
 DEFAULT_TOTAL_MEMORY = 50 * MiB
 DEFAULT_SLICE_SIZE = 4 * MiB
 DEFAULT_FLAT_THRESHOLD = 0
+# Smaller slices only multiply per-slice work (a 64 MiB all-reduce in 1-byte
+# slices would be 64 Mi slices); 4 KiB is already far below a useful size.
+MIN_SLICE_SIZE = 4 * KiB
 
 # Binary multiples for the bare letter and the "i" forms (as NCCL and most ML
 # tooling read "50M"), decimal ones for the SI forms.
@@ -139,14 +142,28 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
             f"{MACHINE_ID} is set but empty; unset it to discover machines, or give "
             "every rank on one machine the same non-empty id"
         )
+    total_memory = size(TOTAL_MEMORY, DEFAULT_TOTAL_MEMORY)
+    physical_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if total_memory > physical_memory:
+        raise ConfigError(
+            f"{TOTAL_MEMORY}={env[TOTAL_MEMORY]!r} is more than this machine's memory "
+            f"({format_size(physical_memory)}); it bounds fairring's staging per device, which needs "
+            f"a few slices' worth (the default is {format_size(DEFAULT_TOTAL_MEMORY)})"
+        )
+    slice_size = size(SLICE_SIZE, DEFAULT_SLICE_SIZE)
+    if slice_size < MIN_SLICE_SIZE:
+        raise ConfigError(
+            f"{SLICE_SIZE}={env[SLICE_SIZE]!r} is below the smallest slice, {format_size(MIN_SLICE_SIZE)}; "
+            f"use {format_size(MIN_SLICE_SIZE)} or more (the default is {format_size(DEFAULT_SLICE_SIZE)})"
+        )
     log_level = env.get(LOG_LEVEL)
     if log_level is not None:
         log_level = log_level.strip().upper()
         if log_level not in _LOG_LEVELS:
             raise ConfigError(f"{LOG_LEVEL}={env[LOG_LEVEL]!r} is not a log level; use one of {', '.join(_LOG_LEVELS)}")
     return Config(
-        total_memory=size(TOTAL_MEMORY, DEFAULT_TOTAL_MEMORY),
-        slice_size=size(SLICE_SIZE, DEFAULT_SLICE_SIZE),
+        total_memory=total_memory,
+        slice_size=slice_size,
         flat_threshold=size(FLAT_THRESHOLD, DEFAULT_FLAT_THRESHOLD, allow_zero=True),
         machine_id=machine_id.strip() if machine_id else None,
         log_level=log_level,

@@ -109,6 +109,21 @@ def test_empty_size_variable_means_default() -> None:
         ({"FAIRRING_LOG_LEVEL": "chatty"}, "FAIRRING_LOG_LEVEL='chatty' is not a log level"),
         ({"FAIRRING_TOTAL_MEMORY": "lots"}, "FAIRRING_TOTAL_MEMORY='lots' is not a size"),
         ({"FAIRRING_CUDA_ENGINE": "maybe"}, "FAIRRING_CUDA_ENGINE='maybe' is not a switch; use 1, true"),
+        # Every size variable: invalid, negative, zero, absurdly large or small.
+        ({"FAIRRING_TOTAL_MEMORY": "-1MiB"}, "FAIRRING_TOTAL_MEMORY='-1MiB' is not a size"),
+        ({"FAIRRING_TOTAL_MEMORY": "0"}, "FAIRRING_TOTAL_MEMORY='0' must be larger than zero"),
+        ({"FAIRRING_TOTAL_MEMORY": "1024TiB"}, "FAIRRING_TOTAL_MEMORY='1024TiB' is more than this machine's memory"),
+        ({"FAIRRING_TOTAL_MEMORY": "1.5B"}, "FAIRRING_TOTAL_MEMORY='1.5B' is not a whole number of bytes"),
+        ({"FAIRRING_SLICE_SIZE": "0"}, "FAIRRING_SLICE_SIZE='0' must be larger than zero"),
+        ({"FAIRRING_SLICE_SIZE": "-4M"}, "FAIRRING_SLICE_SIZE='-4M' is not a size"),
+        ({"FAIRRING_SLICE_SIZE": "1"}, "FAIRRING_SLICE_SIZE='1' is below the smallest slice, 4KiB"),
+        ({"FAIRRING_SLICE_SIZE": "4 parsecs"}, "FAIRRING_SLICE_SIZE='4 parsecs' is not a size"),
+        ({"FAIRRING_FLAT_THRESHOLD": "-1"}, "FAIRRING_FLAT_THRESHOLD='-1' is not a size"),
+        ({"FAIRRING_FLAT_THRESHOLD": "1e6"}, "FAIRRING_FLAT_THRESHOLD='1e6' is not a size"),
+        # Switches, names and folders.
+        ({"FAIRRING_IB_DISABLE": "2"}, "FAIRRING_IB_DISABLE='2' is not a switch"),
+        ({"TP_SOCKET_IFNAME": "no-such-nic0"}, "TP_SOCKET_IFNAME='no-such-nic0' names no network interface"),
+        ({"FAIRRING_TIMELINE": "/proc/fairring-timeline"}, "FAIRRING_TIMELINE='/proc/fairring-timeline': cannot"),
     ],
 )
 def test_invalid_environment(env: dict[str, str], expected: str) -> None:

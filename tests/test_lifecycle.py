@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -84,8 +85,10 @@ def test_making_and_destroying_groups_leaves_threads_descriptors_and_memory_wher
     for rank, after in enumerate(by_rank):
         warm = after[2]  # the allocator and torch's pools have settled
         last = after[-1]
-        print(f"rank {rank}: threads {warm[0]} -> {last[0]}, fds {warm[1]} -> {last[1]}, "
-              f"RSS {warm[2] / 2**20:.1f} -> {last[2] / 2**20:.1f} MiB")
+        print(
+            f"rank {rank}: threads {warm[0]} -> {last[0]}, fds {warm[1]} -> {last[1]}, "
+            f"RSS {warm[2] / 2**20:.1f} -> {last[2] / 2**20:.1f} MiB"
+        )
         assert last[0] <= warm[0], (rank, after)
         assert last[1] <= warm[1], (rank, after)
         assert last[2] - warm[2] < 16 * 2**20, (rank, after)

@@ -58,17 +58,18 @@ std::optional<int> parseInt(std::string_view text) {
   return value;
 }
 
+// Words between single spaces; empty ones where spaces repeat or end the text.
 std::vector<std::string_view> splitWords(std::string_view text) {
   std::vector<std::string_view> words;
-  while (!text.empty()) {
-    const size_t space = text.find(' ');
-    words.push_back(text.substr(0, space));
+  size_t start = 0;
+  while (true) {
+    const size_t space = text.find(' ', start);
+    words.push_back(text.substr(start, space - start));
     if (space == std::string_view::npos) {
-      break;
+      return words;
     }
-    text.remove_prefix(space + 1);
+    start = space + 1;
   }
-  return words;
 }
 
 // The host part of "host", "host:port", "[v6]" or "[v6]:port".
