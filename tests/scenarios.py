@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -28,8 +29,13 @@ def shutdown_with_an_op_in_flight(device: str) -> tuple[float, str]:
         return 0.0, ""
     work = dist.all_reduce(torch.ones(100_000, device=device), async_op=True)
     time.sleep(1)
+    return timed_stop(work, dist.destroy_process_group)
+
+
+def timed_stop(work: dist.Work, stop: Callable[[], object]) -> tuple[float, str]:
+    """Runs `stop` while `work` is pending: how long it took, and the error `work` then raised."""
     start = time.monotonic()
-    dist.destroy_process_group()
+    stop()
     elapsed = time.monotonic() - start
     try:
         work.wait()

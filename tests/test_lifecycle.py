@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from harness import Layout, RankPool
 from reference import all_ranks_reduced, assert_matches, rank_tensor
-from scenarios import make_engine
+from scenarios import make_engine, timed_stop
 
 
 def stop_with_a_local_step_blocked(how: str) -> tuple[float, str]:
@@ -27,17 +27,8 @@ def stop_with_a_local_step_blocked(how: str) -> tuple[float, str]:
         return 0.0, ""
     work = dist.all_reduce(torch.ones(1 << 16), async_op=True)
     time.sleep(1)
-    start = time.monotonic()
-    if how == "destroy":
-        dist.destroy_process_group()
-    else:
-        dist.group.WORLD.abort()
-    elapsed = time.monotonic() - start
-    try:
-        work.wait()
-    except RuntimeError as error:
-        return elapsed, str(error)
-    return elapsed, "no error"
+    world = dist.group.WORLD
+    return timed_stop(work, dist.destroy_process_group if how == "destroy" else world.abort)
 
 
 @pytest.mark.timeout(120)
