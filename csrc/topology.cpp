@@ -35,6 +35,14 @@ Topology::Topology(int rank, std::vector<std::vector<int>> machines)
       worldSize_ - 1);
   TORCH_CHECK(
       machine_ >= 0, "fairring: rank ", rank_, " is missing from topology");
+  machineOf_.resize(worldSize_);
+  localIndexOf_.resize(worldSize_);
+  for (size_t m = 0; m < machines_.size(); ++m) {
+    for (size_t l = 0; l < machines_[m].size(); ++l) {
+      machineOf_[machines_[m][l]] = static_cast<int>(m);
+      localIndexOf_[machines_[m][l]] = static_cast<int>(l);
+    }
+  }
   if (regular_) {
     railPeers_.reserve(machines_.size());
     for (const auto& ranksOnMachine : machines_) {

@@ -58,6 +58,14 @@ class Topology {
   const std::vector<std::vector<int>>& machines() const {
     return machines_;
   }
+  // The machine of `rank`, and its index there; -1 for a rank not in the
+  // group (callers may pass ranks a peer named).
+  int machineOf(int rank) const {
+    return rank >= 0 && rank < worldSize_ ? machineOf_[rank] : -1;
+  }
+  int localIndexOf(int rank) const {
+    return rank >= 0 && rank < worldSize_ ? localIndexOf_[rank] : -1;
+  }
 
   std::string describe() const;
 
@@ -69,6 +77,8 @@ class Topology {
   bool regular_ = true;
   std::vector<std::vector<int>> machines_;
   std::vector<int> railPeers_;
+  std::vector<int> machineOf_; // by rank
+  std::vector<int> localIndexOf_; // by rank
 };
 
 } // namespace fairring

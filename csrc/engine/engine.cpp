@@ -610,16 +610,20 @@ void Engine::push(Queue& queue, std::shared_ptr<SliceWork> slice) {
 }
 
 std::string Engine::who(int rank) const {
-  const auto& machines = topology_.machines();
-  for (size_t machine = 0; machine < machines.size(); ++machine) {
-    const auto& ranks = machines[machine];
-    if (std::find(ranks.begin(), ranks.end(), rank) != ranks.end()) {
-      return "rank " + std::to_string(rank) + " (machine " +
-          std::to_string(machine) + " of " + std::to_string(machines.size()) +
-          ")";
-    }
-  }
-  return "rank " + std::to_string(rank);
+  const int machine = topology_.machineOf(rank);
+  return "rank " + std::to_string(rank) +
+      (machine < 0 ? std::string()
+                   : " (machine " + std::to_string(machine) + " of " +
+               std::to_string(topology_.numMachines()) + ")");
+}
+
+Engine::Cause Engine::stillNeeded(int rank, const std::string& detail)
+    const {
+  return Cause{
+      rank,
+      who(rank) + " shut down its process group while " +
+          who(topology_.rank()) + " still needed it; " + detail,
+      true};
 }
 
 void Engine::abort(const std::string& did) {
@@ -642,11 +646,7 @@ void Engine::onBye(int neighbour) {
     }
   }
   if (blamed) {
-    stop(Cause{
-        neighbour,
-        who(neighbour) + " shut down its process group while " +
-            who(topology_.rank()) + " still needed it; " + blamed->what,
-        true});
+    stop(stillNeeded(neighbour, blamed->what));
   }
 }
 
@@ -669,11 +669,7 @@ void Engine::onRailsFailure(
     gone = departed(peerRank);
   }
   if (gone) {
-    stop(Cause{
-        peerRank,
-        who(peerRank) + " shut down its process group while " + me +
-            " still needed it: " + message,
-        true});
+    stop(stillNeeded(peerRank, message));
     return;
   }
   // The peer may have failed, or only stopped because of a failure elsewhere:
@@ -837,11 +833,7 @@ std::optional<Engine::Cause> Engine::expiredLocked(
   }
   for (int rank : awaited) {
     if (departed(rank)) {
-      return Cause{
-          rank,
-          who(rank) + " shut down its process group while " + me +
-              " still needed it; " + what,
-          true};
+      return stillNeeded(rank, what);
     }
   }
   // A neighbour silent for several heartbeats is stopped, hung or cut off:

@@ -191,6 +191,8 @@ class Engine {
   bool departed(int rank) const; // said goodbye; needs mutex_
   // "rank 3 (machine 1 of 2)".
   std::string who(int rank) const;
+  // The cause when `rank`, which said goodbye, is needed after all.
+  Cause stillNeeded(int rank, const std::string& detail) const;
 
   bool failed() const {
     return failed_.load();

@@ -92,18 +92,14 @@ bool plausibleDeviceIndex(int index, bool cuda) {
 // lower machines open every lane; ranks of this machine with a lower local
 // index open a control connection only.
 bool connectsHere(const Topology& topology, int rank, int lane) {
-  for (int machine = 0; machine < topology.machine(); ++machine) {
-    if (topology.railPeers()[machine] == rank) {
-      return lane >= 0 && lane <= kControlLane;
-    }
+  const int machine = topology.machineOf(rank); // -1 if not in the group
+  if (machine >= 0 && machine < topology.machine()) {
+    return topology.railPeers()[machine] == rank && lane >= 0 &&
+        lane <= kControlLane;
   }
-  const auto& local = topology.localRanks();
-  for (int index = 0; index < topology.localRank(); ++index) {
-    if (local[index] == rank) {
-      return lane == kControlLane;
-    }
-  }
-  return false;
+  return machine == topology.machine() &&
+      topology.localIndexOf(rank) < topology.localRank() &&
+      lane == kControlLane;
 }
 
 struct AcceptedPipe {
@@ -484,8 +480,7 @@ TensorpipeMesh::TensorpipeMesh(
       if (lane == kControlLane) {
         controls_[neighbourIndex(peer)] = std::move(connection);
       } else {
-        connections_[machineOf(peer)][lane] =
-            std::move(connection);
+        connections_[topology_.machineOf(peer)][lane] = std::move(connection);
       }
     }
   };
@@ -538,7 +533,8 @@ TensorpipeMesh::TensorpipeMesh(
     if (entry.lane == kControlLane) {
       controls_[neighbourIndex(entry.rank)] = std::move(connection);
     } else {
-      connections_[machineOf(entry.rank)][entry.lane] = std::move(connection);
+      connections_[topology_.machineOf(entry.rank)][entry.lane] =
+          std::move(connection);
     }
   }
   lock.unlock();
@@ -556,12 +552,6 @@ TensorpipeMesh::TensorpipeMesh(
 
 TensorpipeMesh::~TensorpipeMesh() {
   shutdown();
-}
-
-int TensorpipeMesh::machineOf(int railPeer) const {
-  const auto& peers = topology_.railPeers();
-  return static_cast<int>(
-      std::find(peers.begin(), peers.end(), railPeer) - peers.begin());
 }
 
 void TensorpipeMesh::shutdown() {

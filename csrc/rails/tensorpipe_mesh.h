@@ -84,8 +84,6 @@ class TensorpipeMesh final : public Mesh {
   std::string downInterface() const override;
 
  private:
-  int machineOf(int railPeer) const;
-
   const Topology topology_;
   const std::string listenHost_; // the address, without a port
   std::shared_ptr<tensorpipe::Context> context_;
