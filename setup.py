@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
 COMMON_SOURCES = [
     "backend/backend.cpp",
+    "backend/delegated.cpp",
+    "backend/ledger.cpp",
     "backend/work.cpp",
     "bindings.cpp",
     "device/device.cpp",

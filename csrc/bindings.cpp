@@ -306,6 +306,38 @@ PYBIND11_MODULE(_C, module) {
       py::arg("text"),
       py::arg("world_size"),
       "A control note parsed as a failure notice: (culprit, what), or None.");
+  // The collective ledger's comparisons, for tests; a disagreement is
+  // (neighbour, seq, mine, theirs).
+  using fairring::CollectiveLedger;
+  const auto disagreement =
+      [](const std::optional<CollectiveLedger::Disagreement>& found)
+      -> py::object {
+    if (!found) {
+      return py::none();
+    }
+    return py::make_tuple(found->neighbour, found->seq, found->mine, found->theirs);
+  };
+  py::class_<CollectiveLedger>(module, "CollectiveLedger")
+      .def(py::init<>())
+      .def(
+          "record",
+          [disagreement](CollectiveLedger& ledger, std::string signature) {
+            std::optional<CollectiveLedger::Disagreement> found;
+            const uint64_t seq = ledger.record(std::move(signature), found);
+            return py::make_tuple(seq, disagreement(found));
+          },
+          py::arg("signature"),
+          "Records the next collective: (its number, a disagreement with an "
+          "early report of it, or None).")
+      .def("report", &CollectiveLedger::report)
+      .def(
+          "compare",
+          [disagreement](
+              CollectiveLedger& ledger, int neighbour, const std::string& report) {
+            return disagreement(ledger.compare(neighbour, report));
+          },
+          py::arg("neighbour"),
+          py::arg("report"));
   module.def(
       "staging_bytes_for",
       [](int64_t sliceBytes, int localSize, int machines, bool padded) {

@@ -71,4 +71,12 @@ std::string Topology::describe() const {
   return out.str();
 }
 
+std::string Topology::describeRank(int rank) const {
+  const int machine = machineOf(rank);
+  return "rank " + std::to_string(rank) +
+      (machine < 0 ? std::string()
+                   : " (machine " + std::to_string(machine) + " of " +
+               std::to_string(numMachines()) + ")");
+}
+
 } // namespace fairring

@@ -68,6 +68,8 @@ class Topology {
   }
 
   std::string describe() const;
+  // "rank 3 (machine 1 of 2)", as errors name a rank.
+  std::string describeRank(int rank) const;
 
  private:
   int rank_;

@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "backend/work.h"
+#include "engine/reduction.h"
 #include "rails/tensorpipe_mesh.h"
 
 namespace fairring {
@@ -106,6 +107,33 @@ bool engineHandlesAll(
          });
 }
 
+constexpr const char* kSameCollectives =
+    "; every rank must issue the same collectives in the same order, "
+    "all-reduces with the same sizes, dtypes and reduce ops";
+
+// The part of a reduction's arguments that every rank must give alike: the
+// tensors' total size, their count and dtype, and the op (not a PREMUL_SUM's
+// factor, which may differ).
+std::string reductionSignature(
+    const char* opName,
+    c10::DeviceType type,
+    const std::vector<at::Tensor>& tensors,
+    const c10d::ReduceOp& op) {
+  int64_t numel = 0;
+  for (const auto& tensor : tensors) {
+    numel += tensor.numel();
+  }
+  std::string signature = std::string(opName) + " " +
+      c10::DeviceTypeName(type, /*lower_case=*/true) + " " +
+      (tensors.empty() ? std::string("none")
+                       : std::string(c10::toString(tensors[0].scalar_type()))) +
+      "[" + std::to_string(numel) + "]";
+  if (tensors.size() != 1) {
+    signature += "x" + std::to_string(tensors.size());
+  }
+  return signature + " " + reduceOpName(op.op_);
+}
+
 int64_t totalBytes(const std::vector<at::Tensor>& tensors) {
   int64_t bytes = 0;
   for (const auto& tensor : tensors) {
@@ -133,14 +161,15 @@ c10::intrusive_ptr<c10::ivalue::Future> packedAllreduce(
     Engine& engine,
     const std::vector<at::Tensor>& tensors,
     c10d::ReduceOp::RedOpType op,
-    std::chrono::milliseconds timeout) {
+    std::chrono::milliseconds timeout,
+    uint64_t collective) {
   std::vector<at::Tensor> flattened;
   flattened.reserve(tensors.size());
   for (const auto& tensor : tensors) {
     flattened.push_back(tensor.reshape({-1}));
   }
   at::Tensor packed = at::cat(flattened);
-  return engine.allreduce(packed, op, timeout)->then(
+  return engine.allreduce(packed, op, timeout, collective)->then(
       [tensors, packed](c10::ivalue::Future& done) {
         done.value(); // rethrows the engine's error into the returned future
         unpackInto(packed, tensors);
@@ -164,7 +193,8 @@ Backend::Backend(
       config_(config),
       timeout_(timeout),
       cpuBackend_(std::move(cpuBackend)),
-      innerGroups_(std::move(innerGroups)) {
+      innerGroups_(std::move(innerGroups)),
+      delegated_("fairring: rank " + std::to_string(topology_.rank()) + ": ") {
   TORCH_CHECK(store_, "fairring: a store is required");
   TORCH_CHECK(cpuBackend_, "fairring: a CPU backend is required");
   TORCH_CHECK(innerGroups_, "fairring: an inner group factory is required");
@@ -237,15 +267,21 @@ c10::intrusive_ptr<c10d::Work> Backend::forward(
     const char* opName,
     Call&& call,
     const Tensors&... tensors) {
-  nextCollective();
-  return forwardUncounted(opName, std::forward<Call>(call), tensors...);
+  const uint64_t seq = nextCollective(
+      std::string(opName) + " " +
+      c10::DeviceTypeName(route(opName, tensors...), /*lower_case=*/true));
+  return forwardUncounted(opName, seq, std::forward<Call>(call), tensors...);
 }
 
 template <typename Call, typename... Tensors>
 c10::intrusive_ptr<c10d::Work> Backend::forwardUncounted(
     const char* opName,
+    std::optional<uint64_t> collective,
     Call&& call,
     const Tensors&... tensors) {
+  if (collective) {
+    checkNotFailed(opName);
+  }
   const c10::DeviceType type = route(opName, tensors...);
   c10d::Backend& inner = delegate(type);
   bool collect = false;
@@ -260,6 +296,9 @@ c10::intrusive_ptr<c10d::Work> Backend::forwardUncounted(
     }
   }
   auto work = call(inner);
+  if (collective && isCpu(inner)) {
+    work = delegated_.watch(work, work->retrieveOpType(), *collective, {});
+  }
   if (collect) {
     std::lock_guard<std::mutex> lock(coalescingMutex_);
     coalescing_->works.push_back(work);
@@ -402,13 +441,85 @@ std::unique_ptr<Engine> Backend::makeEngine(c10::Device device) {
       ? nullptr
       : std::make_unique<Timeline>(
             config_.timelineDirectory, getGroupUid(), topology_, device);
+  // The hooks run on the engine's threads, which the engine joins before it
+  // goes; the backend outlives its engines.
+  Engine::Hooks hooks{
+      [this] { return ledger_.report(); },
+      [this](int neighbour, std::string_view status) {
+        onPeerStatus(neighbour, status);
+      },
+      [this](const std::string& cause) { delegated_.fail(cause); }};
   return std::make_unique<Engine>(
       topology_,
       config_,
       std::move(context),
       std::move(mesh),
       timeout(),
-      std::move(timeline));
+      std::move(timeline),
+      std::move(hooks));
+}
+
+uint64_t Backend::nextCollective(std::string signature) {
+  std::optional<CollectiveLedger::Disagreement> found;
+  const uint64_t seq = ledger_.record(std::move(signature), found);
+  if (found) {
+    // A neighbour that had issued it already reported it.
+    failGroup(
+        "the ranks issued different collectives: #" + std::to_string(seq) +
+        " is '" + found->mine + "' on " + topology_.describeRank(getRank()) +
+        " but '" + found->theirs + "' on " +
+        topology_.describeRank(found->neighbour) + kSameCollectives);
+  }
+  return seq;
+}
+
+void Backend::onPeerStatus(int neighbour, std::string_view status) {
+  const auto found = ledger_.compare(neighbour, status);
+  if (!found) {
+    return;
+  }
+  const std::string me = topology_.describeRank(getRank());
+  const std::string them = topology_.describeRank(neighbour);
+  if (found->seq == 0) {
+    failGroup(them + " sent " + me + " " + found->theirs);
+  } else if (found->mine != found->theirs) {
+    failGroup(
+        "the ranks issued different collectives: #" +
+        std::to_string(found->seq) + " is '" + found->mine + "' on " + me +
+        " but '" + found->theirs + "' on " + them + kSameCollectives);
+  } else {
+    failGroup(
+        "the ranks issued different collectives before #" +
+        std::to_string(found->seq) + " ('" + found->mine + "' on " + me +
+        " and on " + them + ")" + kSameCollectives);
+  }
+}
+
+void Backend::failGroup(const std::string& what) {
+  std::array<Engine*, 2> engines{};
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    for (size_t slot = 0; slot < engines.size(); ++slot) {
+      engines[slot] = engines_[slot].get();
+    }
+  }
+  for (Engine* engine : engines) {
+    if (engine != nullptr) {
+      engine->fail(what);
+    }
+  }
+}
+
+void Backend::checkNotFailed(const char* opName) const {
+  const std::string failure = delegated_.failure();
+  TORCH_CHECK(
+      failure.empty(),
+      "fairring: rank ",
+      getRank(),
+      ": ",
+      opName,
+      " not started: an earlier failure stopped the process group: ",
+      failure);
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::broadcast(
@@ -424,7 +535,8 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
     std::vector<at::Tensor>& tensors,
     const c10d::AllreduceOptions& opts) {
   const c10::DeviceType type = route("allreduce", tensors);
-  const uint64_t seq = nextCollective();
+  const uint64_t seq = nextCollective(
+      reductionSignature("all_reduce", type, tensors, opts.reduceOp));
   // PREMUL_SUM becomes a SUM wherever fairring runs it; NCCL has its own.
   const bool premul = opts.reduceOp == c10d::ReduceOp::PREMUL_SUM;
   Engine* engine = tensors.size() == 1 || premul
@@ -437,7 +549,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
   if (engine != nullptr && tensors.size() == 1) {
     auto work = c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
         engine->allreduce(
-            tensors[0], ownOpts.reduceOp, timeoutOf(opts.timeout)),
+            tensors[0], ownOpts.reduceOp, timeoutOf(opts.timeout), seq),
         c10d::OpType::ALLREDUCE,
         "fairring:all_reduce",
         seq,
@@ -452,6 +564,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
   }
   return forwardUncounted(
       "allreduce",
+      seq,
       [&](c10d::Backend& inner) {
         if (isCpu(inner)) {
           checkCpuReduction("allreduce", ownOpts.reduceOp, tensors);
@@ -476,19 +589,22 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors,
     const c10d::AllreduceCoalescedOptions& opts) {
   const c10::DeviceType type = route("allreduce_coalesced", tensors);
+  const uint64_t seq = nextCollective(reductionSignature(
+      "all_reduce_coalesced", type, tensors, opts.reduceOp));
   if (Engine* engine = engineFor(tensors, opts.reduceOp)) {
     auto work = c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
         packedAllreduce(
-            *engine, tensors, opts.reduceOp, timeoutOf(opts.timeout)),
+            *engine, tensors, opts.reduceOp, timeoutOf(opts.timeout), seq),
         c10d::OpType::ALLREDUCE_COALESCED,
         "fairring:all_reduce_coalesced",
-        nextCollective(),
+        seq,
         tensors));
     joinBlock("allreduce_coalesced", type, work);
     return work;
   }
-  return forward(
+  return forwardUncounted(
       "allreduce_coalesced",
+      seq,
       [&](c10d::Backend& inner) {
         if (isCpu(inner)) {
           checkCpuReduction("allreduce_coalesced", opts.reduceOp, tensors);
@@ -722,8 +838,9 @@ c10::intrusive_ptr<c10d::Work> Backend::send(
     std::vector<at::Tensor>& tensors,
     int dstRank,
     int tag) {
-  return forwardUncounted( // not a collective
+  return forwardUncounted(
       "send",
+      std::nullopt, // not a collective
       [&](c10d::Backend& inner) { return inner.send(tensors, dstRank, tag); },
       tensors);
 }
@@ -732,8 +849,9 @@ c10::intrusive_ptr<c10d::Work> Backend::recv(
     std::vector<at::Tensor>& tensors,
     int srcRank,
     int tag) {
-  return forwardUncounted( // not a collective
+  return forwardUncounted(
       "recv",
+      std::nullopt, // not a collective
       [&](c10d::Backend& inner) { return inner.recv(tensors, srcRank, tag); },
       tensors);
 }
@@ -741,22 +859,26 @@ c10::intrusive_ptr<c10d::Work> Backend::recv(
 c10::intrusive_ptr<c10d::Work> Backend::recvAnysource(
     std::vector<at::Tensor>& tensors,
     int tag) {
-  return forwardUncounted( // not a collective
+  return forwardUncounted(
       "recvAnysource",
+      std::nullopt, // not a collective
       [&](c10d::Backend& inner) { return inner.recvAnysource(tensors, tag); },
       tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::barrier(
     const c10d::BarrierOptions& opts) {
-  nextCollective();
-  return cpuBackend_->barrier(opts);
+  const uint64_t seq = nextCollective("barrier");
+  checkNotFailed("barrier");
+  return delegated_.watch(
+      cpuBackend_->barrier(opts), c10d::OpType::BARRIER, seq, {});
 }
 
 void Backend::monitoredBarrier(
     const c10d::BarrierOptions& opts,
     bool waitAllRanks) {
-  nextCollective();
+  nextCollective("monitored_barrier");
+  checkNotFailed("monitored_barrier");
   cpuBackend_->monitoredBarrier(opts, waitAllRanks);
 }
 
@@ -849,6 +971,7 @@ void Backend::stopEngines(const std::string& did) {
 
 void Backend::abort() {
   stopEngines("aborted its process group");
+  delegated_.fail(topology_.describeRank(getRank()) + " aborted its process group");
   if (auto cuda = cudaBackendIfCreated()) {
     cuda->abort();
   }
@@ -857,6 +980,8 @@ void Backend::abort() {
 
 void Backend::shutdown() {
   stopEngines("shut down its process group");
+  delegated_.fail(
+      topology_.describeRank(getRank()) + " shut down its process group");
   if (auto cuda = cudaBackendIfCreated()) {
     cuda->shutdown();
   }

@@ -7,13 +7,16 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "backend/delegated.h"
 #include "backend/inner_groups.h"
+#include "backend/ledger.h"
 #include "config.h"
 #include "engine/engine.h"
 #include "topology.h"
@@ -78,7 +81,7 @@ class Backend final : public c10d::Backend {
   // operations, which ranks issue in different numbers): equal on every rank
   // of a group in step. Each Work fairring makes carries its number.
   uint64_t getSequenceNumberForGroup() override {
-    return collectives_.load();
+    return ledger_.issued();
   }
   // Numbers start at 0 on every rank: nothing to agree on.
   void setSequenceNumberForGroup() override {}
@@ -221,9 +224,12 @@ class Backend final : public c10d::Backend {
       const char* opName,
       Call&& call,
       const Tensors&... tensors);
+  // `collective`: its number, if it is one (not a send or receive): then
+  // it is refused once the group has failed, and on the CPU watched.
   template <typename Call, typename... Tensors>
   c10::intrusive_ptr<c10d::Work> forwardUncounted(
       const char* opName,
+      std::optional<uint64_t> collective,
       Call&& call,
       const Tensors&... tensors);
   // The open coalescing block, its device type set by its first operation
@@ -265,10 +271,18 @@ class Backend final : public c10d::Backend {
   std::chrono::milliseconds timeoutOf(std::chrono::milliseconds own) const {
     return own > std::chrono::milliseconds(0) ? own : timeout();
   }
-  // The number of the collective being issued (see getSequenceNumberForGroup).
-  uint64_t nextCollective() {
-    return ++collectives_;
-  }
+  // Records the collective being issued, with the part of its arguments
+  // every rank must give alike (CollectiveLedger), and returns its number
+  // (see getSequenceNumberForGroup). Fails the group if a neighbour's report
+  // of it differs.
+  uint64_t nextCollective(std::string signature);
+  // A neighbour's report of its collectives (an engine's transport thread).
+  void onPeerStatus(int neighbour, std::string_view status);
+  // Fails every engine with `what`, a cause seen first hand here; the
+  // engines announce it, and their failure fails the delegated works.
+  void failGroup(const std::string& what);
+  // Refuses a delegated collective once the group has failed.
+  void checkNotFailed(const char* opName) const;
 
   static size_t slotOf(c10::DeviceType type) {
     return type == c10::kCPU ? 0 : 1;
@@ -281,7 +295,8 @@ class Backend final : public c10d::Backend {
   const c10::intrusive_ptr<c10d::Backend> cpuBackend_;
   const std::shared_ptr<InnerGroupFactory> innerGroups_;
   std::array<std::atomic<int64_t>, 2> flatAllreduces_{}; // CPU, CUDA
-  std::atomic<uint64_t> collectives_{0};
+  CollectiveLedger ledger_;
+  DelegatedWorks delegated_; // the CPU delegate's collectives
 
   // Serialises the creation of CUDA groups, engines and splits, which calls
   // into Python; never held by a thread that holds the GIL.

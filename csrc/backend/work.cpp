@@ -65,7 +65,9 @@ bool FutureWork::wait(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(signal->mutex);
     TORCH_CHECK(
         signal->done.wait_for(lock, timeout, [&] { return signal->completed; }),
-        title_, // "fairring:all_reduce", ...
+        // "fairring:all_reduce", ...; a delegated one has no title of ours
+        title_ != nullptr ? std::string(title_)
+                          : c10d::opTypeToString(retrieveOpType()),
         " did not complete within ",
         timeout.count(),
         " ms");

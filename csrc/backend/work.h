@@ -16,7 +16,8 @@ namespace fairring {
 // (that one returns as if the operation had succeeded) and honours a timeout.
 // `profilingTitle` (a string literal, e.g. "fairring:all_reduce") names the
 // operation in torch.profiler traces, from issue to completion, and in
-// errors; `seq` is its collective sequence number in the group.
+// errors (null: no profiler range, errors name the op type); `seq` is its
+// collective sequence number in the group.
 class FutureWork final : public c10d::Work {
  public:
   FutureWork(

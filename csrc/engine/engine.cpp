@@ -21,23 +21,6 @@ enum class Step : int {
   kDone,
 };
 
-const char* opName(c10d::ReduceOp::RedOpType op) {
-  switch (op) {
-    case c10d::ReduceOp::SUM:
-      return "sum";
-    case c10d::ReduceOp::AVG:
-      return "avg";
-    case c10d::ReduceOp::PRODUCT:
-      return "product";
-    case c10d::ReduceOp::MIN:
-      return "min";
-    case c10d::ReduceOp::MAX:
-      return "max";
-    default:
-      return "other";
-  }
-}
-
 std::string rankList(const std::vector<int>& ranks) {
   std::string list;
   for (int rank : ranks) {
@@ -56,7 +39,8 @@ std::string secondsText(std::chrono::steady_clock::duration duration) {
 } // namespace
 
 struct Engine::Op {
-  uint64_t seq;
+  uint64_t seq; // the engine's: rails tags carry it
+  uint64_t collective; // the group's number, as errors name the op
   at::Tensor tensor; // the caller's
   at::Tensor flat; // 1-D and contiguous; aliases `tensor` unless copyBack
   bool copyBack;
@@ -72,9 +56,9 @@ struct Engine::Op {
   c10::intrusive_ptr<c10::ivalue::Future> future;
 
   std::string describe() const {
-    return "all_reduce op #" + std::to_string(seq) + " (" +
+    return "all_reduce #" + std::to_string(collective) + " (" +
         std::to_string(flat.numel()) + " x " +
-        c10::toString(flat.scalar_type()) + ", " + opName(reduceOp) + ")";
+        c10::toString(flat.scalar_type()) + ", " + reduceOpName(reduceOp) + ")";
   }
 
   // On the all-gather thread, after the slice's last device work was queued:
@@ -125,7 +109,8 @@ struct Engine::SliceWork {
     return padded.defined() ? padded : input;
   }
   std::string describe() const {
-    return "op #" + std::to_string(op->seq) + " slice " + std::to_string(index);
+    return "all_reduce #" + std::to_string(op->collective) + " slice " +
+        std::to_string(index);
   }
   // Names everything both ends must agree on, so that ranks that issued
   // different all-reduces fail instead of reducing mismatched data.
@@ -143,11 +128,13 @@ Engine::Engine(
     std::unique_ptr<DeviceContext> device,
     std::unique_ptr<rails::Mesh> mesh,
     std::chrono::milliseconds timeout,
-    std::unique_ptr<Timeline> timeline)
+    std::unique_ptr<Timeline> timeline,
+    Hooks hooks)
     : topology_(topology),
       config_(config),
       device_(std::move(device)),
       timeline_(std::move(timeline)),
+      hooks_(std::move(hooks)),
       heartbeatInterval_(std::clamp(
           timeout / 10,
           std::chrono::milliseconds(100),
@@ -174,7 +161,12 @@ Engine::Engine(
           [this](int neighbour, const std::string& error) {
             onLost(neighbour, error);
           },
-          [this](int neighbour) { onBye(neighbour); }});
+          [this](int neighbour) { onBye(neighbour); },
+          [this](int neighbour, std::string_view status) {
+            if (hooks_.onPeerStatus) {
+              hooks_.onPeerStatus(neighbour, status);
+            }
+          }});
   watch_->start();
   // One thread per stage and the watchdog, owned by the engine and joined by
   // its destructor.
@@ -223,8 +215,10 @@ bool Engine::handles(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op) {
 c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
     const at::Tensor& tensor,
     c10d::ReduceOp::RedOpType reduceOp,
-    std::chrono::milliseconds timeout) {
+    std::chrono::milliseconds timeout,
+    uint64_t collective) {
   auto op = std::make_shared<Op>();
+  op->collective = collective;
   op->tensor = tensor;
   op->copyBack = !tensor.is_contiguous();
   op->flat = tensor.contiguous().view({-1});
@@ -610,11 +604,7 @@ void Engine::push(Queue& queue, std::shared_ptr<SliceWork> slice) {
 }
 
 std::string Engine::who(int rank) const {
-  const int machine = topology_.machineOf(rank);
-  return "rank " + std::to_string(rank) +
-      (machine < 0 ? std::string()
-                   : " (machine " + std::to_string(machine) + " of " +
-               std::to_string(topology_.numMachines()) + ")");
+  return topology_.describeRank(rank);
 }
 
 Engine::Cause Engine::stillNeeded(int rank, const std::string& detail)
@@ -630,6 +620,10 @@ void Engine::abort(const std::string& did) {
   Cause cause{topology_.rank(), who(topology_.rank()) + " " + did, true};
   cause.departure = true;
   stop(std::move(cause));
+}
+
+void Engine::fail(const std::string& what) {
+  stop(Cause{-1, what, true});
 }
 
 bool Engine::departed(int rank) const {
@@ -698,6 +692,7 @@ void Engine::onLost(int neighbour, const std::string& error) {
 void Engine::stop(Cause cause) {
   std::deque<std::shared_ptr<Op>> ops;
   bool first = false;
+  bool settled = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!error_.empty()) {
@@ -720,6 +715,7 @@ void Engine::stop(Cause cause) {
     } else {
       unsettled_.reset();
       error_ = cause.what;
+      settled = true;
       ops.swap(liveOps_);
     }
   }
@@ -740,6 +736,9 @@ void Engine::stop(Cause cause) {
   for (const auto& op : ops) {
     op->fail(prefix + op->describe() + " failed: " + cause.what);
   }
+  if (settled && !cause.departure && hooks_.onFailed) {
+    hooks_.onFailed(cause.what);
+  }
 }
 
 void Engine::watchdogLoop() {
@@ -749,7 +748,7 @@ void Engine::watchdogLoop() {
     const auto now = Clock::now();
     if (now >= nextBeat) {
       lock.unlock();
-      watch_->heartbeat();
+      watch_->heartbeat(hooks_.status ? hooks_.status() : std::string());
       lock.lock();
       nextBeat = now + heartbeatInterval_;
       continue;

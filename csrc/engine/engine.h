@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -77,6 +78,18 @@ class Engine {
   // How long a cause seen only second hand waits for a better one.
   static constexpr std::chrono::milliseconds kSettleGrace{2000};
 
+  // What the engine asks of its owner and tells it. Each may be empty; none
+  // may block.
+  struct Hooks {
+    // This rank's status, sent with every heartbeat (watchdog thread).
+    std::function<std::string()> status;
+    // A neighbour's status, from its heartbeat (transport thread).
+    std::function<void(int neighbour, std::string_view status)> onPeerStatus;
+    // The engine failed for good, for this reason; called once, by the
+    // thread that settled it (any thread). Not called for a departure.
+    std::function<void(const std::string& cause)> onFailed;
+  };
+
   // `timeline`: where each slice's stages are written; may be null.
   // `timeout`: the group's, which sets the heartbeat interval.
   Engine(
@@ -85,7 +98,8 @@ class Engine {
       std::unique_ptr<DeviceContext> device,
       std::unique_ptr<rails::Mesh> mesh,
       std::chrono::milliseconds timeout,
-      std::unique_ptr<Timeline> timeline = nullptr);
+      std::unique_ptr<Timeline> timeline = nullptr,
+      Hooks hooks = {});
   ~Engine();
 
   Engine(const Engine&) = delete;
@@ -102,16 +116,23 @@ class Engine {
   // Starts an all-reduce of `tensor` (on device()), in place. Must be called
   // in the same order on every rank (c10d's rule). The future holds [tensor]
   // when done, or fails once `timeout` has passed; with CUDA, its events
-  // follow the engine's last stage.
+  // follow the engine's last stage. `collective`: its number in the group,
+  // by which errors name it.
   c10::intrusive_ptr<c10::ivalue::Future> allreduce(
       const at::Tensor& tensor,
       c10d::ReduceOp::RedOpType op,
-      std::chrono::milliseconds timeout);
+      std::chrono::milliseconds timeout,
+      uint64_t collective);
 
   // Fails all pending and later ops because this rank `did` something ("shut
   // down its process group"), tells the neighbours, abandons the local steps
   // in flight, and lets the stage threads return. Any thread; returns at once.
   void abort(const std::string& did);
+
+  // Fails the engine with a cause this rank saw first hand and no rank is
+  // more to blame for (`what` names the ranks), and announces it. Any
+  // thread; returns at once.
+  void fail(const std::string& what);
 
   StagingStats stagingStats() const {
     return staging_.stats();
@@ -202,6 +223,7 @@ class Engine {
   const Config config_;
   const std::unique_ptr<DeviceContext> device_;
   const std::unique_ptr<Timeline> timeline_;
+  const Hooks hooks_;
   const std::chrono::milliseconds heartbeatInterval_;
   StagingRing staging_;
   Completions completions_;

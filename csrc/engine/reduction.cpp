@@ -10,6 +10,32 @@
 
 namespace fairring {
 
+const char* reduceOpName(c10d::ReduceOp::RedOpType op) {
+  switch (op) {
+    case c10d::ReduceOp::SUM:
+      return "sum";
+    case c10d::ReduceOp::AVG:
+      return "avg";
+    case c10d::ReduceOp::PRODUCT:
+      return "product";
+    case c10d::ReduceOp::MIN:
+      return "min";
+    case c10d::ReduceOp::MAX:
+      return "max";
+    case c10d::ReduceOp::BAND:
+      return "band";
+    case c10d::ReduceOp::BOR:
+      return "bor";
+    case c10d::ReduceOp::BXOR:
+      return "bxor";
+    case c10d::ReduceOp::PREMUL_SUM:
+      return "premul_sum";
+    case c10d::ReduceOp::UNUSED:
+      break;
+  }
+  return "unknown";
+}
+
 bool reductionSupported(at::ScalarType dtype, c10d::ReduceOp::RedOpType op) {
   switch (op) {
     case c10d::ReduceOp::SUM:

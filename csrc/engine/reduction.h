@@ -14,6 +14,9 @@ namespace fairring {
 // floating-point ones. (PREMUL_SUM arrives as SUM: see backend.cpp.)
 bool reductionSupported(at::ScalarType dtype, c10d::ReduceOp::RedOpType op);
 
+// The op's name as Python spells it, lower case ("sum", "premul_sum").
+const char* reduceOpName(c10d::ReduceOp::RedOpType op);
+
 // The op the local steps use: AVG sums there and divides once, in reduceRows.
 c10d::ReduceOp::RedOpType localReduceOp(c10d::ReduceOp::RedOpType op);
 

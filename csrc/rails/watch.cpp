@@ -40,7 +40,19 @@ void Watch::readNext(size_t index) {
         }
         if (text == kBye) {
           handlers_.onBye(neighbour);
-        } else if (text != kAlive) {
+        } else if (text.starts_with(kAlive)) {
+          std::string_view status(text);
+          status.remove_prefix(kAlive.size());
+          if (!status.empty() && !status.starts_with(' ')) {
+            handlers_.onLost(
+                neighbour,
+                "it sent a malformed control note '" + text.substr(0, 80) + "'");
+            return;
+          }
+          if (!status.empty() && handlers_.onStatus) {
+            handlers_.onStatus(neighbour, status.substr(1));
+          }
+        } else {
           Notice notice;
           if (!parseNotice(text, worldSize_, notice)) {
             handlers_.onLost(
@@ -54,10 +66,14 @@ void Watch::readNext(size_t index) {
       });
 }
 
-void Watch::heartbeat() {
+void Watch::heartbeat(const std::string& status) {
+  std::string text(kAlive);
+  if (!status.empty() && kAlive.size() + 1 + status.size() <= kMaxNoteBytes) {
+    text += " " + status; // cut short, it would mislead: then none at all
+  }
   for (size_t index = 0; index < lastHeard_.size(); ++index) {
     // A failed write shows on the read side as a lost connection.
-    mesh_.control(index).writeNote(std::string(kAlive), [](const std::string&) {});
+    mesh_.control(index).writeNote(text, [](const std::string&) {});
   }
 }
 

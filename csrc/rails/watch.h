@@ -4,6 +4,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -16,7 +17,9 @@ namespace fairring::rails {
 // and why, without waiting for a timeout.
 //
 // Three notes travel on a control connection:
-//   "alive"                      a heartbeat, sent by heartbeat()
+//   "alive[ <status>]"           a heartbeat, sent by heartbeat(): the
+//                                sender's status (its latest collective,
+//                                backend/ledger.h), opaque to the Watch
 //   "bye"                        the sender leaves in good order, with no op
 //                                of its own pending: not a failure by itself
 //   "failed <culprit> <what>"    a failure notice: which rank failed first
@@ -46,6 +49,8 @@ class Watch {
     std::function<void(int neighbour, const std::string& error)> onLost;
     // A neighbour said goodbye.
     std::function<void(int neighbour)> onBye;
+    // A neighbour's heartbeat carried a status; may be empty.
+    std::function<void(int neighbour, std::string_view status)> onStatus;
   };
 
   Watch(Mesh& mesh, int worldSize, Handlers handlers);
@@ -55,8 +60,9 @@ class Watch {
 
   // Starts reading every control connection.
   void start();
-  // Tells every neighbour this rank is alive.
-  void heartbeat();
+  // Tells every neighbour this rank is alive, and its `status` if any (one
+  // line, at most kMaxNoteBytes in all).
+  void heartbeat(const std::string& status);
   // Sends `notice` to every neighbour; only the first call of this or
   // farewell() does.
   void announce(const Notice& notice);

@@ -1,0 +1,62 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+namespace fairring {
+
+// The collectives fairring delegates to Gloo, watched so that a failure of
+// the group (the engine's, which names the rank to blame: a dead or silent
+// peer, ranks that issued different collectives) also fails the ones still
+// pending, at once and with that cause, rather than leaving them to Gloo's
+// timeout and its message, which names no rank. Once the group has failed,
+// later collectives are refused before they reach the delegate, whose ranks
+// may no longer agree on what comes next.
+//
+// Gloo's own operation goes on until Gloo ends it; its output tensors are
+// undefined, as after any failed collective. NCCL's operations run on the
+// GPU and are not watched: NCCL's watchdog ends them (docs/design.md).
+class DelegatedWorks {
+ public:
+  // `prefix` starts every error ("fairring: rank 3: ").
+  explicit DelegatedWorks(std::string prefix) : prefix_(std::move(prefix)) {}
+  ~DelegatedWorks(); // joins the thread that fails pending works
+
+  DelegatedWorks(const DelegatedWorks&) = delete;
+  DelegatedWorks& operator=(const DelegatedWorks&) = delete;
+
+  // A Work that completes as `inner` does, or fails with the group's failure
+  // if that comes first; `inner` itself where it has no Future to follow.
+  c10::intrusive_ptr<c10d::Work> watch(
+      const c10::intrusive_ptr<c10d::Work>& inner,
+      c10d::OpType opType,
+      uint64_t seq,
+      const std::vector<at::Tensor>& inputs);
+
+  // The group failed: pending works fail with `cause`, on a thread of this
+  // object's (their callbacks must not run on the caller's, an engine or
+  // transport thread). Later calls do nothing.
+  void fail(const std::string& cause);
+
+  // The cause, once failed; else empty.
+  std::string failure() const;
+
+ private:
+  struct Watched;
+
+  const std::string prefix_;
+  mutable std::mutex mutex_;
+  std::string failure_;
+  std::vector<std::weak_ptr<Watched>> pending_; // may hold completed ones
+  size_t pruneAt_ = 64;
+  std::thread failing_; // runs fail()'s callbacks; joined by the destructor
+};
+
+} // namespace fairring
