@@ -63,6 +63,20 @@ def test_malformed_or_unexpected_hellos_are_refused_saying_why(text: str, cuda: 
     assert len(why) < 300, "a refusal quotes at most a short prefix of what it got"
 
 
+@pytest.mark.parametrize(
+    ("text", "quoted"),
+    [
+        ("x" + "é" * 100, "x" + r"\xc3\xa9" * 9 + r"\xc3"),  # the 80-character limit cuts a UTF-8 sequence
+        (b"\xff\xfe\x00z", r"\xff\xfe\x00z"),
+        ("a\tb\nc\x7f", "a\tb\nc\\x7f"),
+    ],
+)
+def test_refusals_quote_what_they_got_in_printable_ascii(text: str | bytes, quoted: str) -> None:
+    # Raw, a NUL would cut the error short and stray bytes would make Python raise a UnicodeDecodeError.
+    why, *_ = _C.check_hello(text, TOPOLOGY)
+    assert why == f"a connection did not open with fairring's hello (got '{quoted}')"
+
+
 def test_a_cuda_mesh_accepts_any_real_device_index() -> None:
     assert _C.check_hello(hello(1, 0, 7), TOPOLOGY, True) == ("", 1, 0, 7)
 
@@ -106,6 +120,7 @@ def test_fuzzed_hellos_are_accepted_only_from_expected_peers() -> None:
         ("failed 3 rank 3 (machine 1 of 3) exited", (3, "rank 3 (machine 1 of 3) exited")),
         ("failed -1 the ranks issued different all-reduces", (-1, "the ranks issued different all-reduces")),
         ("failed 0 ", (0, "")),
+        (b"failed 2 a\x00b\xc3", (2, r"a\x00b\xc3")),  # quoted in every rank's errors
         ("failed 6 rank 6", None),  # no such rank in a world of 6
         ("failed -2 x", None),
         ("failed 99999999999 x", None),
@@ -119,7 +134,7 @@ def test_fuzzed_hellos_are_accepted_only_from_expected_peers() -> None:
         ("", None),
     ],
 )
-def test_failure_notices_are_parsed_strictly(text: str, notice: tuple[int, str] | None) -> None:
+def test_failure_notices_are_parsed_strictly(text: str | bytes, notice: tuple[int, str] | None) -> None:
     assert _C.parse_notice(text, 6) == notice
 
 

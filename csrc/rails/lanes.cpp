@@ -88,7 +88,7 @@ void Lanes::readNext(int machine, Lane lane) {
           mesh_.peerRank(machine),
           "receiving " + fromPeer(next, machine, lane) + ": expected '" +
           next.tag + "' (" + std::to_string(next.target.bytes) +
-          " bytes) but got '" + tag.substr(0, 120) + "' (" + std::to_string(bytes) +
+          " bytes) but got '" + printable(tag, 120) + "' (" + std::to_string(bytes) +
           " bytes); the ranks issued different all-reduces (sizes, dtypes, "
           "ops or order differ)",
           /*mismatch=*/true);

@@ -343,7 +343,7 @@ std::string checkHello(
   }
   if (!fields[0] || !fields[1] || !fields[2]) {
     return "a connection did not open with fairring's hello (got '" +
-        hello.substr(0, 80) + "')";
+        printable(hello, 80) + "')";
   }
   if (!connectsHere(topology, *fields[0], *fields[1])) {
     return "rank " + std::to_string(*fields[0]) + " on lane " +
@@ -458,7 +458,7 @@ TensorpipeMesh::TensorpipeMesh(
         ": rails mesh: rank ",
         peer,
         " published a malformed address '",
-        record.substr(0, 200),
+        printable(record, 200),
         "' (are all ranks running the same fairring?)");
     const std::string peerUrl(words[1]);
     for (int lane : lanes) {

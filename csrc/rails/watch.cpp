@@ -57,7 +57,7 @@ void Watch::readNext(size_t index) {
           if (!parseNotice(text, worldSize_, notice)) {
             handlers_.onLost(
                 neighbour,
-                "it sent a malformed control note '" + text.substr(0, 80) + "'");
+                "it sent a malformed control note '" + printable(text, 80) + "'");
             return;
           }
           handlers_.onNotice(neighbour, notice);
@@ -137,7 +137,8 @@ bool Watch::parseNotice(const std::string& text, int worldSize, Notice& notice) 
     return false;
   }
   notice.culprit = culprit;
-  notice.what = std::string(rest.substr(space + 1));
+  // Quoted in every rank's errors: it came from a peer.
+  notice.what = printable(rest.substr(space + 1), kMaxNoteBytes);
   return true;
 }
 
