@@ -548,6 +548,13 @@ TensorpipeMesh::TensorpipeMesh(
     shutdown();
     TORCH_CHECK(false, "fairring: rank ", rank, ": rails mesh: ", failure);
   }
+  // Every pipe expected here is in, and established: TensorPipe reads no
+  // message before a pipe's own connections have come through the listener,
+  // so nothing needs it any more. Open, it would expose the process for the
+  // engine's lifetime to TensorPipe's parsing of a new connection's first
+  // bytes, which kills it on 8 bytes: zeros crash it (SIGSEGV), 0xff makes it
+  // throw std::bad_alloc on its loop thread (abort).
+  listener_->close();
 }
 
 TensorpipeMesh::~TensorpipeMesh() {

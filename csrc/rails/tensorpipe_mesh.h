@@ -44,9 +44,10 @@ class TensorpipeConnection;
 // Peers are not trusted: an accepted pipe must open with a well-formed hello
 // from a rank expected to connect here, on a lane it may use, once. Any other
 // pipe is closed and noted (the note shows in a timeout's error), and
-// accepting goes on. Every message read later is checked against what the
-// reader expects (kind, count, length, devices) before TensorPipe is given
-// memory for it.
+// accepting goes on until every expected pipe is in; then the listener
+// closes. Every message read later is checked against what the reader
+// expects (kind, count, length, devices) before TensorPipe is given memory
+// for it.
 //
 // TensorPipe runs every callback on its own loop thread; shutdown() (and the
 // destructor) close the context and join that thread.
