@@ -48,6 +48,7 @@ COMMON_SOURCES = [
     "rails/lanes.cpp",
     "rails/tensorpipe_mesh.cpp",
     "rails/watch.cpp",
+    "rails/wire_probe.cpp",
     "topology.cpp",
 ]
 # The only sources that see CUDA headers, and their CPU-only twins.

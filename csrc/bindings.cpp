@@ -14,6 +14,7 @@
 #include "rails/endpoint.h"
 #include "rails/tensorpipe_mesh.h"
 #include "rails/watch.h"
+#include "rails/wire_probe.h"
 #include "topology.h"
 
 namespace py = pybind11;
@@ -476,8 +477,9 @@ PYBIND11_MODULE(_C, module) {
                 });
           },
           py::arg("device") = "cpu",
-          "Where the engine for `device` listens and its transports and "
-          "channels; None where there is no engine.")
+          "Where the engine for `device` listens, its transports and "
+          "channels, and the connections its listener rejected (how many, "
+          "and why for the first few); None where there is no engine.")
       .def(
           "perform_nocolor_split",
           [](const fairring::Backend&, const py::object& /*device*/) {},
@@ -549,4 +551,57 @@ PYBIND11_MODULE(_C, module) {
           &Endpoint::close,
           py::call_guard<py::gil_scoped_release>())
       .def("describe", &Endpoint::describe);
+
+  using fairring::rails::WireProbe;
+  py::class_<WireProbe>(module, "WireProbe")
+      .def(
+          py::init<>(),
+          "For tests: a bare TensorPipe client that throws scripted messages "
+          "at a rank's rails listener.")
+      .def(
+          "exchange",
+          [](WireProbe& probe,
+             const std::string& url,
+             const std::vector<std::tuple<
+                 std::string,
+                 std::vector<size_t>,
+                 std::vector<size_t>,
+                 bool>>& specs,
+             bool readReply,
+             double timeoutSeconds) {
+            std::vector<WireProbe::Message> messages;
+            for (const auto& [metadata, payloads, tensors, targetCpu] : specs) {
+              messages.push_back({metadata, payloads, tensors, targetCpu});
+            }
+            WireProbe::Outcome outcome;
+            {
+              py::gil_scoped_release noGil;
+              outcome = probe.exchange(
+                  url,
+                  messages,
+                  readReply,
+                  std::chrono::milliseconds(
+                      static_cast<int64_t>(timeoutSeconds * 1000)));
+            }
+            py::dict result;
+            result["written"] = outcome.written;
+            result["write_error"] = outcome.writeError;
+            result["reply"] = outcome.reply
+                ? py::object(py::bytes(*outcome.reply))
+                : py::object(py::none());
+            result["read_error"] = outcome.readError;
+            result["timed_out"] = outcome.timedOut;
+            result["seconds"] = outcome.seconds;
+            return result;
+          },
+          py::arg("url"),
+          py::arg("messages"),
+          py::arg("read_reply") = true,
+          py::arg("timeout") = 2.0,
+          "Opens a pipe to `url` (uv://host:port), writes `messages`, each "
+          "(metadata: bytes, payload lengths, tensor lengths, whether tensors "
+          "name the CPU as target), then, if read_reply, waits for a message "
+          "back; each step waits at most `timeout` seconds, then the pipe is "
+          "closed. Returns {written, write_error, reply (metadata or None), "
+          "read_error, timed_out ('', 'write' or 'read'), seconds}.");
 }

@@ -102,6 +102,8 @@ bool connectsHere(const Topology& topology, int rank, int lane) {
       lane == kControlLane;
 }
 
+} // namespace
+
 struct AcceptedPipe {
   int rank;
   int lane;
@@ -109,8 +111,9 @@ struct AcceptedPipe {
   std::shared_ptr<tensorpipe::Pipe> pipe;
 };
 
-// Pipes accepted so far; written by TensorPipe's loop thread, read by the
-// constructing thread.
+// Pipes accepted so far, and those rejected; written by TensorPipe's loop
+// thread, read by the constructing thread and, for the rejections, by
+// describe().
 struct Accepted {
   Accepted(const Topology& topology, bool cuda)
       : topology(topology), cuda(cuda) {}
@@ -132,7 +135,18 @@ struct Accepted {
     }
     ++rejected;
   }
+
+  // "rejected N connection(s): [why] ..."; with `mutex` held.
+  std::string noted() const {
+    std::string text = "rejected " + std::to_string(rejected) + " connection(s):";
+    for (const auto& why : rejections) {
+      text += " [" + why + "]";
+    }
+    return text;
+  }
 };
+
+namespace {
 
 void admit(
     const std::shared_ptr<tensorpipe::Pipe>& pipe,
@@ -438,7 +452,8 @@ TensorpipeMesh::TensorpipeMesh(
 
   // Rail peers on lower machines connect to us (every lane), and so do the
   // ranks of this machine with a lower local index (control).
-  auto accepted = std::make_shared<Accepted>(topology_, device.is_cuda());
+  accepted_ = std::make_shared<Accepted>(topology_, device.is_cuda());
+  const auto& accepted = accepted_;
   const int expected =
       topology_.machine() * (kLanes + 1) + topology_.localRank();
   acceptForever(listener_, accepted);
@@ -518,11 +533,7 @@ TensorpipeMesh::TensorpipeMesh(
     failure = "timed out after " + std::to_string(timeout.count()) +
         " ms waiting for rank(s)" + missing.str() + " to connect to " + url_;
     if (accepted->rejected > 0) {
-      failure += "; rejected " + std::to_string(accepted->rejected) +
-          " connection(s):";
-      for (const auto& why : accepted->rejections) {
-        failure += " [" + why + "]";
-      }
+      failure += "; " + accepted->noted();
     }
   }
   for (const auto& entry : accepted->pipes) {
@@ -555,6 +566,15 @@ TensorpipeMesh::TensorpipeMesh(
   // bytes, which kills it on 8 bytes: zeros crash it (SIGSEGV), 0xff makes it
   // throw std::bad_alloc on its loop thread (abort).
   listener_->close();
+}
+
+std::string TensorpipeMesh::describe() const {
+  std::string text = url_ + " (" + transports_ + ")";
+  std::lock_guard<std::mutex> lock(accepted_->mutex);
+  if (accepted_->rejected > 0) {
+    text += "; " + accepted_->noted();
+  }
+  return text;
 }
 
 TensorpipeMesh::~TensorpipeMesh() {

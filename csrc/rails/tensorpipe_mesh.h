@@ -22,6 +22,7 @@ class Pipe;
 namespace fairring::rails {
 
 class TensorpipeConnection;
+struct Accepted;
 
 // The rails mesh over TensorPipe: one pipe per rail peer and lane. Rail peers
 // are on different machines by definition, so only network transports are
@@ -43,11 +44,11 @@ class TensorpipeConnection;
 //
 // Peers are not trusted: an accepted pipe must open with a well-formed hello
 // from a rank expected to connect here, on a lane it may use, once. Any other
-// pipe is closed and noted (the note shows in a timeout's error), and
-// accepting goes on until every expected pipe is in; then the listener
-// closes. Every message read later is checked against what the reader
-// expects (kind, count, length, devices) before TensorPipe is given memory
-// for it.
+// pipe is closed and noted (the note shows in a timeout's error and in
+// describe()), and accepting goes on until every expected pipe is in; then
+// the listener closes. Every message read later is checked against what the
+// reader expects (kind, count, length, devices) before TensorPipe is given
+// memory for it.
 //
 // TensorPipe runs every callback on its own loop thread; shutdown() (and the
 // destructor) close the context and join that thread.
@@ -79,9 +80,9 @@ class TensorpipeMesh final : public Mesh {
   Connection& control(size_t index) override;
   void close() override;
   void shutdown() override;
-  std::string describe() const override {
-    return url_ + " (" + transports_ + ")";
-  }
+  // The URL, transports and channels; then the pipes the listener rejected
+  // (bad or unexpected hellos), if any: how many, and why for the first few.
+  std::string describe() const override;
   std::string downInterface() const override;
 
  private:
@@ -91,6 +92,7 @@ class TensorpipeMesh final : public Mesh {
   std::shared_ptr<tensorpipe::Listener> listener_;
   std::string url_;
   std::string transports_;
+  std::shared_ptr<Accepted> accepted_; // shared with the listener's callbacks
   // By machine; empty for this rank's own machine.
   std::vector<std::array<std::unique_ptr<TensorpipeConnection>, kLanes>>
       connections_;
