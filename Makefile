@@ -51,6 +51,13 @@ test-oldest: $(OLDEST_VENV)/.installed
 bench: build
 	$(PY) -m fairring.bench $(BENCH_ARGS)
 
+# The long soak, outside CI (tests/test_soak.py is the short one): random collectives, each
+# checked, for SOAK_ARGS (default 10 minutes), then threads, descriptors and RSS against the warm-up.
+SOAK_ARGS ?= --minutes 10
+.PHONY: soak
+soak: build
+	$(PY) benchmarks/soak.py $(SOAK_ARGS)
+
 lint: $(INSTALLED)
 	$(PY) -m ruff check setup.py fairring tests benchmarks
 	$(PY) -m ruff format --check setup.py fairring tests benchmarks

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
@@ -43,6 +44,34 @@ void checkCpuReduction(
     const char* opName,
     const c10d::ReduceOp& op,
     const std::vector<at::Tensor>& tensors) {
+  for (const auto& tensor : tensors) {
+    const at::ScalarType dtype = tensor.scalar_type();
+    switch (dtype) {
+      case at::kFloat:
+      case at::kDouble:
+      case at::kHalf:
+      case at::kBFloat16:
+      case at::kChar:
+      case at::kByte:
+      case at::kInt:
+      case at::kLong:
+      case at::kBool:
+      case at::kComplexFloat:
+      case at::kComplexDouble:
+        break;
+      default:
+        TORCH_CHECK(
+            false,
+            "fairring: ",
+            opName,
+            " of ",
+            dtype,
+            " CPU tensors is not supported (Gloo reduces float32, float64, "
+            "float16, bfloat16, int8, uint8, int32, int64, bool and complex); "
+            "convert the tensor first, e.g. to ",
+            at::isFloatingType(dtype) ? "float32" : "int64");
+    }
+  }
   TORCH_CHECK(
       op != c10d::ReduceOp::PREMUL_SUM,
       "fairring: ",
@@ -153,6 +182,60 @@ void unpackInto(
         packed.narrow(0, offset, tensor.numel()).view(tensor.sizes()));
     offset += tensor.numel();
   }
+}
+
+// all_reduce writes each element's result in place: elements that share
+// memory cannot each hold it.
+void checkNoOverlap(const std::vector<at::Tensor>& tensors) {
+  for (const auto& tensor : tensors) {
+    TORCH_CHECK(
+        tensor.layout() != at::kStrided ||
+            at::has_internal_overlap(tensor) != at::MemOverlap::Yes,
+        "fairring: all_reduce writes its result in place, but elements of "
+        "this tensor share memory (an expand()ed or as_strided view, shape ",
+        tensor.sizes(),
+        ", strides ",
+        tensor.strides(),
+        "); pass a tensor that owns its elements, e.g. tensor.clone()");
+  }
+}
+
+// Gloo reads and writes a CPU tensor as if it were contiguous: a view with
+// gaps (t[::3], a column slice) would get wrong sums and its gaps
+// overwritten. Such tensors go to Gloo as contiguous copies, copied back
+// when it is done (on Gloo's thread).
+c10::intrusive_ptr<c10d::Work> allreduceDense(
+    c10d::Backend& gloo,
+    std::vector<at::Tensor>& tensors,
+    const c10d::AllreduceOptions& opts,
+    uint64_t seq) {
+  const bool dense =
+      std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) {
+        return t.layout() != at::kStrided || t.is_contiguous();
+      });
+  if (dense) {
+    return gloo.allreduce(tensors, opts);
+  }
+  std::vector<at::Tensor> copies;
+  copies.reserve(tensors.size());
+  for (const auto& tensor : tensors) {
+    copies.push_back(
+        tensor.layout() == at::kStrided ? tensor.contiguous() : tensor);
+  }
+  auto work = gloo.allreduce(copies, opts);
+  auto copiedBack = work->getFuture()->then(
+      [tensors, copies](c10::ivalue::Future& done) {
+        done.value(); // rethrows Gloo's error
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          if (!tensors[i].is_same(copies[i])) {
+            tensors[i].copy_(copies[i]);
+          }
+        }
+        return c10::IValue(tensors);
+      },
+      c10::ListType::create(c10::TensorType::get()));
+  return c10::make_intrusive<FutureWork>(
+      copiedBack, c10d::OpType::ALLREDUCE, "fairring:all_reduce", seq, tensors);
 }
 
 // One engine all-reduce of the tensors packed end to end; the result is
@@ -535,6 +618,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
     std::vector<at::Tensor>& tensors,
     const c10d::AllreduceOptions& opts) {
   const c10::DeviceType type = route("allreduce", tensors);
+  checkNoOverlap(tensors);
   const uint64_t seq = nextCollective(
       reductionSignature("all_reduce", type, tensors, opts.reduceOp));
   // PREMUL_SUM becomes a SUM wherever fairring runs it; NCCL has its own.
@@ -568,6 +652,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
       [&](c10d::Backend& inner) {
         if (isCpu(inner)) {
           checkCpuReduction("allreduce", ownOpts.reduceOp, tensors);
+          return allreduceDense(inner, tensors, ownOpts, seq);
         }
         return inner.allreduce(tensors, ownOpts);
       },

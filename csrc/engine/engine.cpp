@@ -67,8 +67,16 @@ struct Engine::Op {
     if (--slicesLeft != 0 || settled.exchange(true)) {
       return;
     }
-    if (copyBack) {
-      tensor.copy_(flat.view(tensor.sizes()));
+    try {
+      if (copyBack) {
+        tensor.copy_(flat.view(tensor.sizes()));
+      }
+    } catch (const std::exception& error) {
+      // Settled already: fail() would do nothing, and the op never complete.
+      future->setError(std::make_exception_ptr(std::runtime_error(
+          "fairring: " + describe() + ": copying the result back into the "
+          "caller's tensor failed: " + error.what())));
+      return;
     }
     future->markCompleted(c10::IValue(std::vector<at::Tensor>{tensor}));
   }

@@ -1,0 +1,32 @@
+"""The short soak: about 2,000 random collectives on 2 machines x 2 ranks, each checked against plain
+torch arithmetic on every rank's input, with threads, descriptors and memory flat after a warm-up.
+
+The driver, and the long run outside CI (`make soak`), are benchmarks/soak.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.soak import MiB, Plan, growth_problems, run_rank, summary
+from harness import Layout, RankPool
+
+PLAN = Plan(ops=2000, seed=11, warmup_ops=300, max_bytes=4 * MiB)
+
+
+@pytest.mark.timeout(300)
+def test_thousands_of_random_collectives_are_correct_and_leave_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The ranks inherit it: with OpenMP's usual team per thread, threads would grow whenever
+    # another long-lived thread first reduces a large tensor (see benchmarks/soak.py's main).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with RankPool(Layout(2, 2)) as ranks:
+        reports = ranks.run(run_rank, PLAN, timeout=240)
+    print(summary(PLAN, reports))
+    assert all(report.ops >= PLAN.ops for report in reports)
+    assert [failure for report in reports for failure in report.failures] == []
+    # Threads and descriptors must not grow at all once idle completion workers have left; RSS,
+    # read after malloc_trim, by at most RSS_GROWTH_LIMIT (see benchmarks/soak.py for what was measured).
+    assert [problem for report in reports for problem in growth_problems(report)] == []
+    # Both paths had traffic: the world group's engine, and the threshold group's engine and delegate.
+    stats = reports[0].end_stats
+    assert stats["engine"]["engine_ops"] and stats["flat"]["engine_ops"] and stats["flat"]["delegated_ops"], stats
