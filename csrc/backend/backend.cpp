@@ -578,7 +578,10 @@ void Backend::onPeerStatus(int neighbour, std::string_view status) {
   }
 }
 
-void Backend::failGroup(const std::string& what) {
+template <typename Call>
+void Backend::forEachEngine(Call&& call) {
+  // Failing ops runs their callbacks here, which may call back into this
+  // backend: call outside the lock (engines live until the destructor).
   std::array<Engine*, 2> engines{};
   {
     std::lock_guard<std::mutex> lock(stateMutex_);
@@ -588,9 +591,13 @@ void Backend::failGroup(const std::string& what) {
   }
   for (Engine* engine : engines) {
     if (engine != nullptr) {
-      engine->fail(what);
+      call(*engine);
     }
   }
+}
+
+void Backend::failGroup(const std::string& what) {
+  forEachEngine([&](Engine& engine) { engine.fail(what); });
 }
 
 void Backend::checkNotFailed(const char* opName) const {
@@ -1038,20 +1045,7 @@ c10::intrusive_ptr<c10d::Backend> Backend::split(
 }
 
 void Backend::stopEngines(const std::string& did) {
-  // Failing ops runs their callbacks here, which may call back into this
-  // backend: abort outside the lock (engines live until the destructor).
-  std::array<Engine*, 2> engines{};
-  {
-    std::lock_guard<std::mutex> lock(stateMutex_);
-    for (size_t slot = 0; slot < engines.size(); ++slot) {
-      engines[slot] = engines_[slot].get();
-    }
-  }
-  for (Engine* engine : engines) {
-    if (engine != nullptr) {
-      engine->abort(did);
-    }
-  }
+  forEachEngine([&](Engine& engine) { engine.abort(did); });
 }
 
 void Backend::abort() {

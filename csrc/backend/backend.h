@@ -281,6 +281,9 @@ class Backend final : public c10d::Backend {
   // Fails every engine with `what`, a cause seen first hand here; the
   // engines announce it, and their failure fails the delegated works.
   void failGroup(const std::string& what);
+  // Calls `call(engine)` for each engine made, without holding a lock.
+  template <typename Call>
+  void forEachEngine(Call&& call);
   // Refuses a delegated collective once the group has failed.
   void checkNotFailed(const char* opName) const;
 
