@@ -48,6 +48,47 @@ test-oldest: $(OLDEST_VENV)/.installed
 	$(OLDEST_VENV)/bin/pytest -p no:cacheprovider -o pythonpath=build/oldest $(OLDEST_TESTS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test-oldest: no test ran" >&2; exit 1; fi; exit $$status
 
+# AddressSanitizer and UBSan: the extension built a second time, out of tree (build/sanitize),
+# with FAIRRING_SANITIZE (setup.py), and the tests that drive its parsing of peers' input
+# (hellos, notices, heartbeats' ledger reports, malformed handshakes over the wire), the rails
+# protocol, staging, the engine on CPU, shutdown and failures run against it, first
+# .ci/sanitize_check.py, which fails unless the test process and a spawned rank import that
+# build. SANITIZE_DESELECT keeps it within CI's time: DDP models, the 1x4 and 2x3 pools (the
+# others cover their paths) and the namespace test (it runs iproute2's `ip` under ASan,
+# which reports ip's own overlapping strncpy).
+# Python is not instrumented, so the runtimes are preloaded, and every spawned rank inherits
+# them: libasan (which must come first), and libstdc++, which Python does not link, so that
+# ASan finds the __cxa_throw it wraps (without it, the first C++ exception aborts with
+# "CHECK failed: real___cxa_throw"). detect_leaks=0: CPython and torch leave memory to the
+# OS at exit. The first finding ends its process with exit code 1 (-fno-sanitize-recover=all,
+# halt_on_error): a rank's fails its test ("rank N exited"), pytest's ends the run. ASan
+# writes each report to build/sanitize-logs/asan.<pid>. UBSan (libubsan, loaded with the
+# extension) writes to stderr whatever its log_path (libasan's __sanitizer_set_report_path
+# takes its call), so --capture=sys leaves stderr uncaptured, where pytest would lose it with
+# a process that dies, and the output is kept in build/sanitize-logs/output. Any report at
+# all, even from a rank that a test killed anyway or expected to fail, fails the target.
+SANITIZE_TESTS ?= .ci/sanitize_check.py tests/test_untrusted_peers.py tests/test_wire_fuzz.py \
+	tests/test_mismatches.py tests/test_rails_protocol.py tests/test_staging.py tests/test_config.py \
+	tests/test_topology.py tests/test_engine.py tests/test_lifecycle.py tests/test_failures.py
+SANITIZE_DESELECT ?= not ddp_matches_gloo and not 1x4 and not (2x3 and not interleaved) and not link_goes_down
+SANITIZE_LOGS := build/sanitize-logs
+.PHONY: sanitize
+sanitize: $(INSTALLED)
+	rm -rf build/sanitize $(SANITIZE_LOGS) && mkdir -p build/sanitize/fairring $(SANITIZE_LOGS)
+	cp -r fairring/*.py fairring/bench build/sanitize/fairring/
+	CXX=$(BUILD_CXX) FAIRRING_SANITIZE=address,undefined MAX_JOBS=$${MAX_JOBS:-2} $(PY) setup.py --quiet build_ext \
+		--build-lib build/sanitize --build-temp build/sanitize-temp
+	{ LD_PRELOAD="$$($(BUILD_CXX) -print-file-name=libasan.so) $$($(BUILD_CXX) -print-file-name=libstdc++.so)" \
+	  ASAN_OPTIONS=detect_leaks=0:log_path=$(abspath $(SANITIZE_LOGS))/asan \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  $(VENV)/bin/pytest -p no:cacheprovider --capture=sys -o pythonpath=build/sanitize \
+		-k "$(SANITIZE_DESELECT)" $(SANITIZE_TESTS) 2>&1; echo $$? >$(SANITIZE_LOGS)/status; } | \
+	tee $(SANITIZE_LOGS)/output; status=$$(cat $(SANITIZE_LOGS)/status); \
+	if [ $$status -eq 5 ]; then echo "make sanitize: no test ran" >&2; status=1; fi; \
+	for report in $(SANITIZE_LOGS)/asan.*; do [ -f "$$report" ] || continue; echo "--- $$report"; cat "$$report"; status=1; done; \
+	if grep -q ': runtime error: ' $(SANITIZE_LOGS)/output; then echo "make sanitize: UBSan reported (above)" >&2; status=1; fi; \
+	if [ $$status -ne 0 ]; then echo "make sanitize: failed (sanitizer reports, if any, are above)" >&2; fi; exit $$status
+
 bench: build
 	$(PY) -m fairring.bench $(BENCH_ARGS)
 

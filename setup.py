@@ -7,6 +7,16 @@ GPU. NCCL headers are not needed: NCCL groups are made in Python.
 FAIRRING_WITH_CUDA selects it: "auto" (default), "1" (required: the build
 fails, saying what is missing, if it cannot be built) or "0" (CPU only).
 
+FAIRRING_SANITIZE builds an instrumented extension, for tests only (`make
+sanitize` builds it out of tree and runs tests against it): the sanitizers to
+compile in, as -fsanitize= takes them, e.g. "address,undefined". It adds
+-fsanitize=<list>, -fno-sanitize-recover=all (the first finding ends the
+process), -fno-wrapv, -fno-omit-frame-pointer and -O1 -g1 to the compile
+flags and -fsanitize=<list> to the link flags. The module then needs the
+sanitizer runtimes, which must be preloaded into a Python not built with them
+(see the Makefile's `sanitize` target). Unset or empty: the normal build,
+unchanged.
+
 Install with `pip install --no-build-isolation .`: the extension must be built
 against the torch it will run with.
 """
@@ -143,9 +153,30 @@ def _cuda_build() -> CudaBuild | None:
     return build
 
 
+def _sanitizer_flags() -> tuple[list[str], list[str]]:
+    """Compile and link flags for FAIRRING_SANITIZE (empty when unset)."""
+    value = os.environ.get("FAIRRING_SANITIZE", "").strip()
+    if not value:
+        return [], []
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    for name in names:
+        if not name.replace("-", "").replace("_", "").isalnum():
+            sys.exit(f"fairring: FAIRRING_SANITIZE={value!r}: {name!r} is not a sanitizer name")
+    sanitize = "-fsanitize=" + ",".join(names)
+    print(f"fairring: building an instrumented extension for tests ({sanitize})")
+    # These come after Python's CFLAGS (-fwrapv -O3 -g) and the -O2 below, so they
+    # win. -fno-wrapv: Python's -fwrapv defines signed overflow, which would turn
+    # UBSan's signed-integer-overflow check off. -O1 keeps reports close to the
+    # source; -g1 (line tables) is all a report's stacks need and compiles in 60%
+    # of -g's time; frame pointers give whole stacks.
+    compile_args = [sanitize, "-fno-sanitize-recover=all", "-fno-wrapv", "-fno-omit-frame-pointer", "-O1", "-g1"]
+    return compile_args, [sanitize]
+
+
 def _extension() -> CppExtension:
     cuda = _cuda_build()
     sources = [*COMMON_SOURCES, *(CUDA_SOURCES if cuda else CPU_ONLY_SOURCES)]
+    sanitize_compile, sanitize_link = _sanitizer_flags()
     return CppExtension(
         name="fairring._C",
         sources=[str(Path("csrc") / s) for s in sources],
@@ -153,7 +184,15 @@ def _extension() -> CppExtension:
         library_dirs=cuda.library_dirs if cuda else [],
         libraries=cuda.libraries if cuda else [],
         # torch's CUDA headers trip -Winterference-size; it says nothing about our code.
-        extra_compile_args=["-std=c++20", "-O2", "-Wall", "-Wno-unused-parameter", "-Wno-interference-size"],
+        extra_compile_args=[
+            "-std=c++20",
+            "-O2",
+            "-Wall",
+            "-Wno-unused-parameter",
+            "-Wno-interference-size",
+            *sanitize_compile,
+        ],
+        extra_link_args=sanitize_link,
     )
 
 
