@@ -350,22 +350,22 @@ c10::intrusive_ptr<c10d::Work> Backend::forward(
     const char* opName,
     Call&& call,
     const Tensors&... tensors) {
+  const c10::DeviceType type = route(opName, tensors...);
   const uint64_t seq = nextCollective(
       std::string(opName) + " " +
-      c10::DeviceTypeName(route(opName, tensors...), /*lower_case=*/true));
-  return forwardUncounted(opName, seq, std::forward<Call>(call), tensors...);
+      c10::DeviceTypeName(type, /*lower_case=*/true));
+  return forwardTo(opName, type, seq, std::forward<Call>(call));
 }
 
-template <typename Call, typename... Tensors>
-c10::intrusive_ptr<c10d::Work> Backend::forwardUncounted(
+template <typename Call>
+c10::intrusive_ptr<c10d::Work> Backend::forwardTo(
     const char* opName,
+    c10::DeviceType type,
     std::optional<uint64_t> collective,
-    Call&& call,
-    const Tensors&... tensors) {
+    Call&& call) {
   if (collective) {
     checkNotFailed(opName);
   }
-  const c10::DeviceType type = route(opName, tensors...);
   c10d::Backend& inner = delegate(type);
   bool collect = false;
   {
@@ -653,8 +653,9 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
       engineHandlesAll(tensors, ownOpts.reduceOp)) {
     ++flatAllreduces_[type == c10::kCPU ? 0 : 1];
   }
-  return forwardUncounted(
+  return forwardTo(
       "allreduce",
+      type,
       seq,
       [&](c10d::Backend& inner) {
         if (isCpu(inner)) {
@@ -662,8 +663,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
           return allreduceDense(inner, tensors, ownOpts, seq);
         }
         return inner.allreduce(tensors, ownOpts);
-      },
-      tensors);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::allreduce_sparse(
@@ -694,16 +694,16 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(
     joinBlock("allreduce_coalesced", type, work);
     return work;
   }
-  return forwardUncounted(
+  return forwardTo(
       "allreduce_coalesced",
+      type,
       seq,
       [&](c10d::Backend& inner) {
         if (isCpu(inner)) {
           checkCpuReduction("allreduce_coalesced", opts.reduceOp, tensors);
         }
         return inner.allreduce_coalesced(tensors, opts);
-      },
-      tensors);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::reduce(
@@ -930,32 +930,32 @@ c10::intrusive_ptr<c10d::Work> Backend::send(
     std::vector<at::Tensor>& tensors,
     int dstRank,
     int tag) {
-  return forwardUncounted(
+  return forwardTo(
       "send",
+      route("send", tensors),
       std::nullopt, // not a collective
-      [&](c10d::Backend& inner) { return inner.send(tensors, dstRank, tag); },
-      tensors);
+      [&](c10d::Backend& inner) { return inner.send(tensors, dstRank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::recv(
     std::vector<at::Tensor>& tensors,
     int srcRank,
     int tag) {
-  return forwardUncounted(
+  return forwardTo(
       "recv",
+      route("recv", tensors),
       std::nullopt, // not a collective
-      [&](c10d::Backend& inner) { return inner.recv(tensors, srcRank, tag); },
-      tensors);
+      [&](c10d::Backend& inner) { return inner.recv(tensors, srcRank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::recvAnysource(
     std::vector<at::Tensor>& tensors,
     int tag) {
-  return forwardUncounted(
+  return forwardTo(
       "recvAnysource",
+      route("recvAnysource", tensors),
       std::nullopt, // not a collective
-      [&](c10d::Backend& inner) { return inner.recvAnysource(tensors, tag); },
-      tensors);
+      [&](c10d::Backend& inner) { return inner.recvAnysource(tensors, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::barrier(

@@ -224,14 +224,16 @@ class Backend final : public c10d::Backend {
       const char* opName,
       Call&& call,
       const Tensors&... tensors);
-  // `collective`: its number, if it is one (not a send or receive): then
-  // it is refused once the group has failed, and on the CPU watched.
-  template <typename Call, typename... Tensors>
-  c10::intrusive_ptr<c10d::Work> forwardUncounted(
+  // Runs `call` on the delegate of `type` (the tensors', from route()),
+  // joining an open coalescing block. `collective`: its number, if it is one
+  // (not a send or receive): then it is refused once the group has failed,
+  // and on the CPU watched.
+  template <typename Call>
+  c10::intrusive_ptr<c10d::Work> forwardTo(
       const char* opName,
+      c10::DeviceType type,
       std::optional<uint64_t> collective,
-      Call&& call,
-      const Tensors&... tensors);
+      Call&& call);
   // The open coalescing block, its device type set by its first operation
   // and checked against `type`; null when none is open. Needs
   // coalescingMutex_.
