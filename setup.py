@@ -55,6 +55,7 @@ COMMON_SOURCES = [
     "engine/staging.cpp",
     "engine/trace.cpp",
     "rails/endpoint.cpp",
+    "rails/interfaces.cpp",
     "rails/lanes.cpp",
     "rails/tensorpipe_mesh.cpp",
     "rails/watch.cpp",

@@ -12,6 +12,7 @@
 #include "engine/plan.h"
 #include "engine/staging.h"
 #include "rails/endpoint.h"
+#include "rails/interfaces.h"
 #include "rails/tensorpipe_mesh.h"
 #include "rails/watch.h"
 #include "rails/wire_probe.h"
@@ -204,7 +205,17 @@ PYBIND11_MODULE(_C, module) {
       .def(
           py::init<int, std::vector<std::vector<int>>>(),
           py::arg("rank"),
-          py::arg("machines"))
+          py::arg("machines"),
+          "From the whole layout (tests and tools).")
+      .def(
+          py::init<int, int, int, std::vector<int>, std::vector<int>, std::vector<int>>(),
+          py::arg("rank"),
+          py::arg("world_size"),
+          py::arg("machine"),
+          py::arg("local_ranks"),
+          py::arg("rail_peers"),
+          py::arg("machine_sizes"),
+          "From one rank's view, as the rendezvous gives it.")
       .def_property_readonly("rank", &fairring::Topology::rank)
       .def_property_readonly("world_size", &fairring::Topology::worldSize)
       .def_property_readonly("num_machines", &fairring::Topology::numMachines)
@@ -216,47 +227,99 @@ PYBIND11_MODULE(_C, module) {
       .def_property_readonly("local_rank", &fairring::Topology::localRank)
       .def_property_readonly("local_ranks", &fairring::Topology::localRanks)
       .def_property_readonly("rail_peers", &fairring::Topology::railPeers)
-      .def_property_readonly("machines", &fairring::Topology::machines)
+      .def_property_readonly("machine_sizes", &fairring::Topology::machineSizes)
+      .def("machine_of", &fairring::Topology::machineOf, py::arg("rank"))
+      .def("local_index_of", &fairring::Topology::localIndexOf, py::arg("rank"))
       .def("__repr__", [](const fairring::Topology& topology) {
         return "Topology(" + topology.describe() + ")";
       });
+
+  py::class_<fairring::RailsNetwork>(module, "RailsNetwork")
+      .def(
+          py::init([](std::string listenAddress,
+                      std::string interfaceName,
+                      std::vector<std::string> transports,
+                      std::vector<std::string> cpuChannels,
+                      std::vector<std::string> cudaChannels,
+                      std::vector<std::string> gpuDirectNics,
+                      std::vector<std::string> required) {
+            return fairring::RailsNetwork{
+                std::move(listenAddress),
+                std::move(interfaceName),
+                std::move(transports),
+                std::move(cpuChannels),
+                std::move(cudaChannels),
+                std::move(gpuDirectNics),
+                std::move(required)};
+          }),
+          py::arg("listen_address") = "127.0.0.1",
+          py::arg("interface_name") = "lo",
+          py::arg("transports") = std::vector<std::string>{"uv"},
+          py::arg("cpu_channels") = std::vector<std::string>{"basic"},
+          py::arg("cuda_channels") = std::vector<std::string>{"cuda_basic"},
+          py::arg("gpu_direct_nics") = std::vector<std::string>{},
+          py::arg("required") = std::vector<std::string>{},
+          "How the rails reach their peers (chosen by fairring.interfaces "
+          "and fairring.transports); the default is loopback TCP.")
+      .def_readonly("listen_address", &fairring::RailsNetwork::listenAddress)
+      .def_readonly("interface_name", &fairring::RailsNetwork::interfaceName)
+      .def_readonly("transports", &fairring::RailsNetwork::transports)
+      .def_readonly("cpu_channels", &fairring::RailsNetwork::cpuChannels)
+      .def_readonly("cuda_channels", &fairring::RailsNetwork::cudaChannels)
+      .def_readonly("gpu_direct_nics", &fairring::RailsNetwork::gpuDirectNics)
+      .def_readonly("required", &fairring::RailsNetwork::required);
 
   py::class_<fairring::Config>(module, "Config")
       .def(
           py::init([](int64_t totalMemoryBytes,
                       int64_t sliceSizeBytes,
                       int64_t flatThresholdBytes,
-                      std::string socketInterface,
+                      fairring::RailsNetwork network,
                       bool cudaEngine,
-                      bool infinibandDisabled,
                       std::string timelineDirectory) {
-            return fairring::Config{
-                totalMemoryBytes,
-                sliceSizeBytes,
-                flatThresholdBytes,
-                std::move(socketInterface),
-                cudaEngine,
-                infinibandDisabled,
-                std::move(timelineDirectory)};
+            fairring::Config config;
+            config.totalMemoryBytes = totalMemoryBytes;
+            config.sliceSizeBytes = sliceSizeBytes;
+            config.flatThresholdBytes = flatThresholdBytes;
+            config.network = std::move(network);
+            config.cudaEngine = cudaEngine;
+            config.timelineDirectory = std::move(timelineDirectory);
+            return config;
           }),
           py::arg("total_memory_bytes"),
           py::arg("slice_size_bytes"),
           py::arg("flat_threshold_bytes"),
-          py::arg("socket_interface"),
+          py::arg("network") = fairring::RailsNetwork{},
           py::arg("cuda_engine") = false,
-          py::arg("infiniband_disabled") = false,
           py::arg("timeline_directory") = "")
       .def_readonly("total_memory_bytes", &fairring::Config::totalMemoryBytes)
       .def_readonly("slice_size_bytes", &fairring::Config::sliceSizeBytes)
       .def_readonly(
           "flat_threshold_bytes", &fairring::Config::flatThresholdBytes)
-      .def_readonly("socket_interface", &fairring::Config::socketInterface)
+      .def_readonly("network", &fairring::Config::network)
       .def_readonly("cuda_engine", &fairring::Config::cudaEngine)
-      .def_readonly(
-          "infiniband_disabled", &fairring::Config::infinibandDisabled)
       .def_readonly(
           "timeline_directory", &fairring::Config::timelineDirectory);
 
+  module.def(
+      "interface_addresses",
+      [] {
+        std::vector<py::dict> listed;
+        for (const auto& address : fairring::rails::interfaceAddresses()) {
+          py::dict entry;
+          entry["name"] = address.name;
+          entry["family"] = address.ipv6 ? "ipv6" : "ipv4";
+          entry["address"] = address.address;
+          entry["up"] = address.up;
+          entry["loopback"] = address.loopback;
+          entry["link_local"] = address.linkLocal;
+          listed.push_back(std::move(entry));
+        }
+        return listed;
+      },
+      "Every IPv4 and IPv6 address of this host's interfaces, in "
+      "getifaddrs() order: [{name, family, address, up, loopback, "
+      "link_local}].");
   module.def(
       "plan_unit",
       &fairring::planUnit,
@@ -510,14 +573,14 @@ PYBIND11_MODULE(_C, module) {
                       int rank,
                       std::vector<std::vector<int>> machines,
                       c10::Device device,
-                      const std::string& interfaceName,
+                      const fairring::RailsNetwork& network,
                       std::chrono::milliseconds timeout) {
             return std::make_unique<Endpoint>(
                 store,
                 prefix,
                 fairring::Topology(rank, std::move(machines)),
                 device,
-                interfaceName,
+                network,
                 timeout);
           }),
           py::arg("store"),
@@ -525,7 +588,7 @@ PYBIND11_MODULE(_C, module) {
           py::arg("rank"),
           py::arg("machines"),
           py::arg("device"),
-          py::arg("interface") = "",
+          py::arg("network") = fairring::RailsNetwork{},
           py::arg("timeout") = std::chrono::milliseconds(60000),
           py::call_guard<py::gil_scoped_release>(),
           "The rails protocol between this rank and its rail peers, over "

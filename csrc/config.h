@@ -2,8 +2,30 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fairring {
+
+// How this rank's rails reach their peers, chosen in Python at init, where
+// each choice is logged: the interface (fairring/interfaces.py) and the
+// TensorPipe transports and channels (fairring/transports.py).
+struct RailsNetwork {
+  // The numeric address the rails listen on, and only on, and its interface.
+  std::string listenAddress = "127.0.0.1";
+  std::string interfaceName = "lo";
+  // TensorPipe transports ("ibv", "uv") and channels for CPU ("basic") and
+  // CUDA ("cuda_gdr", "cuda_basic") buffers, best first. uv is always among
+  // the transports: every pipe connects over it first.
+  std::vector<std::string> transports{"uv"};
+  std::vector<std::string> cpuChannels{"basic"};
+  std::vector<std::string> cudaChannels{"cuda_basic"};
+  // By GPU index, the InfiniBand device cuda_gdr uses for it; empty: the
+  // PCI-nearest, TensorPipe's own choice.
+  std::vector<std::string> gpuDirectNics;
+  // Those of the above the user asked for by name: the mesh fails if
+  // TensorPipe finds one not viable, where it would skip an automatic one.
+  std::vector<std::string> required;
+};
 
 // Engine settings, parsed and validated from the environment in Python
 // (fairring/config.py), which documents each one.
@@ -14,13 +36,10 @@ struct Config {
   int64_t sliceSizeBytes = 4 * 1024 * 1024;
   // All-reduces smaller than this go to the delegate (FAIRRING_FLAT_THRESHOLD).
   int64_t flatThresholdBytes = 0;
-  // Network interface for the rails (TP_SOCKET_IFNAME); empty: automatic.
-  std::string socketInterface;
+  RailsNetwork network;
   // All-reduces of CUDA tensors run on the engine rather than NCCL
   // (FAIRRING_CUDA_ENGINE).
   bool cudaEngine = false;
-  // The rails never use InfiniBand, even where viable (FAIRRING_IB_DISABLE).
-  bool infinibandDisabled = false;
   // Where each engine writes its Chrome-trace timeline (FAIRRING_TIMELINE);
   // empty: nowhere.
   std::string timelineDirectory;

@@ -1,22 +1,38 @@
 #pragma once
 
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace fairring {
 
-// How the ranks of one process group map onto machines.
+// How the ranks of one process group map onto machines, as one rank sees it.
 //
-// Discovery (environment, store exchange, validation) happens in Python
-// (fairring/topology.py); this is the validated result, as plain data. Ranks
-// are the group's ranks. Machines are ordered the same way on every rank, and
-// ranks within a machine by their local index, which is also their rail: rail
-// i connects local rank i of every machine.
+// Discovery (environment, store rendezvous, validation) happens in Python
+// (fairring/topology.py, fairring/rendezvous.py); this is the validated
+// result, as plain data. Ranks are the group's ranks. Machines are ordered the
+// same way on every rank, and ranks within a machine by their local index,
+// which is also their rail: rail i connects local rank i of every machine.
+//
+// A rank knows only what it needs, so that its state and its rendezvous do
+// not grow with the world beyond its machine and its rail: the ranks of its
+// own machine, its rail peer on every machine, and every machine's size.
 class Topology {
  public:
-  // machines[m] lists the group ranks on machine m, in local-rank order.
-  // Machines may hold different numbers of ranks (see regular()).
+  // The whole layout: machines[m] lists the group ranks on machine m, in
+  // local-rank order. Machines may hold different numbers of ranks (see
+  // regular()). For tests and tools; groups are built from a rank's view.
   Topology(int rank, std::vector<std::vector<int>> machines);
+  // One rank's view: its machine's index and ranks (in local order), its
+  // rail peer on every machine (empty unless every machine has the same
+  // size), and every machine's size. Checked for consistency.
+  Topology(
+      int rank,
+      int worldSize,
+      int machine,
+      std::vector<int> localRanks,
+      std::vector<int> railPeers,
+      std::vector<int> machineSizes);
 
   int rank() const {
     return rank_;
@@ -25,7 +41,7 @@ class Topology {
     return worldSize_;
   }
   int numMachines() const {
-    return static_cast<int>(machines_.size());
+    return static_cast<int>(machineSizes_.size());
   }
   // Every machine holds the same number of ranks. Only such groups have
   // rails (and an engine); the others take the flat path.
@@ -38,7 +54,7 @@ class Topology {
   }
   // Ranks on this rank's machine.
   int localSize() const {
-    return static_cast<int>(machines_[machine_].size());
+    return static_cast<int>(localRanks_.size());
   }
   int machine() const {
     return machine_;
@@ -48,39 +64,46 @@ class Topology {
   }
   // Group ranks that share this rank's machine, in local-rank order.
   const std::vector<int>& localRanks() const {
-    return machines_[machine_];
+    return localRanks_;
   }
   // The group rank with this rank's local index on each machine, by machine;
   // empty unless regular().
   const std::vector<int>& railPeers() const {
     return railPeers_;
   }
-  const std::vector<std::vector<int>>& machines() const {
-    return machines_;
+  // How many ranks each machine holds, by machine.
+  const std::vector<int>& machineSizes() const {
+    return machineSizes_;
   }
-  // The machine of `rank`, and its index there; -1 for a rank not in the
-  // group (callers may pass ranks a peer named).
-  int machineOf(int rank) const {
-    return rank >= 0 && rank < worldSize_ ? machineOf_[rank] : -1;
-  }
-  int localIndexOf(int rank) const {
-    return rank >= 0 && rank < worldSize_ ? localIndexOf_[rank] : -1;
-  }
+  // The machine of `rank`, and its index there, for the ranks this rank
+  // knows (its machine's and its rail peers); -1 for any other rank, and for
+  // a rank not in the group (callers may pass ranks a peer named).
+  int machineOf(int rank) const;
+  int localIndexOf(int rank) const;
 
   std::string describe() const;
   // "rank 3 (machine 1 of 2)", as errors name a rank.
   std::string describeRank(int rank) const;
 
  private:
+  struct View; // a rank's view, worked out from a whole layout
+  Topology(int rank, View view);
+  static View viewOf(int rank, const std::vector<std::vector<int>>& machines);
+
+  struct Place {
+    int machine;
+    int localIndex;
+  };
+
   int rank_;
   int worldSize_ = 0;
   int machine_ = -1;
   int localRank_ = -1;
   bool regular_ = true;
-  std::vector<std::vector<int>> machines_;
+  std::vector<int> localRanks_;
   std::vector<int> railPeers_;
-  std::vector<int> machineOf_; // by rank
-  std::vector<int> localIndexOf_; // by rank
+  std::vector<int> machineSizes_;
+  std::unordered_map<int, Place> known_; // local ranks and rail peers
 };
 
 } // namespace fairring

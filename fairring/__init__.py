@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import os
 
+# Imported first: it notes (infiniband.IMPORT_STATE) whether the user set the
+# variables below and whether libibverbs is already in the process, which
+# decides whether the rails may use InfiniBand (fairring.transports).
+from . import infiniband as infiniband
+
 # fork() after ibverbs is loaded corrupts memory unless this is set first
 # (DataLoader workers fork); TensorPipe's InfiniBand transport loads ibverbs.
+# libibverbs reads them when it initialises (at its first device listing).
 os.environ.setdefault("RDMAV_FORK_SAFE", "1")
 os.environ.setdefault("IBV_FORK_SAFE", "1")
 

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from . import _C
 from .config import SLICE_SIZE, TOTAL_MEMORY, Config, ConfigError, apply_log_level, format_size, load_config
+from .network import rails_network
 from .topology import exchange_identities, group_into_machines, identify_self
 
 logger = logging.getLogger("fairring")
@@ -57,9 +58,8 @@ def create_backend(store: dist.Store, rank: int, size: int, timeout: timedelta, 
             total_memory_bytes=config.total_memory,
             slice_size_bytes=config.slice_size,
             flat_threshold_bytes=config.flat_threshold,
-            socket_interface=config.socket_interface or "",
+            network=rails_network(config, topology),
             cuda_engine=config.cuda_engine,
-            infiniband_disabled=config.ib_disable,
             timeline_directory=config.timeline_directory or "",
         ),
         timeout,

@@ -9,10 +9,21 @@ from __future__ import annotations
 import logging
 import os
 import re
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+
+from .errors import ConfigError
+from .interfaces import (
+    RAIL_INTERFACES,
+    SOCKET_FAMILY,
+    SOCKET_IFNAME,
+    TP_SOCKET_IFNAME,
+    InterfaceFilter,
+    parse_family,
+    parse_interface_filter,
+    parse_rail_interfaces,
+)
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -23,7 +34,6 @@ SLICE_SIZE = "FAIRRING_SLICE_SIZE"
 FLAT_THRESHOLD = "FAIRRING_FLAT_THRESHOLD"
 MACHINE_ID = "FAIRRING_MACHINE_ID"
 LOG_LEVEL = "FAIRRING_LOG_LEVEL"
-SOCKET_IFNAME = "TP_SOCKET_IFNAME"
 CUDA_ENGINE = "FAIRRING_CUDA_ENGINE"
 IB_DISABLE = "FAIRRING_IB_DISABLE"
 TIMELINE = "FAIRRING_TIMELINE"
@@ -52,10 +62,6 @@ _SIZE_HELP = (
 )
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
-
-
-class ConfigError(ValueError):
-    """An environment variable holds a value fairring cannot use."""
 
 
 def parse_size(name: str, raw: str, allow_zero: bool = False) -> int:
@@ -96,8 +102,14 @@ class Config:
     # Overrides machine discovery: ranks with equal ids share a machine.
     machine_id: str | None = None
     log_level: str | None = None
-    # Network interface for the rails; None: chosen like NCCL does.
-    socket_interface: str | None = None
+    # Which interfaces the rails may use (fairring/interfaces.py); None: chosen as NCCL does.
+    socket_ifname: InterfaceFilter | None = None
+    # The variable socket_ifname came from, for messages.
+    socket_ifname_variable: str = SOCKET_IFNAME
+    # "ipv4", "ipv6" or None (either, IPv4 first).
+    socket_family: str | None = None
+    # How rails map onto matching interfaces: "spread", "shared", or names by rail.
+    rail_interfaces: str | tuple[str, ...] = "spread"
     # CUDA all-reduces take the Herring engine instead of NCCL (not yet validated on GPUs).
     cuda_engine: bool = False
     # The rails keep to TCP even where InfiniBand (and GPUDirect) is viable.
@@ -121,11 +133,17 @@ class Config:
             f"{FLAT_THRESHOLD}={format_size(self.flat_threshold)} "
             f"{MACHINE_ID}={self.machine_id or '(discover)'} "
             f"{LOG_LEVEL}={self.log_level or '(unset)'} "
-            f"{SOCKET_IFNAME}={self.socket_interface or '(automatic)'} "
+            f"{self.socket_ifname_variable}={self.socket_ifname or '(automatic)'} "
+            f"{SOCKET_FAMILY}={self.socket_family or '(either)'} "
+            f"{RAIL_INTERFACES}={self._rail_interfaces_text()} "
             f"{CUDA_ENGINE}={int(self.cuda_engine)} "
             f"{IB_DISABLE}={int(self.ib_disable)} "
             f"{TIMELINE}={self.timeline_directory or '(off)'}"
         )
+
+    def _rail_interfaces_text(self) -> str:
+        mapping = self.rail_interfaces
+        return mapping if isinstance(mapping, str) else ",".join(mapping)
 
 
 def load_config(env: Mapping[str, str] | None = None) -> Config:
@@ -167,7 +185,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         flat_threshold=size(FLAT_THRESHOLD, DEFAULT_FLAT_THRESHOLD, allow_zero=True),
         machine_id=machine_id.strip() if machine_id else None,
         log_level=log_level,
-        socket_interface=_socket_interface(env.get(SOCKET_IFNAME)),
+        **_socket_settings(env),
         cuda_engine=parse_flag(CUDA_ENGINE, env.get(CUDA_ENGINE)),
         ib_disable=parse_flag(IB_DISABLE, env.get(IB_DISABLE)),
         timeline_directory=_timeline_directory(env.get(TIMELINE)),
@@ -198,16 +216,19 @@ def parse_flag(name: str, raw: str | None) -> bool:
     return flag
 
 
-def _socket_interface(raw: str | None) -> str | None:
-    if raw is None or raw.strip() == "":
-        return None
-    name = raw.strip()
-    available = sorted(interface for _, interface in socket.if_nameindex())
-    if name not in available:
-        raise ConfigError(
-            f"{SOCKET_IFNAME}={raw!r} names no network interface of this machine; available: {', '.join(available)}"
-        )
-    return name
+def _socket_settings(env: Mapping[str, str]) -> dict[str, object]:
+    """The rails' interface settings: FAIRRING_SOCKET_IFNAME, else TP_SOCKET_IFNAME (exact names)."""
+    settings: dict[str, object] = {
+        "socket_family": parse_family(env.get(SOCKET_FAMILY)),
+        "rail_interfaces": parse_rail_interfaces(env.get(RAIL_INTERFACES)),
+    }
+    for variable, exact in ((SOCKET_IFNAME, False), (TP_SOCKET_IFNAME, True)):
+        raw = env.get(variable)
+        if raw is not None and raw.strip() != "":
+            settings["socket_ifname"] = parse_interface_filter(variable, raw, exact=exact)
+            settings["socket_ifname_variable"] = variable
+            break
+    return settings
 
 
 def apply_log_level(config: Config) -> None:

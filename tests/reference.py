@@ -7,6 +7,7 @@ the known per-rank inputs, independently of the code under test.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -77,3 +78,27 @@ def assert_matches(actual: torch.Tensor, expected: torch.Tensor) -> None:
     assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
     torch.testing.assert_close(actual, expected, **TOLERANCES.get(actual.dtype, {"rtol": 0, "atol": 0}))
+
+
+def topology_view(topology: Any) -> dict[str, object]:
+    """What one rank's `_C.Topology` knows of the layout, as plain data."""
+    return {
+        "machine": topology.machine,
+        "local_ranks": list(topology.local_ranks),
+        "machine_sizes": list(topology.machine_sizes),
+        "rail_peers": list(topology.rail_peers),
+    }
+
+
+def expected_view(machines: list[list[int]], rank: int) -> dict[str, object]:
+    """`topology_view` of `rank` in the whole layout `machines`, worked out independently."""
+    machine = next(m for m, ranks in enumerate(machines) if rank in ranks)
+    sizes = [len(ranks) for ranks in machines]
+    local_index = machines[machine].index(rank)
+    regular = len(set(sizes)) == 1
+    return {
+        "machine": machine,
+        "local_ranks": machines[machine],
+        "machine_sizes": sizes,
+        "rail_peers": [ranks[local_index] for ranks in machines] if regular else [],
+    }

@@ -122,7 +122,11 @@ def test_empty_size_variable_means_default() -> None:
         ({"FAIRRING_FLAT_THRESHOLD": "1e6"}, "FAIRRING_FLAT_THRESHOLD='1e6' is not a size"),
         # Switches, names and folders.
         ({"FAIRRING_IB_DISABLE": "2"}, "FAIRRING_IB_DISABLE='2' is not a switch"),
-        ({"TP_SOCKET_IFNAME": "no-such-nic0"}, "TP_SOCKET_IFNAME='no-such-nic0' names no network interface"),
+        ({"FAIRRING_SOCKET_IFNAME": "^"}, "names no interface; give comma-separated"),
+        ({"FAIRRING_SOCKET_IFNAME": "eth0,^lo"}, "lo' cannot be an interface name"),
+        ({"TP_SOCKET_IFNAME": "a-very-long-interface"}, "'a-very-long-interface' cannot be an interface name"),
+        ({"FAIRRING_SOCKET_FAMILY": "AF_UNIX"}, "FAIRRING_SOCKET_FAMILY='AF_UNIX' is not an address family"),
+        ({"FAIRRING_RAIL_INTERFACES": "^eth0"}, "list the interface of each rail in order"),
         ({"FAIRRING_TIMELINE": "/proc/fairring-timeline"}, "FAIRRING_TIMELINE='/proc/fairring-timeline': cannot"),
     ],
 )

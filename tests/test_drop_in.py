@@ -22,7 +22,7 @@ import torch.distributed as dist
 import fairring
 from fairring.bench import free_port
 from harness import InitSpec, Layout, RankFailure, RankPool
-from reference import assert_matches, rank_tensor, reduce_reference
+from reference import assert_matches, expected_view, rank_tensor, reduce_reference, topology_view
 
 LAYOUT = Layout(2, 2)  # ranks 0, 1 on machine 0; 2, 3 on machine 1
 SHAPE = (1000,)
@@ -57,13 +57,15 @@ def irregular_subgroup() -> dict[str, object]:
         return {}
     all_reduce_among(members, group)
     topology = fairring.backend_of(group).topology
-    return {"machines": topology.machines, "regular": topology.regular, "engine_ops": engine_ops(group)}
+    view = topology_view(topology)
+    return {"view": view, "regular": topology.regular, "engine_ops": engine_ops(group)}
 
 
 def test_irregular_subgroup_takes_the_flat_path(ranks: RankPool) -> None:
     results = ranks.run(irregular_subgroup)
-    for result in results[:3]:
-        assert result == {"machines": [[0, 1], [2]], "regular": False, "engine_ops": None}
+    for rank, result in enumerate(results[:3]):
+        view = expected_view([[0, 1], [2]], rank)
+        assert result == {"view": view, "regular": False, "engine_ops": None}
 
 
 def subgroups_of_every_shape() -> dict[str, object]:
@@ -97,7 +99,7 @@ def split_groups() -> dict[str, object]:
     same_for_cuda = group._get_backend(torch.device("cuda")) is group._get_backend(torch.device("cpu"))
     return {
         "backend": dist.get_backend(group),
-        "machines": backend.topology.machines,
+        "view": topology_view(backend.topology),
         "engine_ops": engine_ops(group),
         "one_backend": same_for_cuda,
     }
@@ -107,22 +109,23 @@ def test_split_group(ranks: RankPool) -> None:
     results = ranks.run(split_groups)
     if "unsupported" in results[0]:
         pytest.skip(results[0]["unsupported"])
-    for result in results:
-        assert result == {"backend": "fairring", "machines": [[0], [1]], "engine_ops": 1, "one_backend": True}
+    for rank, result in enumerate(results):
+        view = expected_view([[0], [1]], rank // 2)
+        assert result == {"backend": "fairring", "view": view, "engine_ops": 1, "one_backend": True}
 
 
 def sum_and_describe() -> dict[str, object]:
     all_reduce_among(list(range(dist.get_world_size())), None)
     topology = fairring.backend_of().topology
-    return {"machines": topology.machines, "engine_ops": engine_ops(None)}
+    return {"view": topology_view(topology), "engine_ops": engine_ops(None)}
 
 
 def test_irregular_deployment_takes_the_flat_path() -> None:
     # Machines of 3 ranks and 1 rank.
     env = {r: {"FAIRRING_MACHINE_ID": "big" if r < 3 else "small"} for r in range(4)}
     with RankPool(Layout(1, 4), rank_env=env) as pool:
-        for result in pool.run(sum_and_describe):
-            assert result == {"machines": [[0, 1, 2], [3]], "engine_ops": None}
+        for rank, result in enumerate(pool.run(sum_and_describe)):
+            assert result == {"view": expected_view([[0, 1, 2], [3]], rank), "engine_ops": None}
 
 
 TORCHRUN_JOB = """
@@ -262,7 +265,7 @@ def debug_detail_state() -> dict[str, object]:
         "wrapped": type(wrapper).__name__,
         "engine_ops": engine_ops(None),
         "rails": backend.rails() is not None,
-        "machines": backend.topology.machines,
+        "view": topology_view(backend.topology),
     }
     # What DETAIL is for: ranks that disagree fail at once, naming the mismatch.
     try:
@@ -276,12 +279,12 @@ def debug_detail_state() -> dict[str, object]:
 def test_torch_distributed_debug_detail() -> None:
     spec = InitSpec(extra_env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
     with RankPool(Layout(2, 1), spec) as pool:
-        for state in pool.run(debug_detail_state):
+        for rank, state in enumerate(pool.run(debug_detail_state)):
             assert state == {
                 "wrapped": "_ProcessGroupWrapper",
                 "engine_ops": 1,
                 "rails": True,
-                "machines": [[0], [1]],
+                "view": expected_view([[0], [1]], rank),
                 "mismatch": "detected",
             }
 

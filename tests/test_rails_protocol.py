@@ -28,9 +28,7 @@ def pair() -> RankPool:
 
 def endpoint(prefix: str) -> _C.RailsEndpoint:
     store = dist.distributed_c10d._get_default_store()
-    return _C.RailsEndpoint(
-        store, f"rails-test/{prefix}/", dist.get_rank(), [[0], [1]], torch.device("cpu"), interface="lo"
-    )
+    return _C.RailsEndpoint(store, f"rails-test/{prefix}/", dist.get_rank(), [[0], [1]], torch.device("cpu"))
 
 
 def in_order_on_each_lane(prefix: str) -> list[list[float]]:

@@ -10,7 +10,14 @@ import torch.distributed as dist
 
 from fairring.bench import free_port
 from harness import InitSpec, Layout, RankFailure, RankPool, init_process_group
-from reference import all_ranks_reduced, assert_matches, rank_tensor, reduce_reference
+from reference import (
+    all_ranks_reduced,
+    assert_matches,
+    expected_view,
+    rank_tensor,
+    reduce_reference,
+    topology_view,
+)
 
 
 def backend_state() -> dict[str, object]:
@@ -80,7 +87,7 @@ def subgroup_collectives() -> dict[str, object]:
     return {
         "backend": dist.get_backend(group),
         "group_rank": topology.rank,
-        "machines": topology.machines,
+        "view": topology_view(topology),
     }
 
 
@@ -93,7 +100,7 @@ def test_subgroups() -> None:
         members = list(range(rank % 2, layout.world_size, 2))
         assert result["group_rank"] == members.index(rank)
         # Each subgroup has one rank on each machine of the 2x2 layout.
-        assert result["machines"] == [[0], [1]]
+        assert result["view"] == expected_view([[0], [1]], members.index(rank))
 
 
 def expect_init_failure(layout: Layout, rank_env: dict[int, dict[str, str]]) -> dict[int, str]:
@@ -153,9 +160,12 @@ def test_configuration_and_rails_are_logged_in_debug() -> None:
         records = ranks.run_per_rank(init_capturing_logs, ranks.init_args)
     for lines in records:
         assert any("effective configuration" in line and "FAIRRING_SLICE_SIZE=4MiB" in line for line in lines), lines
-        # TP_SOCKET_IFNAME=lo (the harness) and InfiniBand off: TCP on loopback.
-        rails = [line for line in lines if "rails listen on" in line]
-        assert len(rails) == 1 and "127.0.0.1:" in rails[0] and "(transports uv; channels basic)" in rails[0], lines
+        # TP_SOCKET_IFNAME=lo (the harness) and InfiniBand off: TCP on loopback, chosen at init, then used.
+        chosen = [line for line in lines if "rails on lo 127.0.0.1 (TP_SOCKET_IFNAME '=lo' matches lo" in line]
+        assert len(chosen) == 1 and "rails transports uv; channels basic for CPU" in chosen[0], lines
+        assert "ibv: not used: FAIRRING_IB_DISABLE=1" in chosen[0], lines
+        made = [line for line in lines if "engine on cpu made" in line]
+        assert len(made) == 1 and "127.0.0.1:" in made[0] and "(lo; transports uv; channels basic)" in made[0], lines
 
 
 def test_staging_too_small_for_one_slice_is_rejected_at_init() -> None:

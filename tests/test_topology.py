@@ -117,6 +117,42 @@ def test_cpp_topology_rejects_bad_layouts(rank: int, machines: list[list[int]], 
         _C.Topology(rank, machines)
 
 
+def test_cpp_topology_from_one_rank_s_view_matches_the_whole_layout() -> None:
+    machines = [[0, 3], [1, 4], [2, 5]]
+    for rank in range(6):
+        whole = _C.Topology(rank, machines)
+        machine = next(m for m, ranks in enumerate(machines) if rank in ranks)
+        peers = [ranks[machines[machine].index(rank)] for ranks in machines]
+        view = _C.Topology(rank, 6, machine, machines[machine], peers, [2, 2, 2])
+        for attribute in ("world_size", "num_machines", "machine", "local_rank", "local_ranks", "rail_peers"):
+            assert getattr(view, attribute) == getattr(whole, attribute), attribute
+        # A rank knows where its machine's ranks and its rail peers are, and no more.
+        for other in range(6):
+            known = other in machines[machine] or other in peers
+            expected = next(m for m, ranks in enumerate(machines) if other in ranks) if known else -1
+            assert view.machine_of(other) == whole.machine_of(other) == expected
+
+
+@pytest.mark.parametrize(
+    ("view", "message"),
+    [
+        ((0, 3, 0, [0, 1], [0, 2], [2, 1]), "expected a rail peer per machine of a regular group, and none otherwise"),
+        ((0, 4, 0, [0, 1], [0], [2, 2]), "expected a rail peer per machine"),
+        ((0, 4, 0, [0, 1], [1, 2], [2, 2]), "rail peer 1 on machine 0 is not a distinct rank"),
+        ((0, 4, 0, [0, 1], [0, 1], [2, 2]), "rail peer 1 on machine 1 is not a distinct rank"),
+        ((0, 4, 0, [1, 2], [0, 3], [2, 2]), "rank 0 is not among its machine's ranks"),
+        ((0, 4, 0, [0, 1, 2], [0, 3], [2, 2]), "machine 0 holds 2 ranks but 3 were given"),
+        ((0, 5, 0, [0, 1], [0, 3], [2, 2]), "do not add up to the group's 5 ranks"),
+        ((0, 4, 2, [0, 1], [0, 3], [2, 2]), "machine 2 is not one of 2"),
+        ((4, 4, 0, [0, 4], [4, 3], [2, 2]), "rank 4 is not in a group of 4"),
+        ((0, 4, 0, [0, 0], [0, 3], [2, 2]), "local rank 0 is repeated"),
+    ],
+)
+def test_cpp_topology_rejects_inconsistent_views(view: tuple[object, ...], message: str) -> None:
+    with pytest.raises(RuntimeError, match=message):
+        _C.Topology(*view)
+
+
 def test_rank_that_never_joins_is_named() -> None:
     from datetime import timedelta
 

@@ -88,9 +88,7 @@ def mesh_round(port: int, prefix: str, held: int | None, seed: int) -> dict[str,
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
     if rank == held:
         store.wait([prefix + "go"])
-    endpoint = _C.RailsEndpoint(
-        store, prefix, rank, MACHINES, torch.device("cpu"), interface="lo", timeout=timedelta(seconds=60)
-    )
+    endpoint = _C.RailsEndpoint(store, prefix, rank, MACHINES, torch.device("cpu"), timeout=timedelta(seconds=60))
     machine = LAYOUT.machine_of(rank)
     peer = MACHINES[1 - machine][MACHINES[machine].index(rank)]
     received = [torch.zeros(4096) for _ in range(2)]
@@ -314,7 +312,7 @@ def test_a_build_that_times_out_names_the_pipes_it_rejected_quoted(probe: _C.Wir
 
     def build() -> None:
         try:
-            _C.RailsEndpoint(store, "lonely/", 1, [[0], [1]], torch.device("cpu"), "lo", timedelta(seconds=3))
+            _C.RailsEndpoint(store, "lonely/", 1, [[0], [1]], torch.device("cpu"), timeout=timedelta(seconds=3))
         except RuntimeError as error:
             errors.append(str(error))
 

@@ -516,9 +516,8 @@ std::unique_ptr<Engine> Backend::makeEngine(c10::Device device) {
       store_,
       "fairring/rails/" + c10::DeviceTypeName(device.type(), true) + "/",
       topology_,
-      rails::resolveListenAddress(config_.socketInterface),
+      config_.network,
       device,
-      !config_.infinibandDisabled,
       timeout());
   auto timeline = config_.timelineDirectory.empty()
       ? nullptr

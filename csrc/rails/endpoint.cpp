@@ -34,7 +34,7 @@ Endpoint::Endpoint(
     const std::string& storePrefix,
     const Topology& topology,
     c10::Device device,
-    const std::string& interfaceName,
+    const RailsNetwork& network,
     std::chrono::milliseconds timeout)
     : device_(device) {
   TORCH_CHECK(
@@ -45,9 +45,8 @@ Endpoint::Endpoint(
       store,
       storePrefix,
       topology,
-      resolveListenAddress(interfaceName),
+      network,
       device,
-      /*allowInfiniband=*/true,
       timeout);
   lanes_ = std::make_unique<Lanes>(
       *mesh_, [this](int, bool, const std::string& message) {

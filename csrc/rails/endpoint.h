@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "config.h"
 #include "rails/lanes.h"
 #include "topology.h"
 
@@ -43,7 +44,7 @@ class Endpoint {
       const std::string& storePrefix,
       const Topology& topology,
       c10::Device device,
-      const std::string& interfaceName,
+      const RailsNetwork& network,
       std::chrono::milliseconds timeout);
   ~Endpoint();
 

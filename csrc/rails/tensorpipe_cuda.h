@@ -6,9 +6,11 @@
 // headers.
 
 #include <string>
+#include <vector>
 
 #include <tensorpipe/common/buffer.h>
 
+#include "config.h"
 #include "rails/transport.h"
 
 namespace tensorpipe {
@@ -17,13 +19,16 @@ class Context;
 
 namespace fairring::rails {
 
-// Registers the channels that move CUDA buffers between machines: GPUDirect
-// RDMA (cuda_gdr) where viable and allowed, and staging through pinned host
-// memory (cuda_basic) in any case. Never cuda_ipc or cuda_xth: rail peers
-// share no host. Returns their names, best first, for logs.
-std::string registerCudaChannels(
+// Registers the channels that move CUDA buffers between machines, those
+// `network` allows, best first: GPUDirect RDMA (cuda_gdr) where viable, on
+// the InfiniBand devices `network` maps each GPU to, and staging through
+// pinned host memory (cuda_basic). Never cuda_ipc or cuda_xth: rail peers
+// share no host. Fails if a channel the user required is not viable, or if
+// none is. Returns the names registered, best first, for logs.
+std::vector<std::string> registerCudaChannels(
     tensorpipe::Context& context,
-    bool allowGpuDirect);
+    const RailsNetwork& network,
+    int rank);
 
 // TensorPipe's view of CUDA memory, ordered on the buffer's stream.
 tensorpipe::Buffer cudaBuffer(const Buffer& buffer);

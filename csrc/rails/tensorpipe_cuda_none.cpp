@@ -14,9 +14,10 @@ namespace {
 }
 } // namespace
 
-std::string registerCudaChannels(
+std::vector<std::string> registerCudaChannels(
     tensorpipe::Context& /*context*/,
-    bool /*allowGpuDirect*/) {
+    const RailsNetwork& /*network*/,
+    int /*rank*/) {
   notBuilt();
 }
 

@@ -10,14 +10,10 @@
 #include <sstream>
 #include <string_view>
 
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <netdb.h>
-#include <netinet/in.h>
-
 #include <c10/util/Exception.h>
 #include <tensorpipe/tensorpipe.h>
 
+#include "rails/interfaces.h"
 #include "rails/tensorpipe_cuda.h"
 
 namespace fairring::rails {
@@ -70,16 +66,6 @@ std::vector<std::string_view> splitWords(std::string_view text) {
     }
     start = space + 1;
   }
-}
-
-// The host part of "host", "host:port", "[v6]" or "[v6]:port".
-std::string hostOf(const std::string& address) {
-  if (address.starts_with("[")) {
-    return address.substr(1, address.find(']') - 1);
-  }
-  return std::count(address.begin(), address.end(), ':') == 1
-      ? address.substr(0, address.find(':'))
-      : address;
 }
 
 // A device index a peer may name: 0 on the CPU; a CUDA device index.
@@ -374,31 +360,43 @@ std::string checkHello(
   return "";
 }
 
-std::string resolveListenAddress(const std::string& interfaceName) {
-  auto [error, address] = interfaceName.empty()
-      ? tensorpipe::transport::uv::lookupAddrLikeNccl()
-      : tensorpipe::transport::uv::lookupAddrForIface(interfaceName);
-  TORCH_CHECK(
-      !error,
-      "fairring: cannot find an address to listen on ",
-      interfaceName.empty() ? std::string("(automatic choice)")
-                            : "for interface '" + interfaceName + "'",
-      ": ",
-      error.what(),
-      "; set TP_SOCKET_IFNAME to an interface that has an address");
-  return address;
+namespace {
+
+bool named(const std::vector<std::string>& names, std::string_view name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
 }
+
+// The CPU channels allowed, best first: basic is the only one that crosses
+// machines (cma and xth share a host; mpt needs several listeners).
+std::vector<std::string> registerCpuChannels(
+    tensorpipe::Context& context,
+    const RailsNetwork& network,
+    int rank) {
+  TORCH_CHECK(
+      named(network.cpuChannels, "basic"),
+      "fairring: rank ", rank, ": the rails need TensorPipe's basic channel to "
+      "move CPU buffers between machines; allow it in FAIRRING_CHANNELS");
+  context.registerChannel(0, "basic", tensorpipe::channel::basic::create());
+  return {"basic"};
+}
+
+// "uv://10.0.0.1" or "uv://[fd00::1]": TensorPipe's URL for `address`.
+std::string listenUrl(const std::string& transport, const std::string& address) {
+  const bool ipv6 = address.find(':') != std::string::npos;
+  return transport + "://" + (ipv6 ? "[" + address + "]" : address);
+}
+
+} // namespace
 
 TensorpipeMesh::TensorpipeMesh(
     const c10::intrusive_ptr<c10d::Store>& store,
     const std::string& storePrefix,
     const Topology& topology,
-    const std::string& listenAddress,
+    const RailsNetwork& network,
     c10::Device device,
-    bool allowInfiniband,
     std::chrono::milliseconds timeout)
     : topology_(topology),
-      listenHost_(hostOf(listenAddress)),
+      listenHost_(network.listenAddress),
       connections_(topology.numMachines()) {
   TORCH_CHECK(
       topology_.regular(),
@@ -424,23 +422,55 @@ TensorpipeMesh::TensorpipeMesh(
 
   context_ = std::make_shared<tensorpipe::Context>(
       tensorpipe::ContextOptions().name("fairring-rank-" + std::to_string(rank)));
-  std::vector<std::string> listenUrls{"uv://" + listenAddress};
-  context_->registerTransport(0, "uv", tensorpipe::transport::uv::create());
-  transports_ = "transports uv";
-  auto infiniband =
-      allowInfiniband ? tensorpipe::transport::ibv::create() : nullptr;
-  if (infiniband && infiniband->isViable()) {
-    // Peers connect over TCP first; TensorPipe moves to the better transport
-    // when both ends offer it.
-    context_->registerTransport(10, "ibv", infiniband);
-    listenUrls.push_back("ibv://" + listenAddress);
-    transports_ = "transports ibv, uv";
+  // uv carries every pipe's handshake (the URL a peer dials is the uv one);
+  // TensorPipe then moves the pipe's data to the highest-priority transport
+  // that both ends registered, so the order given (best first) sets it.
+  std::vector<std::string> listenUrls{listenUrl("uv", network.listenAddress)};
+  std::vector<std::string> transportNames;
+  const auto& transports = network.transports;
+  for (size_t index = 0; index < transports.size(); ++index) {
+    const auto& name = transports[index];
+    const auto priority = static_cast<int64_t>(transports.size() - index) * 10;
+    std::shared_ptr<tensorpipe::transport::Context> transport;
+    if (name == "uv") {
+      transport = tensorpipe::transport::uv::create();
+    } else if (name == "ibv") {
+      transport = tensorpipe::transport::ibv::create();
+    } else {
+      TORCH_CHECK(false, "fairring: no rails transport named '", name, "'");
+    }
+    if (!transport->isViable()) {
+      // uv is always viable; ibv is not without libibverbs.so.1 or a device.
+      TORCH_CHECK(
+          !named(network.required, name),
+          "fairring: rank ", rank, ": the rails were asked to use TensorPipe's ",
+          name, " transport (FAIRRING_TRANSPORTS), but it is not viable in this "
+          "process (ibv needs libibverbs.so.1 and an active InfiniBand or RoCE "
+          "device); allow uv, or fix the device");
+      continue;
+    }
+    context_->registerTransport(priority, name, std::move(transport));
+    transportNames.push_back(name);
+    if (name != "uv") {
+      listenUrls.push_back(listenUrl(name, network.listenAddress));
+    }
   }
-  context_->registerChannel(0, "basic", tensorpipe::channel::basic::create());
-  transports_ += "; channels basic";
-  if (device.is_cuda()) {
-    transports_ += ", " + registerCudaChannels(*context_, allowInfiniband);
-  }
+  TORCH_CHECK(
+      named(transportNames, "uv"),
+      "fairring: the rails need TensorPipe's uv (TCP) transport for every "
+      "pipe's handshake; it was not among ", transports.size(), " allowed");
+  std::vector<std::string> channelNames = device.is_cuda()
+      ? registerCudaChannels(*context_, network, rank)
+      : registerCpuChannels(*context_, network, rank);
+  const auto joined = [](const std::vector<std::string>& names) {
+    std::string text;
+    for (const auto& name : names) {
+      text += (text.empty() ? "" : ", ") + name;
+    }
+    return text;
+  };
+  transports_ = network.interfaceName + "; transports " +
+      joined(transportNames) + "; channels " + joined(channelNames);
 
   listener_ = context_->listen(listenUrls);
   url_ = listener_->url("uv");
@@ -459,8 +489,9 @@ TensorpipeMesh::TensorpipeMesh(
   acceptForever(listener_, accepted);
 
   auto writeError = std::make_shared<std::pair<std::mutex, std::string>>();
-  const auto connectTo = [&](int peer, const std::vector<int>& lanes) {
-    const auto bytes = store->get(storePrefix + "url/" + std::to_string(peer));
+  const auto connectTo = [&](int peer,
+                             const std::vector<int>& lanes,
+                             const std::vector<uint8_t>& bytes) {
     const std::string record(bytes.begin(), bytes.end());
     const auto words = splitWords(record);
     const auto peerDeviceIndex =
@@ -499,15 +530,29 @@ TensorpipeMesh::TensorpipeMesh(
       }
     }
   };
+  // Rail peers on higher machines (every lane), then the ranks of this
+  // machine with a higher local index (control): their addresses in one
+  // store round trip, which waits until all are published.
+  std::vector<std::pair<int, std::vector<int>>> dials;
   for (int machine = topology_.machine() + 1; machine < numMachines();
        ++machine) {
-    connectTo(peerRank(machine), {kShards, kReduced, kControlLane});
+    dials.emplace_back(peerRank(machine), std::vector<int>{kShards, kReduced, kControlLane});
   }
   const auto& local = topology_.localRanks();
   for (int index = topology_.localRank() + 1;
        index < static_cast<int>(local.size());
        ++index) {
-    connectTo(local[index], {kControlLane});
+    dials.emplace_back(local[index], std::vector<int>{kControlLane});
+  }
+  if (!dials.empty()) {
+    std::vector<std::string> keys;
+    for (const auto& dial : dials) {
+      keys.push_back(storePrefix + "url/" + std::to_string(dial.first));
+    }
+    const auto records = store->multiGet(keys);
+    for (size_t index = 0; index < dials.size(); ++index) {
+      connectTo(dials[index].first, dials[index].second, records.at(index));
+    }
   }
 
   std::unique_lock<std::mutex> lock(accepted->mutex);
@@ -603,31 +648,16 @@ Connection& TensorpipeMesh::connection(int machine, Lane lane) {
 }
 
 std::string TensorpipeMesh::downInterface() const {
-  ifaddrs* interfaces = nullptr;
-  if (getifaddrs(&interfaces) != 0) {
-    return "";
+  std::vector<InterfaceAddress> addresses;
+  try {
+    addresses = interfaceAddresses();
+  } catch (const std::exception&) {
+    return ""; // only explains a failure; never causes one
   }
-  const std::unique_ptr<ifaddrs, decltype(&freeifaddrs)> owned(
-      interfaces, &freeifaddrs);
-  for (const ifaddrs* entry = interfaces; entry != nullptr;
-       entry = entry->ifa_next) {
-    if (entry->ifa_addr == nullptr ||
-        (entry->ifa_addr->sa_family != AF_INET &&
-         entry->ifa_addr->sa_family != AF_INET6)) {
-      continue;
+  for (const auto& address : addresses) {
+    if (address.address == listenHost_) {
+      return address.up ? "" : address.name;
     }
-    char host[NI_MAXHOST];
-    const socklen_t length = entry->ifa_addr->sa_family == AF_INET
-        ? sizeof(sockaddr_in)
-        : sizeof(sockaddr_in6);
-    if (getnameinfo(
-            entry->ifa_addr, length, host, sizeof(host), nullptr, 0,
-            NI_NUMERICHOST) != 0 ||
-        listenHost_ != host) {
-      continue;
-    }
-    const bool up = (entry->ifa_flags & IFF_UP) && (entry->ifa_flags & IFF_RUNNING);
-    return up ? "" : std::string(entry->ifa_name);
   }
   return "";
 }

@@ -10,6 +10,7 @@
 #include <tensorpipe/common/device.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "config.h"
 #include "rails/transport.h"
 #include "topology.h"
 
@@ -25,10 +26,12 @@ class TensorpipeConnection;
 struct Accepted;
 
 // The rails mesh over TensorPipe: one pipe per rail peer and lane. Rail peers
-// are on different machines by definition, so only network transports are
-// registered (TCP through libuv; InfiniBand where viable and allowed, which
+// are on different machines by definition, so only network transports and
+// channels are registered, those `network` allows (chosen and logged in
+// Python: TCP through libuv, InfiniBand where viable and allowed, which
 // TensorPipe then prefers between two ranks that both have it), never
-// same-host ones (shm, cma, CUDA IPC).
+// same-host ones (shm, cma, CUDA IPC). It listens on `network`'s address
+// only.
 //
 // The mesh carries buffers of one device type: with CUDA, TensorPipe's CUDA
 // channels are registered too (see tensorpipe_cuda.h), and each rank tells its
@@ -58,9 +61,8 @@ class TensorpipeMesh final : public Mesh {
       const c10::intrusive_ptr<c10d::Store>& store,
       const std::string& storePrefix,
       const Topology& topology,
-      const std::string& listenAddress,
+      const RailsNetwork& network,
       c10::Device device,
-      bool allowInfiniband,
       std::chrono::milliseconds timeout);
   ~TensorpipeMesh() override;
 
@@ -111,9 +113,5 @@ std::string checkHello(
     int& rank,
     int& lane,
     int& deviceIndex);
-
-// The address to listen on: that of `interfaceName`, or, if empty, the one
-// TensorPipe picks the way NCCL does. Throws with the reason otherwise.
-std::string resolveListenAddress(const std::string& interfaceName);
 
 } // namespace fairring::rails

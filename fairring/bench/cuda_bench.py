@@ -220,7 +220,6 @@ class Bench:
             self.rank,
             [[r] for r in range(WORLD)],
             self.device,
-            interface="lo",
             timeout=self.timeout,
         )
         self.results.data["reference_endpoint"] = self.endpoint.describe()

@@ -111,6 +111,9 @@ class Host:
     name: str
     address: str
     interface: str = INTERFACE
+    # With several networks: the host's interface on each (eth0, eth1, ...) and its address there.
+    interfaces: tuple[str, ...] = (INTERFACE,)
+    addresses: tuple[str, ...] = ()
 
 
 class CommandError(subprocess.CalledProcessError):
@@ -155,8 +158,8 @@ def _used_networks() -> list[ipaddress.IPv4Network]:
     return [ipaddress.IPv4Network(prefix, strict=False) for prefix in prefixes]
 
 
-def _free_subnet(start: int) -> ipaddress.IPv4Network:
-    used = _used_networks()
+def _free_subnet(start: int, taken: list[ipaddress.IPv4Network] | None = None) -> ipaddress.IPv4Network:
+    used = _used_networks() + (taken or [])
     subnets = list(PRIVATE_RANGE.subnets(new_prefix=PREFIX_LEN))
     # Starting at a per-cluster offset keeps concurrent clusters on different subnets. That is for
     # readability only: their hosts sit on separate bridges and the root namespace routes to none.
@@ -178,28 +181,35 @@ def _namespace_exists(name: str) -> bool:
 class NetnsCluster:
     """`hosts` emulated hosts on one bridge, each NIC optionally shaped to `rate` (tc syntax) in both directions.
 
+    With `networks` > 1, every host gets a NIC on each of that many separate networks (eth0, eth1,
+    ...), each network its own bridge and subnet, as a machine with one NIC per rail has.
+
     Use as a context manager; the hosts exist between enter and exit, and are gone afterwards.
     """
 
-    def __init__(self, hosts: int, rate: str | None = None) -> None:
+    def __init__(self, hosts: int, rate: str | None = None, networks: int = 1) -> None:
         if hosts < 1:
             raise ValueError(f"a cluster needs at least one host, not {hosts}")
+        if not 1 <= networks <= 8:
+            raise ValueError(f"a cluster has 1 to 8 networks, not {networks}")
         if rate is not None:
             rate_bytes_per_second(rate)  # Fail here, not halfway through setting up.
         self.rate = rate
         self._count = hosts
+        self._networks = networks
         pid, serial = os.getpid(), next(_cluster_ids)
         self._serial = serial
         # The pid and a per-process serial make names unique across processes and clusters; hex keeps
         # interface names within 15 characters.
         self._tag = f"{pid:x}-{serial:x}"
         self.bridge = self._ifname("fb")
+        self.bridges = [self.bridge] + [self._ifname("fb", f"n{n}") for n in range(1, networks)]
         self.hosts: list[Host] = []
         self._veths: list[str] = []
         self._namespaces: list[str] = []
         # Made under NETNS_ETC_DIR, in creation order; removed in reverse.
         self._etc_made: list[str] = []
-        self._bridge_made = False
+        self._bridges_made: list[str] = []
         self._closed = False
 
     def __enter__(self) -> NetnsCluster:
@@ -237,8 +247,8 @@ class NetnsCluster:
             self._delete(["ip", "link", "del", "dev", veth], lambda v=veth: _link_exists(v), errors)
         for namespace in self._namespaces:
             self._delete(["ip", "netns", "del", namespace], lambda n=namespace: _namespace_exists(n), errors)
-        if self._bridge_made:
-            self._delete(["ip", "link", "del", "dev", self.bridge], lambda: _link_exists(self.bridge), errors)
+        for bridge in self._bridges_made:
+            self._delete(["ip", "link", "del", "dev", bridge], lambda b=bridge: _link_exists(b), errors)
         for path in reversed(self._etc_made):
             try:
                 if os.path.isdir(path):
@@ -258,10 +268,10 @@ class NetnsCluster:
         """The command line that runs `argv` on `host`."""
         return ["ip", "netns", "exec", host.name, *argv]
 
-    def counters(self, host: Host) -> tuple[int, int]:
-        """(tx_bytes, rx_bytes) of `host`'s NIC."""
+    def counters(self, host: Host, interface: str | None = None) -> tuple[int, int]:
+        """(tx_bytes, rx_bytes) of `host`'s NIC `interface` (default: its first, eth0)."""
         # `ip netns exec` mounts the namespace's own sysfs, so these are the host's eth0, not the machine's.
-        statistics = f"/sys/class/net/{host.interface}/statistics"
+        statistics = f"/sys/class/net/{interface or host.interface}/statistics"
         tx, rx = _run(self.exec_argv(host, ["cat", f"{statistics}/tx_bytes", f"{statistics}/rx_bytes"])).split()
         return int(tx), int(rx)
 
@@ -272,15 +282,18 @@ class NetnsCluster:
         return name
 
     def _create(self) -> None:
-        subnet = _free_subnet(start=os.getpid() + self._serial)
-        addresses = list(subnet.hosts())
-        if self._count > len(addresses):
-            raise ValueError(f"a /{PREFIX_LEN} holds at most {len(addresses)} hosts, not {self._count}")
-        _run(["ip", "link", "add", self.bridge, "type", "bridge"])
-        self._bridge_made = True
-        _run(["ip", "link", "set", "dev", self.bridge, "up"])
+        subnets: list[ipaddress.IPv4Network] = []
+        for _ in range(self._networks):
+            subnets.append(_free_subnet(start=os.getpid() + self._serial + len(subnets), taken=subnets))
+        per_network = [list(subnet.hosts()) for subnet in subnets]
+        if self._count > len(per_network[0]):
+            raise ValueError(f"a /{PREFIX_LEN} holds at most {len(per_network[0])} hosts, not {self._count}")
+        for bridge in self.bridges:
+            _run(["ip", "link", "add", bridge, "type", "bridge"])
+            self._bridges_made.append(bridge)
+            _run(["ip", "link", "set", "dev", bridge, "up"])
         for index in range(self._count):
-            self.hosts.append(self._create_host(index, f"{addresses[index]}/{PREFIX_LEN}"))
+            self.hosts.append(self._create_host(index, [f"{a[index]}/{PREFIX_LEN}" for a in per_network]))
         try:
             for host in self.hosts:
                 self._write_hosts_file(host)
@@ -315,24 +328,29 @@ class NetnsCluster:
             file.write("\n".join(lines) + "\n")
         os.chmod(path, 0o644)
 
-    def _create_host(self, index: int, interface_address: str) -> Host:
+    def _create_host(self, index: int, interface_addresses: list[str]) -> Host:
         namespace = f"fairring-{self._tag}-{index}"
-        veth = self._ifname("fv", f"-{index:x}")
         _run(["ip", "netns", "add", namespace])
         self._namespaces.append(namespace)
-        # The inner end is born as eth0 inside the namespace, so no transient name can clash in either namespace.
-        _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", INTERFACE, "netns", namespace])
-        self._veths.append(veth)
-        _run(["ip", "-n", namespace, "addr", "add", interface_address, "dev", INTERFACE])
         _run(["ip", "-n", namespace, "link", "set", "dev", "lo", "up"])
-        _run(["ip", "-n", namespace, "link", "set", "dev", INTERFACE, "up"])
-        _run(["ip", "link", "set", "dev", veth, "master", self.bridge])
-        _run(["ip", "link", "set", "dev", veth, "up"])
-        if self.rate is not None:
-            # tbf shapes egress only: eth0's egress is what the host sends, the outer end's what it receives.
-            _run(["tc", "-n", namespace, "qdisc", "add", "dev", INTERFACE, "root", *_tbf_args(self.rate)])
-            _run(["tc", "qdisc", "add", "dev", veth, "root", *_tbf_args(self.rate)])
-        return Host(name=namespace, address=interface_address.split("/")[0])
+        interfaces = []
+        for network, (bridge, interface_address) in enumerate(zip(self.bridges, interface_addresses, strict=True)):
+            inner = f"eth{network}"
+            veth = self._ifname("fv", f"-{index:x}" + (f"n{network}" if network else ""))
+            # The inner end is born with its name inside the namespace, so no transient name can clash in either.
+            _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", inner, "netns", namespace])
+            self._veths.append(veth)
+            _run(["ip", "-n", namespace, "addr", "add", interface_address, "dev", inner])
+            _run(["ip", "-n", namespace, "link", "set", "dev", inner, "up"])
+            _run(["ip", "link", "set", "dev", veth, "master", bridge])
+            _run(["ip", "link", "set", "dev", veth, "up"])
+            if self.rate is not None:
+                # tbf shapes egress only: the inner end's is what the host sends, the outer end's what it receives.
+                _run(["tc", "-n", namespace, "qdisc", "add", "dev", inner, "root", *_tbf_args(self.rate)])
+                _run(["tc", "qdisc", "add", "dev", veth, "root", *_tbf_args(self.rate)])
+            interfaces.append(inner)
+        addresses = tuple(a.split("/")[0] for a in interface_addresses)
+        return Host(name=namespace, address=addresses[0], interfaces=tuple(interfaces), addresses=addresses)
 
     @staticmethod
     def _delete(argv: list[str], exists: Callable[[], bool], errors: list[str]) -> None:

@@ -1,0 +1,46 @@
+"""How a rank's rails reach their peers: the interface, transports and channels, logged once.
+
+The choices are made at init (fairring/interfaces.py, fairring/transports.py),
+where a bad setting fails every rank of the group with a message that says
+what to change, rather than inside TensorPipe when the first all-reduce
+builds the rails.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from . import _C
+from .config import Config
+from .interfaces import choose_rail_interface
+from .transports import rails_transports
+
+logger = logging.getLogger("fairring")
+_logged: set[str] = set()
+
+
+def rails_network(config: Config, topology: _C.Topology) -> _C.RailsNetwork:
+    """The rails' network for this rank of `topology`, logged at INFO the first time it is chosen."""
+    interface = choose_rail_interface(config, topology.local_rank)
+    # The rails move CUDA buffers only for the CUDA engine; otherwise NCCL takes CUDA tensors.
+    transports = rails_transports(cuda=config.cuda_engine and torch.cuda.is_available())
+    if topology.serves_engine:
+        line = (
+            f"rank {topology.rank} (machine {topology.machine} of {topology.num_machines}, rail "
+            f"{topology.local_rank}): rails on {interface.name} {interface.address} ({interface.reason}); "
+            f"{transports.describe()}"
+        )
+        # Every group of a process chooses alike: say it once, not once per group.
+        logger.log(logging.DEBUG if line in _logged else logging.INFO, line)
+        _logged.add(line)
+    return _C.RailsNetwork(
+        listen_address=interface.address,
+        interface_name=interface.name,
+        transports=list(transports.transports),
+        cpu_channels=list(transports.cpu_channels),
+        cuda_channels=list(transports.cuda_channels),
+        gpu_direct_nics=list(transports.gdr_nics or ()),
+        required=sorted(transports.required),
+    )

@@ -1,0 +1,126 @@
+"""Proof on real networks that the rails leave through the interfaces chosen, one NIC per rail.
+
+Each emulated machine is a host (a network namespace) with two NICs on two
+separate networks, eth0 and eth1, as a machine with one NIC per rail has. The
+store and Gloo stay on eth0 (the harness's GLOO_SOCKET_IFNAME); the rails go
+where FAIRRING_SOCKET_IFNAME sends them. Per-interface byte counters, read
+around one all-reduce, show which NIC carried the rails' traffic: with M
+machines an all-reduce of S bytes sends about 2(M-1)/M x S per host, and each
+of the L rails 1/L of that.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import fairring
+from fairring.bench.netns import NetnsCluster, netns_available
+from harness import Layout, RankFailure, RankPool
+from reference import all_ranks_reduced, assert_matches, rank_tensor
+
+MiB = 1 << 20
+SIZE = 8 * MiB
+LAYOUT = Layout(2, 2)
+_state: dict[str, object] = {}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> NetnsCluster:
+    available, reason = netns_available()
+    if not available:
+        pytest.skip(f"network namespaces unavailable: {reason}")
+    with NetnsCluster(LAYOUT.machines, networks=2) as made:
+        yield made
+
+
+def build_rails() -> str:
+    """Makes the engine (and its rails) with a first all-reduce; returns where they listen."""
+    _state["tensor"] = rank_tensor(dist.get_rank(), (SIZE // 4,), torch.float32)
+    dist.all_reduce(torch.ones(4096))
+    return fairring.backend_of().rails()
+
+
+def all_reduce_prepared() -> None:
+    tensor = _state["tensor"].clone()
+    dist.all_reduce(tensor)
+    assert_matches(tensor, all_ranks_reduced((SIZE // 4,), torch.float32))
+
+
+def rails_bytes(cluster: NetnsCluster, env: dict[str, str]) -> tuple[list[str], dict[str, list[int]]]:
+    """Each rank's rails description, and the bytes each interface of each host sent during one all-reduce."""
+    rank_env = {rank: env for rank in range(LAYOUT.world_size)}
+    with RankPool(LAYOUT, hosts=cluster.hosts, rank_env=rank_env) as ranks:
+        described = ranks.run(build_rails)
+
+        def sent() -> dict[str, list[int]]:
+            return {i: [cluster.counters(h, i)[0] for h in cluster.hosts] for i in ("eth0", "eth1")}
+
+        before = sent()
+        ranks.run(all_reduce_prepared)
+        after = sent()
+    return described, {i: [a - b for a, b in zip(after[i], before[i], strict=True)] for i in after}
+
+
+def address_on(cluster: NetnsCluster, rank: int, interface: str) -> str:
+    host = cluster.hosts[LAYOUT.machine_of(rank)]
+    return host.addresses[host.interfaces.index(interface)]
+
+
+PER_HOST = 2 * (LAYOUT.machines - 1) / LAYOUT.machines * SIZE
+PER_RAIL = PER_HOST / LAYOUT.ranks_per_machine
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("env", "rail_interfaces", "expected"),
+    [
+        # Prefixes: both NICs match, so rail i takes the i-th: each carries its rail's share.
+        ({"FAIRRING_SOCKET_IFNAME": "eth"}, ["eth0", "eth1"], {"eth0": PER_RAIL, "eth1": PER_RAIL}),
+        # An exact name: every rail on eth1, nothing on eth0.
+        ({"FAIRRING_SOCKET_IFNAME": "=eth1"}, ["eth1", "eth1"], {"eth0": 0, "eth1": PER_HOST}),
+        # An exclusion: eth1 is left (lo never joins a NIC).
+        ({"FAIRRING_SOCKET_IFNAME": "^eth0"}, ["eth1", "eth1"], {"eth0": 0, "eth1": PER_HOST}),
+        # The rail mapping reversed.
+        (
+            {"FAIRRING_SOCKET_IFNAME": "eth", "FAIRRING_RAIL_INTERFACES": "eth1,eth0"},
+            ["eth1", "eth0"],
+            {"eth0": PER_RAIL, "eth1": PER_RAIL},
+        ),
+    ],
+    ids=["prefix", "exact", "exclude", "mapping"],
+)
+def test_rails_traffic_leaves_through_the_chosen_interfaces(
+    cluster: NetnsCluster, env: dict[str, str], rail_interfaces: list[str], expected: dict[str, float]
+) -> None:
+    described, sent = rails_bytes(cluster, env)
+    print(f"\n{env}: bytes sent per host during one {SIZE}-byte all-reduce: {sent}")
+    for rank, rails in enumerate(described):
+        interface = rail_interfaces[LAYOUT.ranks_of(LAYOUT.machine_of(rank)).index(rank)]
+        # The listener is bound to that interface's address, and only to it.
+        assert f"uv://{address_on(cluster, rank, interface)}:" in rails and f"({interface};" in rails, rails
+    for interface, share in expected.items():
+        for host_bytes in sent[interface]:
+            if share == 0:
+                # Only heartbeats and the store's keep-alives may cross it.
+                assert host_bytes < 0.01 * SIZE, sent
+            else:
+                # Payload plus Ethernet/IP/TCP framing and ACKs (well under 10%).
+                assert share <= host_bytes <= 1.10 * share, sent
+
+
+@pytest.mark.timeout(120)
+def test_an_interface_that_matches_nothing_fails_init_listing_the_host_s(cluster: NetnsCluster) -> None:
+    rank_env = {rank: {"FAIRRING_SOCKET_IFNAME": "=eth7"} for rank in range(LAYOUT.world_size)}
+    pool = RankPool(LAYOUT, hosts=cluster.hosts, rank_env=rank_env)
+    try:
+        pool.start(init=False)
+        with pytest.raises(RankFailure) as failure:
+            pool.init()
+    finally:
+        pool.close()
+    for rank, outcome in failure.value.outcomes.items():
+        assert "FAIRRING_SOCKET_IFNAME '=eth7' matches no usable network interface" in outcome, outcome
+        for interface in ("eth0", "eth1"):
+            assert f"{interface} ({address_on(cluster, rank, interface)}" in outcome, outcome
