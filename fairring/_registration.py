@@ -12,7 +12,8 @@ import torch.distributed as dist
 from . import _C
 from .config import SLICE_SIZE, TOTAL_MEMORY, Config, ConfigError, apply_log_level, format_size, load_config
 from .network import rails_network
-from .topology import exchange_identities, group_into_machines, identify_self
+from .rendezvous import rendezvous
+from .topology import identify_self
 
 logger = logging.getLogger("fairring")
 
@@ -44,8 +45,15 @@ def create_backend(store: dist.Store, rank: int, size: int, timeout: timedelta, 
         logger.debug("effective configuration: %s", config.describe())
         _logged_config = True
 
-    identities = exchange_identities(store, rank, size, identify_self(config), config, timeout)
-    topology = _C.Topology(rank, group_into_machines(identities))
+    view = rendezvous(store, rank, size, identify_self(config), config.must_agree(), timeout)
+    topology = _C.Topology(
+        view.rank,
+        view.world_size,
+        view.machine,
+        list(view.local_ranks),
+        list(view.rail_peers),
+        list(view.machine_sizes),
+    )
     logger.debug("group %s: %s", group_name, topology)
     check_staging_fits(config, topology)
 

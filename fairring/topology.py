@@ -1,8 +1,9 @@
 """Which ranks share a machine, and in what order (their rail index).
 
-Each rank works out its own identity (`identify_self`), the group exchanges
-identities through the store (`exchange_identities`), and every rank groups them
-the same way (`group_into_machines`, a pure function).
+Each rank works out its own identity (`identify_self`); the group's
+rendezvous (fairring/rendezvous.py) gives each rank its view of the layout,
+which is what `group_into_machines` (a pure function, the reference its tests
+compare against) gives for the same identities.
 
 A machine is where the same-host transports (shared memory, CUDA IPC) work. The
 identity comes from, in order of precedence:
@@ -16,22 +17,17 @@ identity comes from, in order of precedence:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
-from datetime import timedelta
+from dataclasses import dataclass
 from pathlib import Path
-
-from torch.distributed import Store
 
 from .config import MACHINE_ID, Config, ConfigError
 
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _NAMESPACES = ("net", "ipc", "pid")
-_STORE_PREFIX = "fairring/identity/"
 
 logger = logging.getLogger("fairring")
 
@@ -103,13 +99,7 @@ def group_into_machines(identities: Sequence[RankIdentity]) -> list[list[int]]:
     sources = {identity.source for identity in identities}
     machine_of = [identity.machine_id for identity in identities]
     if len(sources) > 1:
-        by_source = {s: [r for r, i in enumerate(identities) if i.source == s] for s in sorted(sources)}
-        logger.warning(
-            "fairring: ranks identify their machine in different ways (%s); grouping them by host instead. "
-            "Set %s on every rank or on none, and launch all ranks the same way.",
-            "; ".join(f"ranks {ranks} by {source}" for source, ranks in by_source.items()),
-            MACHINE_ID,
-        )
+        warn_mixed_sources({s: [r for r, i in enumerate(identities) if i.source == s] for s in sources})
         machine_of = [identity.host for identity in identities]
     machines: dict[str, list[int]] = {}
     for rank, machine_id in enumerate(machine_of):
@@ -135,29 +125,14 @@ def group_into_machines(identities: Sequence[RankIdentity]) -> list[list[int]]:
     return layout
 
 
-def exchange_identities(
-    store: Store,
-    rank: int,
-    size: int,
-    identity: RankIdentity,
-    config: Config,
-    timeout: timedelta,
-) -> list[RankIdentity]:
-    """Every rank's identity, by rank; checks that settings agree across ranks."""
-    payload = {"identity": asdict(identity), "settings": config.must_agree()}
-    store.set(f"{_STORE_PREFIX}{rank}", json.dumps(payload))
-    keys = [f"{_STORE_PREFIX}{r}" for r in range(size)]
-    try:
-        store.wait(keys, timeout)
-    except Exception as error:
-        missing = [r for r in range(size) if not store.check([keys[r]])]
-        raise TopologyError(
-            f"fairring: rank {rank} waited {timeout} for ranks {missing} of {size} to join "
-            "the group; check that every rank was started and can reach the store"
-        ) from error
-    payloads = [json.loads(value) for value in store.multi_get(keys)]
-    check_settings_agree([p["settings"] for p in payloads])
-    return [RankIdentity(**p["identity"]) for p in payloads]
+def warn_mixed_sources(ranks_by_source: Mapping[str, list[int]]) -> None:
+    """The warning for ranks that identify their machine in different ways (then grouped by host)."""
+    logger.warning(
+        "fairring: ranks identify their machine in different ways (%s); grouping them by host instead. "
+        "Set %s on every rank or on none, and launch all ranks the same way.",
+        "; ".join(f"ranks {ranks_by_source[source]} by {source}" for source in sorted(ranks_by_source)),
+        MACHINE_ID,
+    )
 
 
 def check_settings_agree(settings_by_rank: Sequence[Mapping[str, int]]) -> None:

@@ -8,7 +8,6 @@ from fairring import _C
 from fairring.config import Config, ConfigError
 from fairring.topology import (
     RankIdentity,
-    TopologyError,
     check_settings_agree,
     group_into_machines,
     host_identity,
@@ -151,16 +150,3 @@ def test_cpp_topology_from_one_rank_s_view_matches_the_whole_layout() -> None:
 def test_cpp_topology_rejects_inconsistent_views(view: tuple[object, ...], message: str) -> None:
     with pytest.raises(RuntimeError, match=message):
         _C.Topology(*view)
-
-
-def test_rank_that_never_joins_is_named() -> None:
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    from fairring.topology import exchange_identities
-
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
-    identity = RankIdentity("a", "FAIRRING_MACHINE_ID")
-    with pytest.raises(TopologyError, match=r"rank 0 waited 0:00:01 for ranks \[1, 2\] of 3 to join"):
-        exchange_identities(store, 0, 3, identity, Config(), timedelta(seconds=1))
