@@ -1,7 +1,9 @@
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fairring {
@@ -25,6 +27,10 @@ struct RailsNetwork {
   // Those of the above the user asked for by name: the mesh fails if
   // TensorPipe finds one not viable, where it would skip an automatic one.
   std::vector<std::string> required;
+
+  bool isRequired(std::string_view name) const {
+    return std::find(required.begin(), required.end(), name) != required.end();
+  }
 };
 
 // Engine settings, parsed and validated from the environment in Python

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .errors import ConfigError
+from .nccl_lists import names_match, split_list
 
 if TYPE_CHECKING:
     from .config import Config
@@ -69,7 +70,7 @@ class InterfaceFilter:
     exact: bool = False
 
     def matches(self, name: str) -> bool:
-        listed = any(name == n if self.exact else name.startswith(n) for n in self.names)
+        listed = any(names_match(name, n, self.exact) for n in self.names)
         return listed != self.exclude
 
     def __str__(self) -> str:
@@ -87,12 +88,9 @@ class RailInterface:
 
 def parse_interface_filter(variable: str, raw: str, exact: bool = False) -> InterfaceFilter:
     """The list in `raw` (the value of `variable`); `exact` reads bare names as exact ones."""
-    text = raw.strip()
-    exclude = text.startswith("^")
-    text = text.removeprefix("^")
-    exact = exact or text.startswith("=")
-    text = text.removeprefix("=")
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    exclude, written_exact, entries = split_list(raw)
+    exact = exact or written_exact
+    names = tuple(name for name in entries if name)
     if not names:
         raise ConfigError(
             f"{variable}={raw!r} names no interface; give comma-separated name prefixes (eth,ens), "

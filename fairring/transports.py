@@ -59,6 +59,7 @@ from .infiniband import (
     probe_verbs,
     visible_gpu_bus_ids,
 )
+from .nccl_lists import names_match, split_list
 
 logger = logging.getLogger("fairring")
 
@@ -127,8 +128,7 @@ class HcaSelection:
 
     def selects(self, device: str, port: int = TENSORPIPE_PORT) -> bool:
         hit = any(
-            (device == name if self.exact else device.startswith(name)) and entry_port in (None, port)
-            for name, entry_port in self.entries
+            names_match(device, name, self.exact) and entry_port in (None, port) for name, entry_port in self.entries
         )
         return hit != self.exclude
 
@@ -228,17 +228,13 @@ def parse_ib_hca(raw: str | None) -> HcaSelection | None:
     """FAIRRING_IB_HCA: as NCCL_IB_HCA, ^ (exclude) then = (exact names) apply to the whole list."""
     if raw is None or raw.strip() == "":
         return None
-    text = raw.strip()
-    exclude = text.startswith("^")
-    text = text.removeprefix("^")
-    exact = text.startswith("=")
-    text = text.removeprefix("=")
+    exclude, exact, listed = split_list(raw)
     help_text = (
         "comma-separated device[:port] entries matched as name prefixes, a leading = for exact names, "
         "a leading ^ to exclude them (e.g. mlx5, =mlx5_0:1,mlx5_1:1 or ^=mlx5_1)"
     )
     entries = []
-    for entry in (e.strip() for e in text.split(",")):
+    for entry in listed:
         name, _, port_text = entry.partition(":")
         name = name.strip()
         if not name:

@@ -1,6 +1,5 @@
 #include "rails/tensorpipe_cuda.h"
 
-#include <algorithm>
 
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
@@ -34,8 +33,7 @@ std::vector<std::string> registerCudaChannels(
     }
     if (!channel || !channel->isViable()) {
       TORCH_CHECK(
-          std::find(network.required.begin(), network.required.end(), name) ==
-              network.required.end(),
+          !network.isRequired(name),
           "fairring: rank ", rank, ": the rails were asked to use TensorPipe's ",
           name, " channel (FAIRRING_CHANNELS), but it is not viable in this "
           "process (cuda_gdr needs libibverbs.so.1, an active InfiniBand or "

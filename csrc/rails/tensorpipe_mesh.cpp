@@ -442,7 +442,7 @@ TensorpipeMesh::TensorpipeMesh(
     if (!transport->isViable()) {
       // uv is always viable; ibv is not without libibverbs.so.1 or a device.
       TORCH_CHECK(
-          !named(network.required, name),
+          !network.isRequired(name),
           "fairring: rank ", rank, ": the rails were asked to use TensorPipe's ",
           name, " transport (FAIRRING_TRANSPORTS), but it is not viable in this "
           "process (ibv needs libibverbs.so.1 and an active InfiniBand or RoCE "
