@@ -48,6 +48,7 @@ COMMON_SOURCES = [
     "backend/work.cpp",
     "bindings.cpp",
     "device/device.cpp",
+    "device/shared_memory.cpp",
     "engine/completions.cpp",
     "engine/engine.cpp",
     "engine/plan.cpp",

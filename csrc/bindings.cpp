@@ -10,6 +10,7 @@
 #include "config.h"
 #include "device/device.h"
 #include "engine/plan.h"
+#include "engine/reduction.h"
 #include "engine/staging.h"
 #include "rails/endpoint.h"
 #include "rails/interfaces.h"
@@ -117,6 +118,10 @@ class PyInnerGroupFactory final : public fairring::InnerGroupFactory {
             groups[0].cast<c10::intrusive_ptr<c10d::Backend>>();
         result.allGather = groups[1].cast<c10::intrusive_ptr<c10d::Backend>>();
       }
+      if (!groups[2].is_none()) {
+        result.sharedMemory =
+            groups[2].cast<std::shared_ptr<fairring::SharedMemorySteps>>();
+      }
       return result;
     });
   }
@@ -187,6 +192,20 @@ auto transferMethod(Method method) {
   };
 }
 
+// A local step's op by the name Python gives it ("sum", "max", ...).
+c10d::ReduceOp::RedOpType localOpNamed(const std::string& name) {
+  for (auto op :
+       {c10d::ReduceOp::SUM,
+        c10d::ReduceOp::MAX,
+        c10d::ReduceOp::MIN,
+        c10d::ReduceOp::PRODUCT}) {
+    if (name == fairring::reduceOpName(op)) {
+      return op;
+    }
+  }
+  throw std::invalid_argument("not a local step's op: " + name);
+}
+
 } // namespace
 
 PYBIND11_MODULE(_C, module) {
@@ -200,6 +219,79 @@ PYBIND11_MODULE(_C, module) {
       "What this extension was compiled with: the torch and CUDA versions "
       "and whether the CUDA path is in (fairring.build_info() adds torch's "
       "NCCL).");
+
+  py::class_<
+      fairring::SharedMemorySteps,
+      std::shared_ptr<fairring::SharedMemorySteps>>(
+      module,
+      "SharedMemorySteps",
+      "This rank's side of its machine's shared-memory local steps (CPU): "
+      "create, publish name, attach(every rank's name), unlink() once every "
+      "rank has attached; then give it to the engine.")
+      .def(
+          py::init<int, std::vector<int>>(),
+          py::arg("local_rank"),
+          py::arg("ranks"),
+          "Creates and allocates this rank's segment; raises RuntimeError, "
+          "saying why, where it cannot be.")
+      .def_property_readonly("name", &fairring::SharedMemorySteps::name)
+      .def(
+          "attach",
+          &fairring::SharedMemorySteps::attach,
+          py::arg("names"),
+          py::call_guard<py::gil_scoped_release>())
+      .def("unlink", &fairring::SharedMemorySteps::unlink)
+      // The steps themselves, for tests: the engine calls them from C++.
+      .def(
+          "reduce_scatter",
+          [](fairring::SharedMemorySteps& steps,
+             at::Tensor slot,
+             const at::Tensor& input,
+             const std::string& opName,
+             uint64_t seq,
+             uint64_t slice,
+             std::chrono::milliseconds timeout) {
+            const auto op = localOpNamed(opName);
+            steps.reduceScatter(
+                slot,
+                input,
+                op,
+                {seq, seq, slice, input.scalar_type(), op},
+                std::chrono::steady_clock::now() + timeout);
+          },
+          py::arg("slot"),
+          py::arg("input"),
+          py::arg("op"),
+          py::arg("seq"),
+          py::arg("slice"),
+          py::arg("timeout"),
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "all_gather",
+          [](fairring::SharedMemorySteps& steps,
+             at::Tensor output,
+             const at::Tensor& slot,
+             uint64_t seq,
+             uint64_t slice,
+             std::chrono::milliseconds timeout) {
+            steps.allGather(
+                output,
+                slot,
+                {seq, seq, slice, slot.scalar_type(), c10d::ReduceOp::SUM},
+                std::chrono::steady_clock::now() + timeout);
+          },
+          py::arg("output"),
+          py::arg("slot"),
+          py::arg("seq"),
+          py::arg("slice"),
+          py::arg("timeout"),
+          py::call_guard<py::gil_scoped_release>())
+      .def("abort", &fairring::SharedMemorySteps::abort)
+      .def_property_readonly_static(
+          "segment_bytes",
+          [](const py::object&) {
+            return fairring::SharedMemorySteps::segmentBytes();
+          });
 
   py::class_<fairring::Topology>(module, "Topology")
       .def(
@@ -498,8 +590,8 @@ PYBIND11_MODULE(_C, module) {
           py::arg("cpu_backend"),
           py::arg("inner_groups"),
           "inner_groups: an object with delegate(device_type: str) and "
-          "local_groups(device: str) -> (reduce_scatter, all_gather) or "
-          "(None, None); see fairring/_registration.py.")
+          "local_groups(device: str) -> (reduce_scatter, all_gather, "
+          "shared_memory), any of them None; see fairring/_registration.py.")
       .def(
           "staging_stats",
           [](const fairring::Backend& backend, const std::string& device) {
@@ -526,6 +618,7 @@ PYBIND11_MODULE(_C, module) {
                       backend.flatAllreduces(engine.device().type());
                   result["rail_bytes_sent"] = stats.railBytesSent;
                   result["rail_bytes_received"] = stats.railBytesReceived;
+                  result["local_steps"] = stats.localSteps;
                   return result;
                 });
           },

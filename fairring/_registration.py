@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from . import _C
 from .config import SLICE_SIZE, TOTAL_MEMORY, Config, ConfigError, apply_log_level, format_size, load_config
+from .local_steps import shared_memory_steps
 from .network import rails_network
 from .rendezvous import rendezvous
 from .topology import identify_self
@@ -72,7 +73,7 @@ def create_backend(store: dist.Store, rank: int, size: int, timeout: timedelta, 
         ),
         timeout,
         cpu_backend,
-        InnerGroups(store, topology, timeout),
+        InnerGroups(store, topology, timeout, config.shm_disable),
     )
 
 
@@ -98,10 +99,11 @@ class InnerGroups:
     a device, split_group), so every rank makes the same groups in the same order.
     """
 
-    def __init__(self, store: dist.Store, topology: _C.Topology, timeout: timedelta) -> None:
+    def __init__(self, store: dist.Store, topology: _C.Topology, timeout: timedelta, shm_disable: bool) -> None:
         self._store = store
         self._topology = topology
         self._timeout = timeout
+        self._shm_disable = shm_disable
 
     def delegate(self, device_type: str) -> dist.Backend:
         """The group over every rank for tensors of `device_type` other than the CPU: NCCL."""
@@ -112,19 +114,25 @@ class InnerGroups:
         topology = self._topology
         return self._nccl(dist.PrefixStore("nccl/", self._store), topology.rank, topology.world_size)
 
-    def local_groups(self, device: str) -> tuple[dist.Backend | None, dist.Backend | None]:
-        """The engine's groups over this machine's ranks, one per local step.
+    def local_groups(self, device: str) -> tuple[dist.Backend | None, dist.Backend | None, _C.SharedMemorySteps | None]:
+        """What runs the engine's local steps over this machine's ranks.
 
-        Each step is fed by its own engine thread, so each needs its own group:
-        two threads sharing one could interleave their operations differently
-        on different ranks. CUDA groups are bound to `device` and connected
-        here, one after the other, before the engine's threads use them.
-        None where there is nothing to do locally.
+        On CPU, shared memory where every rank of the machine can map every
+        other's (fairring/local_steps.py). Else a group per step: each step is
+        fed by its own engine thread, so each needs its own group, as two
+        threads sharing one could interleave their operations differently on
+        different ranks. CUDA groups are bound to `device` and connected here,
+        one after the other, before the engine's threads use them. All None
+        where there is nothing to do locally.
         """
         topology = self._topology
         if not topology.serves_engine or topology.local_size == 1:
-            return None, None
+            return None, None, None
         target = torch.device(device)
+        if target.type == "cpu":
+            steps = shared_memory_steps(self._store, topology, self._shm_disable, self._timeout)
+            if steps is not None:
+                return None, None, steps
         groups = []
         for step in ("reduce-scatter", "all-gather"):
             prefix = f"fairring/machine{topology.machine}/{step}/{target.type}/"
@@ -138,7 +146,7 @@ class InnerGroups:
             group.eager_connect_single_device(target)
             groups.append(group)
         logger.debug("machine %d: local groups for %s made and connected", topology.machine, device)
-        return groups[0], groups[1]
+        return groups[0], groups[1], None
 
     def engine_made(self, device: str, rails: str) -> None:
         topology = self._topology

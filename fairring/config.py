@@ -36,6 +36,7 @@ MACHINE_ID = "FAIRRING_MACHINE_ID"
 LOG_LEVEL = "FAIRRING_LOG_LEVEL"
 CUDA_ENGINE = "FAIRRING_CUDA_ENGINE"
 IB_DISABLE = "FAIRRING_IB_DISABLE"
+SHM_DISABLE = "FAIRRING_SHM_DISABLE"
 TIMELINE = "FAIRRING_TIMELINE"
 
 DEFAULT_TOTAL_MEMORY = 50 * MiB
@@ -114,6 +115,8 @@ class Config:
     cuda_engine: bool = False
     # The rails keep to TCP even where InfiniBand (and GPUDirect) is viable.
     ib_disable: bool = False
+    # CPU local steps go through Gloo over loopback instead of shared memory.
+    shm_disable: bool = False
     # Folder where each engine writes a Chrome-trace timeline of its slices' stages.
     timeline_directory: str | None = None
 
@@ -138,6 +141,7 @@ class Config:
             f"{RAIL_INTERFACES}={self._rail_interfaces_text()} "
             f"{CUDA_ENGINE}={int(self.cuda_engine)} "
             f"{IB_DISABLE}={int(self.ib_disable)} "
+            f"{SHM_DISABLE}={int(self.shm_disable)} "
             f"{TIMELINE}={self.timeline_directory or '(off)'}"
         )
 
@@ -188,6 +192,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         **_socket_settings(env),
         cuda_engine=parse_flag(CUDA_ENGINE, env.get(CUDA_ENGINE)),
         ib_disable=parse_flag(IB_DISABLE, env.get(IB_DISABLE)),
+        shm_disable=parse_flag(SHM_DISABLE, env.get(SHM_DISABLE)),
         timeline_directory=_timeline_directory(env.get(TIMELINE)),
     )
 

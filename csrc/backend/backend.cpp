@@ -508,7 +508,8 @@ std::unique_ptr<Engine> Backend::makeEngine(c10::Device device) {
   LocalGroups groups = innerGroups_->localGroups(device);
   TORCH_CHECK(
       (topology_.localSize() > 1) ==
-          (groups.reduceScatter && groups.allGather),
+          (groups.sharedMemory != nullptr ||
+           (groups.reduceScatter && groups.allGather)),
       "fairring: local groups must exist exactly when machines have 2+ ranks");
   auto context = device.is_cpu() ? makeCpuContext(std::move(groups))
                                  : makeCudaContext(device, std::move(groups));

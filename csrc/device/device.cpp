@@ -5,6 +5,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "engine/reduction.h"
+
 namespace fairring {
 
 const char* stageName(Stage stage) {
@@ -48,12 +50,19 @@ DeviceContext::~DeviceContext() {
   }
 }
 
-void DeviceContext::localAllToAll(
+void DeviceContext::localReduceScatter(
+    at::Tensor& slot,
     at::Tensor& parts,
     at::Tensor& input,
+    c10d::ReduceOp::RedOpType op,
+    const LocalStepKey& key,
     Clock::time_point deadline) {
+  if (groups_.sharedMemory) {
+    groups_.sharedMemory->reduceScatter(slot, input, op, key, deadline);
+    return;
+  }
   if (!groups_.reduceScatter) {
-    parts.view({-1}).copy_(input);
+    slot.copy_(input);
     return;
   }
   std::vector<int64_t> equalSplits;
@@ -62,12 +71,20 @@ void DeviceContext::localAllToAll(
   // The name both torch 2.11 and 2.15 have (2.15 also calls it all_to_all_single).
   waitForLocalStep(groups_.reduceScatter->alltoall_base(
       parts, input, equalSplits, equalSplits, options));
+  for (int64_t part = 1; part < parts.size(0); ++part) {
+    combineInto(slot, parts[part], op);
+  }
 }
 
 void DeviceContext::localAllGather(
     at::Tensor& output,
     at::Tensor& part,
+    const LocalStepKey& key,
     Clock::time_point deadline) {
+  if (groups_.sharedMemory) {
+    groups_.sharedMemory->allGather(output, part, key, deadline);
+    return;
+  }
   if (!groups_.allGather) {
     output.copy_(part);
     return;
@@ -97,6 +114,14 @@ void DeviceContext::waitForLocalStep(
   work->wait(); // done: rethrows the step's error, if any
 }
 
+std::string DeviceContext::localStepsName() const {
+  if (groups_.sharedMemory) {
+    return "shared memory";
+  }
+  return groups_.reduceScatter ? groups_.reduceScatter->getBackendName()
+                               : "none";
+}
+
 void DeviceContext::abort() {
   if (aborted_.exchange(true)) {
     return;
@@ -106,6 +131,9 @@ void DeviceContext::abort() {
     localWaits_->aborted = true;
   }
   localWaits_->changed.notify_all();
+  if (groups_.sharedMemory) {
+    groups_.sharedMemory->abort();
+  }
   for (const auto& group : {groups_.reduceScatter, groups_.allGather}) {
     if (group) {
       group->abort();

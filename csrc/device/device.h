@@ -14,6 +14,7 @@
 #include <c10/core/Event.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include "device/shared_memory.h"
 #include "rails/transport.h"
 
 namespace fairring {
@@ -39,14 +40,20 @@ class Fence {
   std::shared_ptr<const c10::Event> event_;
 };
 
-// The groups over this machine's ranks that run the local steps, one per
-// step: each is fed by one stage thread, in slice order, so no two ranks can
-// interleave their operations differently. Both null with one rank per
-// machine. Made by torch's own constructors (fairring/_registration.py) and
-// connected before the engine starts.
+// What runs the local steps over this machine's ranks, made and connected
+// before the engine starts (fairring/_registration.py); nothing with one rank
+// per machine. Either shared memory (CPU, where every local rank could map
+// every other's segment), or a group per step, made by torch's own
+// constructors: each step is fed by one stage thread, in slice order, so no
+// two ranks can interleave their operations differently.
 struct LocalGroups {
   c10::intrusive_ptr<c10d::Backend> reduceScatter;
   c10::intrusive_ptr<c10d::Backend> allGather;
+  std::shared_ptr<SharedMemorySteps> sharedMemory;
+
+  bool empty() const {
+    return !sharedMemory && !reduceScatter && !allGather;
+  }
 };
 
 // The seam between the engine and the device its tensors live on: everything
@@ -113,18 +120,30 @@ class DeviceContext {
 
   // -- Local steps (stage), over this machine's ranks; with one rank per
   // machine, plain copies. Ordered on the stage's stream on CUDA. Each gives
-  // up at `deadline` (the op's), and throws at once after abort().
+  // up at `deadline` (the op's), and throws at once after abort(). `key`
+  // names the slice, the same on every local rank.
 
-  // parts[r] = rank r's part `r` of `input`, split in as many equal parts.
-  void localAllToAll(
+  // slot = `op` over local ranks r of rank r's part `localRank` of `input`,
+  // split in as many equal parts. Through a group: an all-to-all into
+  // `parts` ([localSize, slot], row 0 is `slot`), then a local combination
+  // (Gloo's own reduce-scatter takes 2-3x as long on the same data).
+  void localReduceScatter(
+      at::Tensor& slot,
       at::Tensor& parts,
       at::Tensor& input,
+      c10d::ReduceOp::RedOpType op,
+      const LocalStepKey& key,
       Clock::time_point deadline);
   // output = every rank's `part`, in local-rank order.
   void localAllGather(
       at::Tensor& output,
       at::Tensor& part,
+      const LocalStepKey& key,
       Clock::time_point deadline);
+
+  // What runs the local steps: "shared memory", the groups' backend name
+  // ("gloo", "nccl"), or "none" with one rank per machine.
+  std::string localStepsName() const;
 
   // Ends the local steps in flight: NCCL's are aborted; a stage thread
   // waiting for a Gloo step (which cannot be aborted) stops waiting. Any

@@ -33,6 +33,7 @@ struct EngineStats {
   int64_t slices;
   int64_t railBytesSent;
   int64_t railBytesReceived;
+  std::string localSteps; // DeviceContext::localStepsName()
 };
 
 // The Herring all-reduce for one process group and one device (the CPU, or

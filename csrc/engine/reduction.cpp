@@ -1,9 +1,11 @@
 #include "engine/reduction.h"
 
+#include <ATen/ops/add.h>
 #include <ATen/ops/amax.h>
 #include <ATen/ops/amin.h>
 #include <ATen/ops/maximum.h>
 #include <ATen/ops/minimum.h>
+#include <ATen/ops/mul.h>
 #include <ATen/ops/prod.h>
 #include <ATen/ops/sum.h>
 #include <c10/util/Exception.h>
@@ -86,6 +88,29 @@ void combineInto(
       break;
     case c10d::ReduceOp::PRODUCT:
       into.mul_(other);
+      break;
+    default:
+      TORCH_CHECK(false, "unexpected local reduce op ", op);
+  }
+}
+
+void combineOut(
+    at::Tensor& out,
+    const at::Tensor& a,
+    const at::Tensor& b,
+    c10d::ReduceOp::RedOpType op) {
+  switch (op) {
+    case c10d::ReduceOp::SUM:
+      at::add_out(out, a, b);
+      break;
+    case c10d::ReduceOp::MAX:
+      at::maximum_out(out, a, b);
+      break;
+    case c10d::ReduceOp::MIN:
+      at::minimum_out(out, a, b);
+      break;
+    case c10d::ReduceOp::PRODUCT:
+      at::mul_out(out, a, b);
       break;
     default:
       TORCH_CHECK(false, "unexpected local reduce op ", op);

@@ -26,6 +26,13 @@ void combineInto(
     const at::Tensor& other,
     c10d::ReduceOp::RedOpType op);
 
+// `out` = `a` op `b`, elementwise; `out` may alias neither.
+void combineOut(
+    at::Tensor& out,
+    const at::Tensor& a,
+    const at::Tensor& b,
+    c10d::ReduceOp::RedOpType op);
+
 // `out` = `rows` reduced over dim 0; AVG divides by `worldSize`.
 void reduceRows(
     at::Tensor& out,
