@@ -365,14 +365,18 @@ PYBIND11_MODULE(_C, module) {
       .def(
           py::init([](int64_t totalMemoryBytes,
                       int64_t sliceSizeBytes,
-                      int64_t flatThresholdBytes,
+                      int64_t minShardBytes,
+                      int64_t cpuFlatThresholdBytes,
+                      int64_t cudaFlatThresholdBytes,
                       fairring::RailsNetwork network,
                       bool cudaEngine,
                       std::string timelineDirectory) {
             fairring::Config config;
             config.totalMemoryBytes = totalMemoryBytes;
             config.sliceSizeBytes = sliceSizeBytes;
-            config.flatThresholdBytes = flatThresholdBytes;
+            config.minShardBytes = minShardBytes;
+            config.cpuFlatThresholdBytes = cpuFlatThresholdBytes;
+            config.cudaFlatThresholdBytes = cudaFlatThresholdBytes;
             config.network = std::move(network);
             config.cudaEngine = cudaEngine;
             config.timelineDirectory = std::move(timelineDirectory);
@@ -380,14 +384,20 @@ PYBIND11_MODULE(_C, module) {
           }),
           py::arg("total_memory_bytes"),
           py::arg("slice_size_bytes"),
-          py::arg("flat_threshold_bytes"),
+          py::arg("min_shard_bytes"),
+          py::arg("cpu_flat_threshold_bytes"),
+          py::arg("cuda_flat_threshold_bytes"),
           py::arg("network") = fairring::RailsNetwork{},
           py::arg("cuda_engine") = false,
           py::arg("timeline_directory") = "")
       .def_readonly("total_memory_bytes", &fairring::Config::totalMemoryBytes)
       .def_readonly("slice_size_bytes", &fairring::Config::sliceSizeBytes)
+      .def_readonly("min_shard_bytes", &fairring::Config::minShardBytes)
       .def_readonly(
-          "flat_threshold_bytes", &fairring::Config::flatThresholdBytes)
+          "cpu_flat_threshold_bytes", &fairring::Config::cpuFlatThresholdBytes)
+      .def_readonly(
+          "cuda_flat_threshold_bytes",
+          &fairring::Config::cudaFlatThresholdBytes)
       .def_readonly("network", &fairring::Config::network)
       .def_readonly("cuda_engine", &fairring::Config::cudaEngine)
       .def_readonly(
@@ -433,6 +443,46 @@ PYBIND11_MODULE(_C, module) {
       py::arg("slice_numel"),
       py::arg("unit"),
       "The slice plan: [(offset, numel, padded_numel)].");
+  module.attr("CUDA_MIN_SHARD_BYTES") = fairring::kCudaMinShardBytes;
+  module.def(
+      "plan_shape",
+      [](int64_t numel,
+         int64_t elementSize,
+         int localSize,
+         int machines,
+         int64_t transportMinShardBytes,
+         int64_t maxSliceBytes,
+         int64_t minShardBytes,
+         int64_t totalMemoryBytes) {
+        const auto shape = fairring::planShape(
+            numel,
+            elementSize,
+            {localSize,
+             machines,
+             transportMinShardBytes,
+             maxSliceBytes,
+             minShardBytes,
+             totalMemoryBytes});
+        py::dict result;
+        result["unit"] = shape.unit;
+        result["slice_numel"] = shape.sliceNumel;
+        result["slices"] = shape.slices;
+        result["shard_bytes"] = shape.shardBytes;
+        result["staging_bytes"] = shape.stagingBytes;
+        result["slices_in_flight"] = shape.slicesInFlight;
+        result["below_floor"] = shape.belowFloor;
+        return result;
+      },
+      py::arg("numel"),
+      py::arg("element_size"),
+      py::arg("local_size"),
+      py::arg("machines"),
+      py::arg("transport_min_shard_bytes"),
+      py::arg("max_slice_bytes"),
+      py::arg("min_shard_bytes"),
+      py::arg("total_memory_bytes"),
+      "The engine's plan for an all-reduce of `numel` elements (engine/plan.h), "
+      "computed without running it.");
   // What a rank accepts from peers, exposed so tests can throw malformed
   // input at the checks without a network.
   module.def(

@@ -40,8 +40,17 @@ struct Config {
   int64_t totalMemoryBytes = 50 * 1024 * 1024;
   // Largest slice an all-reduce is cut into (FAIRRING_SLICE_SIZE).
   int64_t sliceSizeBytes = 4 * 1024 * 1024;
-  // All-reduces smaller than this go to the delegate (FAIRRING_FLAT_THRESHOLD).
-  int64_t flatThresholdBytes = 0;
+  // Slices grow so that shards are at least this long, within the staging
+  // memory (FAIRRING_MIN_SHARD_SIZE; see engine/plan.h).
+  int64_t minShardBytes = 256 * 1024;
+  // All-reduces smaller than this go to the delegate (FAIRRING_FLAT_THRESHOLD),
+  // by device type: the Herring path's crossover differs.
+  int64_t cpuFlatThresholdBytes = 0;
+  int64_t cudaFlatThresholdBytes = 4 * 1024 * 1024;
+
+  int64_t flatThresholdBytes(bool cuda) const {
+    return cuda ? cudaFlatThresholdBytes : cpuFlatThresholdBytes;
+  }
   RailsNetwork network;
   // All-reduces of CUDA tensors run on the engine rather than NCCL
   // (FAIRRING_CUDA_ENGINE).

@@ -13,6 +13,7 @@ from . import _C
 from .config import SLICE_SIZE, TOTAL_MEMORY, Config, ConfigError, apply_log_level, format_size, load_config
 from .local_steps import shared_memory_steps
 from .network import rails_network
+from .plans import describe_plans, floor_advice
 from .rendezvous import rendezvous
 from .topology import identify_self
 
@@ -57,6 +58,7 @@ def create_backend(store: dist.Store, rank: int, size: int, timeout: timedelta, 
     )
     logger.debug("group %s: %s", group_name, topology)
     check_staging_fits(config, topology)
+    log_plans(config, topology)
 
     # The CPU group: Gloo, in its own key space of the group's store.
     cpu_backend = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
@@ -66,7 +68,9 @@ def create_backend(store: dist.Store, rank: int, size: int, timeout: timedelta, 
         _C.Config(
             total_memory_bytes=config.total_memory,
             slice_size_bytes=config.slice_size,
-            flat_threshold_bytes=config.flat_threshold,
+            min_shard_bytes=config.min_shard,
+            cpu_flat_threshold_bytes=config.cpu_flat_threshold,
+            cuda_flat_threshold_bytes=config.cuda_flat_threshold,
             network=rails_network(config, topology),
             cuda_engine=config.cuda_engine,
             timeline_directory=config.timeline_directory or "",
@@ -89,6 +93,19 @@ def check_staging_fits(config: Config, topology: _C.Topology) -> None:
             f"slice needs {format_size(needed)} of staging. Raise {TOTAL_MEMORY} to at least {needed} bytes "
             f"or lower {SLICE_SIZE}."
         )
+
+
+def log_plans(config: Config, topology: _C.Topology) -> None:
+    """At DEBUG, the plan of each size class; on rank 0, a warning if large ones are over-sharded."""
+    if not topology.serves_engine:
+        return
+    for device in ("cpu", "cuda") if config.cuda_engine else ("cpu",):
+        if logger.isEnabledFor(logging.DEBUG):
+            lines = describe_plans(config, topology, device)
+            logger.debug("rank %d: %s all-reduces of float32 take:\n  %s", topology.rank, device, "\n  ".join(lines))
+        advice = floor_advice(config, topology, device)
+        if advice is not None and topology.rank == 0:
+            logger.warning("%s all-reduces: %s", device, advice)
 
 
 class InnerGroups:

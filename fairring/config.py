@@ -32,6 +32,7 @@ GiB = 1024 * MiB
 TOTAL_MEMORY = "FAIRRING_TOTAL_MEMORY"
 SLICE_SIZE = "FAIRRING_SLICE_SIZE"
 FLAT_THRESHOLD = "FAIRRING_FLAT_THRESHOLD"
+MIN_SHARD_SIZE = "FAIRRING_MIN_SHARD_SIZE"
 MACHINE_ID = "FAIRRING_MACHINE_ID"
 LOG_LEVEL = "FAIRRING_LOG_LEVEL"
 CUDA_ENGINE = "FAIRRING_CUDA_ENGINE"
@@ -41,7 +42,15 @@ TIMELINE = "FAIRRING_TIMELINE"
 
 DEFAULT_TOTAL_MEMORY = 50 * MiB
 DEFAULT_SLICE_SIZE = 4 * MiB
-DEFAULT_FLAT_THRESHOLD = 0
+# By device type, where FAIRRING_FLAT_THRESHOLD is unset (docs/tuning.md): on CPU the Herring
+# path measured faster than Gloo at every size from 1 KiB (loopback and 1 Gbit/s, 2 x 2 and
+# 4 x 2); on CUDA 4 MiB, the crossover the scaling model predicts against NCCL at 8 machines
+# (docs/model.md) and close to the original's (~6 MiB), until a GPU run measures it.
+DEFAULT_CPU_FLAT_THRESHOLD = 0
+DEFAULT_CUDA_FLAT_THRESHOLD = 4 * MiB
+# Shards shorter than this cost more per byte than they carry (FAIRRING_MIN_SHARD_SIZE): measured
+# on 4 x 2 hosts at 1 Gbit/s (docs/tuning.md).
+DEFAULT_MIN_SHARD_SIZE = 256 * KiB
 # Smaller slices only multiply per-slice work (a 64 MiB all-reduce in 1-byte
 # slices would be 64 Mi slices); 4 KiB is already far below a useful size.
 MIN_SLICE_SIZE = 4 * KiB
@@ -98,8 +107,11 @@ class Config:
 
     total_memory: int = DEFAULT_TOTAL_MEMORY
     slice_size: int = DEFAULT_SLICE_SIZE
-    # All-reduces smaller than this skip the Herring path for a flat one; 0: none do.
-    flat_threshold: int = DEFAULT_FLAT_THRESHOLD
+    # All-reduces smaller than this skip the Herring path for a flat one; 0: none do; None: by
+    # device type (cpu_flat_threshold, cuda_flat_threshold).
+    flat_threshold: int | None = None
+    # Slices grow so that no shard is shorter, within the staging memory; 0: no floor.
+    min_shard: int = DEFAULT_MIN_SHARD_SIZE
     # Overrides machine discovery: ranks with equal ids share a machine.
     machine_id: str | None = None
     log_level: str | None = None
@@ -120,12 +132,21 @@ class Config:
     # Folder where each engine writes a Chrome-trace timeline of its slices' stages.
     timeline_directory: str | None = None
 
-    def must_agree(self) -> dict[str, int]:
+    @property
+    def cpu_flat_threshold(self) -> int:
+        return DEFAULT_CPU_FLAT_THRESHOLD if self.flat_threshold is None else self.flat_threshold
+
+    @property
+    def cuda_flat_threshold(self) -> int:
+        return DEFAULT_CUDA_FLAT_THRESHOLD if self.flat_threshold is None else self.flat_threshold
+
+    def must_agree(self) -> dict[str, int | str]:
         """Settings that every rank of a group must share, by variable name."""
         return {
             TOTAL_MEMORY: self.total_memory,
             SLICE_SIZE: self.slice_size,
-            FLAT_THRESHOLD: self.flat_threshold,
+            MIN_SHARD_SIZE: self.min_shard,
+            FLAT_THRESHOLD: "unset" if self.flat_threshold is None else self.flat_threshold,
             CUDA_ENGINE: int(self.cuda_engine),
         }
 
@@ -133,7 +154,8 @@ class Config:
         return (
             f"{TOTAL_MEMORY}={format_size(self.total_memory)} "
             f"{SLICE_SIZE}={format_size(self.slice_size)} "
-            f"{FLAT_THRESHOLD}={format_size(self.flat_threshold)} "
+            f"{MIN_SHARD_SIZE}={format_size(self.min_shard)} "
+            f"{FLAT_THRESHOLD}={self._flat_threshold_text()} "
             f"{MACHINE_ID}={self.machine_id or '(discover)'} "
             f"{LOG_LEVEL}={self.log_level or '(unset)'} "
             f"{self.socket_ifname_variable}={self.socket_ifname or '(automatic)'} "
@@ -144,6 +166,11 @@ class Config:
             f"{SHM_DISABLE}={int(self.shm_disable)} "
             f"{TIMELINE}={self.timeline_directory or '(off)'}"
         )
+
+    def _flat_threshold_text(self) -> str:
+        if self.flat_threshold is None:
+            return f"(CPU {format_size(self.cpu_flat_threshold)}, CUDA {format_size(self.cuda_flat_threshold)})"
+        return format_size(self.flat_threshold)
 
     def _rail_interfaces_text(self) -> str:
         mapping = self.rail_interfaces
@@ -186,7 +213,8 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
     return Config(
         total_memory=total_memory,
         slice_size=slice_size,
-        flat_threshold=size(FLAT_THRESHOLD, DEFAULT_FLAT_THRESHOLD, allow_zero=True),
+        flat_threshold=_optional_size(env, FLAT_THRESHOLD),
+        min_shard=size(MIN_SHARD_SIZE, DEFAULT_MIN_SHARD_SIZE, allow_zero=True),
         machine_id=machine_id.strip() if machine_id else None,
         log_level=log_level,
         **_socket_settings(env),
@@ -195,6 +223,11 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         shm_disable=parse_flag(SHM_DISABLE, env.get(SHM_DISABLE)),
         timeline_directory=_timeline_directory(env.get(TIMELINE)),
     )
+
+
+def _optional_size(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    return None if raw is None or raw.strip() == "" else parse_size(name, raw, allow_zero=True)
 
 
 def _timeline_directory(raw: str | None) -> str | None:

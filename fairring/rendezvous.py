@@ -122,7 +122,7 @@ def rendezvous(
     rank: int,
     size: int,
     identity: RankIdentity,
-    settings: Mapping[str, int],
+    settings: Mapping[str, int | str],
     timeout: timedelta,
 ) -> RankView:
     """This rank's view of the group; ConfigError if settings differ, TopologyError if a rank is missing."""
@@ -149,7 +149,7 @@ def rendezvous_steps(
     rank: int,
     size: int,
     identity: RankIdentity,
-    settings: Mapping[str, int],
+    settings: Mapping[str, int | str],
     timeout: timedelta,
 ) -> Steps:
     """The protocol for one rank (see the module's docstring); `timeout` only words the error."""
@@ -165,7 +165,7 @@ class _Rendezvous:
         rank: int,
         size: int,
         identity: RankIdentity,
-        settings: dict[str, int],
+        settings: dict[str, int | str],
         timeout: timedelta,
     ) -> None:
         self.store = store

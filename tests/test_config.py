@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from fairring.config import (
-    DEFAULT_FLAT_THRESHOLD,
+    DEFAULT_CPU_FLAT_THRESHOLD,
+    DEFAULT_CUDA_FLAT_THRESHOLD,
+    DEFAULT_MIN_SHARD_SIZE,
     DEFAULT_SLICE_SIZE,
     DEFAULT_TOTAL_MEMORY,
     ConfigError,
@@ -51,7 +53,12 @@ def test_defaults() -> None:
     config = load_config({})
     assert config.total_memory == DEFAULT_TOTAL_MEMORY == 50 * 2**20
     assert config.slice_size == DEFAULT_SLICE_SIZE == 4 * 2**20
-    assert config.flat_threshold == DEFAULT_FLAT_THRESHOLD == 0
+    assert config.flat_threshold is None  # by device type:
+    assert config.cpu_flat_threshold == DEFAULT_CPU_FLAT_THRESHOLD == 0
+    assert config.cuda_flat_threshold == DEFAULT_CUDA_FLAT_THRESHOLD == 4 * 2**20
+    assert config.min_shard == DEFAULT_MIN_SHARD_SIZE == 256 * 2**10
+    assert config.shm_disable is False
+    assert "FAIRRING_FLAT_THRESHOLD=(CPU 0B, CUDA 4MiB)" in config.describe()
     assert config.machine_id is None and config.log_level is None
     assert config.cuda_engine is False and config.ib_disable is False
 
@@ -65,14 +72,17 @@ def test_values_from_environment() -> None:
             "FAIRRING_MACHINE_ID": " rack3-node7 ",
             "FAIRRING_LOG_LEVEL": "debug",
             "FAIRRING_CUDA_ENGINE": "1",
+            "FAIRRING_MIN_SHARD_SIZE": "64KiB",
         }
     )
+    assert config.cpu_flat_threshold == config.cuda_flat_threshold == 2**20
     assert (config.total_memory, config.slice_size) == (2**30, 4 * 2**20)
     assert config.machine_id == "rack3-node7"
     assert config.log_level == "DEBUG"
     assert config.must_agree() == {
         "FAIRRING_TOTAL_MEMORY": 2**30,
         "FAIRRING_SLICE_SIZE": 4 * 2**20,
+        "FAIRRING_MIN_SHARD_SIZE": 64 * 2**10,
         "FAIRRING_FLAT_THRESHOLD": 2**20,
         "FAIRRING_CUDA_ENGINE": 1,
     }
@@ -90,10 +100,12 @@ def test_values_from_environment() -> None:
 def test_switches(raw: str, expected: bool) -> None:
     assert load_config({"FAIRRING_CUDA_ENGINE": raw}).cuda_engine is expected
     assert load_config({"FAIRRING_IB_DISABLE": raw}).ib_disable is expected
+    assert load_config({"FAIRRING_SHM_DISABLE": raw}).shm_disable is expected
 
 
 def test_flat_threshold_may_be_zero_but_not_negative() -> None:
     assert load_config({"FAIRRING_FLAT_THRESHOLD": "0"}).flat_threshold == 0
+    assert load_config({"FAIRRING_MIN_SHARD_SIZE": "0"}).min_shard == 0  # no floor
     with pytest.raises(ConfigError, match="FAIRRING_FLAT_THRESHOLD='-1'"):
         load_config({"FAIRRING_FLAT_THRESHOLD": "-1"})
 

@@ -135,7 +135,8 @@ def test_all_reduces_below_the_flat_threshold_skip_the_herring_path() -> None:
         assert after_large["flat_ops"] == after_small["flat_ops"]
 
 
-STREAMING_ENV = {"FAIRRING_SLICE_SIZE": "4KiB", "FAIRRING_TOTAL_MEMORY": "12KiB"}
+# No shard floor: slices stay at 4 KiB instead of growing to what 12 KiB holds twice.
+STREAMING_ENV = {"FAIRRING_SLICE_SIZE": "4KiB", "FAIRRING_TOTAL_MEMORY": "12KiB", "FAIRRING_MIN_SHARD_SIZE": "0"}
 
 
 @pytest.mark.parametrize("layout", [Layout(2, 2), Layout(3, 1), Layout(2, 3, interleaved=True)], ids=str)

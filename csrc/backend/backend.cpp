@@ -171,6 +171,15 @@ int64_t totalBytes(const std::vector<at::Tensor>& tensors) {
   return bytes;
 }
 
+// Below the crossover of the tensors' device type: the delegate is faster.
+bool belowFlatThreshold(
+    const Config& config,
+    const std::vector<at::Tensor>& tensors) {
+  return !tensors.empty() &&
+      totalBytes(tensors) <
+      config.flatThresholdBytes(tensors[0].device().is_cuda());
+}
+
 // Copies consecutive pieces of the 1-D `packed`, each as long as the next
 // tensor, into `tensors`.
 void unpackInto(
@@ -453,7 +462,7 @@ Engine* Backend::engineFor(
     const std::vector<at::Tensor>& tensors,
     c10d::ReduceOp::RedOpType op) {
   if (!topology_.servesEngine() || !engineHandlesAll(tensors, op) ||
-      totalBytes(tensors) < config_.flatThresholdBytes) {
+      belowFlatThreshold(config_, tensors)) {
     return nullptr;
   }
   const c10::Device device = tensors[0].device();
@@ -649,7 +658,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
     return work;
   }
   if (topology_.servesEngine() &&
-      totalBytes(tensors) < config_.flatThresholdBytes &&
+      belowFlatThreshold(config_, tensors) &&
       engineHandlesAll(tensors, ownOpts.reduceOp)) {
     ++flatAllreduces_[type == c10::kCPU ? 0 : 1];
   }

@@ -32,7 +32,8 @@ namespace fairring {
 // in groups that span several machines with equally many ranks run on the
 // Herring engine instead: always for CPU tensors; for CUDA tensors when
 // Config::cudaEngine is set. Other groups, and all-reduces below
-// Config::flatThresholdBytes, take the flat path: the delegate.
+// Config::flatThresholdBytes for their device type, take the flat path: the
+// delegate.
 //
 // A group costs what its Gloo group costs until it needs more: the engine
 // for a device (its local groups, rails, staging and threads) is made by the

@@ -15,10 +15,6 @@ namespace fairring {
 
 namespace {
 
-// TensorPipe's GPUDirect channel has crashed on buffers under 32 bytes. Every
-// CUDA engine keeps shards at least this long, GPUDirect or not, so that the
-// plan never depends on what one rank's hardware offers.
-constexpr int64_t kMinShardBytes = 32;
 
 // One CUDA device. Streams, all from the pool, each fed by one thread:
 //   stage streams  the reduce-scatter, reduce and all-gather stages' own;
@@ -109,7 +105,7 @@ class CudaContext final : public DeviceContext {
   }
 
   int64_t minShardBytes() const override {
-    return kMinShardBytes;
+    return kCudaMinShardBytes;
   }
 
  protected:

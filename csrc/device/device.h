@@ -56,6 +56,11 @@ struct LocalGroups {
   }
 };
 
+// TensorPipe's GPUDirect channel has crashed on buffers under 32 bytes. Every
+// CUDA engine keeps shards at least this long, GPUDirect or not, so that the
+// plan never depends on what one rank's hardware offers.
+constexpr int64_t kCudaMinShardBytes = 32;
+
 // The seam between the engine and the device its tensors live on: everything
 // that differs between the CPU and CUDA. The engine calls the same methods in
 // the same places for both; on the CPU most of them do nothing, because CPU

@@ -155,6 +155,13 @@ Engine::Engine(
           timeout / 10,
           std::chrono::milliseconds(100),
           std::chrono::milliseconds(5000))),
+      planSettings_{
+          topology.localSize(),
+          topology.numMachines(),
+          device_->minShardBytes(),
+          config.sliceSizeBytes,
+          config.minShardBytes,
+          config.totalMemoryBytes},
       staging_(config.totalMemoryBytes, device_->memoryOptions()),
       completions_(device_->device()),
       mesh_(std::move(mesh)) {
@@ -246,19 +253,9 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
       c10::ListType::create(c10::TensorType::get()), device_->futureDevices());
   auto result = completions_.relay(op->future);
 
-  const int64_t elementSize = op->flat.element_size();
-  const int64_t unit = planUnit(
-      topology_.localSize(),
-      topology_.numMachines(),
-      elementSize,
-      device_->minShardBytes());
-  const auto plan = makePlan(
-      op->flat.numel(),
-      sliceNumelFor(
-          sliceBytesFor(op->flat.numel() * elementSize, config_.sliceSizeBytes),
-          elementSize,
-          unit),
-      unit);
+  const auto shape =
+      planShape(op->flat.numel(), op->flat.element_size(), planSettings_);
+  const auto plan = makePlan(op->flat.numel(), shape.sliceNumel, shape.unit);
   op->slicesLeft = static_cast<int64_t>(plan.size());
   if (plan.empty()) {
     op->seq = nextSeq_++;

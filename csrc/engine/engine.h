@@ -20,6 +20,7 @@
 #include "config.h"
 #include "device/device.h"
 #include "engine/completions.h"
+#include "engine/plan.h"
 #include "engine/staging.h"
 #include "engine/trace.h"
 #include "rails/lanes.h"
@@ -226,6 +227,7 @@ class Engine {
   const std::unique_ptr<Timeline> timeline_;
   const Hooks hooks_;
   const std::chrono::milliseconds heartbeatInterval_;
+  const PlanSettings planSettings_;
   StagingRing staging_;
   Completions completions_;
   // The destructor shuts the mesh down before anything else goes: the

@@ -4,6 +4,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "engine/staging.h"
+
 namespace fairring {
 
 int64_t planUnit(
@@ -38,6 +40,88 @@ std::vector<Slice> makePlan(int64_t numel, int64_t sliceNumel, int64_t unit) {
     slices.push_back({offset, length, (length + unit - 1) / unit * unit});
   }
   return slices;
+}
+
+namespace {
+
+int64_t stagingBytesOf(
+    int64_t numel,
+    int64_t elementSize,
+    const PlanSettings& settings,
+    bool padded) {
+  return stagingLayoutFor(
+             numel * elementSize,
+             settings.localSize,
+             settings.machines,
+             padded)
+      .bytes;
+}
+
+// The longest slice, a multiple of `unit`, of which two fit the staging
+// memory (and a padded last one alone); one unit if none does.
+int64_t longestSliceInFlightTwice(
+    int64_t elementSize,
+    int64_t unit,
+    const PlanSettings& settings) {
+  const int64_t budget = settings.totalMemoryBytes / 2;
+  const auto fits = [&](int64_t numel) {
+    return stagingBytesOf(numel, elementSize, settings, false) <= budget &&
+        stagingBytesOf(numel, elementSize, settings, true) <=
+        settings.totalMemoryBytes;
+  };
+  // A full slice's staging is (1 + 1/L) x its bytes (staging.h); alignment
+  // adds a little, taken off a unit at a time.
+  const int64_t estimate = budget * settings.localSize /
+      (settings.localSize + 1) / elementSize / unit * unit;
+  int64_t numel = std::max(unit, estimate);
+  while (numel > unit && !fits(numel)) {
+    numel -= unit;
+  }
+  return numel;
+}
+
+} // namespace
+
+PlanShape planShape(
+    int64_t numel,
+    int64_t elementSize,
+    const PlanSettings& settings) {
+  TORCH_CHECK(numel >= 0 && settings.minShardBytes >= 0);
+  const int64_t ranks =
+      static_cast<int64_t>(settings.localSize) * settings.machines;
+  const int64_t unit = planUnit(
+      settings.localSize,
+      settings.machines,
+      elementSize,
+      settings.transportMinShardBytes);
+  int64_t sliceNumel = sliceNumelFor(
+      sliceBytesFor(numel * elementSize, settings.maxSliceBytes),
+      elementSize,
+      unit);
+  const int64_t floorNumel = (ranks * settings.minShardBytes + elementSize - 1) /
+      elementSize;
+  bool belowFloor = false;
+  if (sliceNumel < floorNumel) {
+    const int64_t grown = (floorNumel + unit - 1) / unit * unit;
+    const int64_t longest =
+        longestSliceInFlightTwice(elementSize, unit, settings);
+    sliceNumel = std::max(sliceNumel, std::min(grown, longest));
+    // Only a tensor cut into several slices was cut too fine.
+    belowFloor = sliceNumel < grown && numel > sliceNumel;
+  }
+  const int64_t slices = (numel + sliceNumel - 1) / sliceNumel;
+  // A tensor of one slice has shards as long as it is, padded to the unit.
+  const int64_t longestSlice = std::min(sliceNumel, (numel + unit - 1) / unit * unit);
+  const int64_t stagingBytes =
+      stagingBytesOf(sliceNumel, elementSize, settings, false);
+  return PlanShape{
+      unit,
+      sliceNumel,
+      slices,
+      longestSlice * elementSize / ranks,
+      stagingBytes,
+      settings.totalMemoryBytes / stagingBytes,
+      belowFloor};
 }
 
 } // namespace fairring

@@ -49,4 +49,38 @@ int64_t sliceNumelFor(int64_t sliceBytes, int64_t elementSize, int64_t unit);
 // The slices of `numel` elements; none for an empty tensor.
 std::vector<Slice> makePlan(int64_t numel, int64_t sliceNumel, int64_t unit);
 
+// Everything besides the tensor that shapes its plan: the group's layout, the
+// device's transport floor and the user's settings. Equal on every rank.
+struct PlanSettings {
+  int localSize = 1;
+  int machines = 1;
+  int64_t transportMinShardBytes = 1; // DeviceContext::minShardBytes()
+  int64_t maxSliceBytes = 4 << 20; // FAIRRING_SLICE_SIZE
+  int64_t minShardBytes = 0; // FAIRRING_MIN_SHARD_SIZE; 0: no floor
+  int64_t totalMemoryBytes = 50 << 20; // FAIRRING_TOTAL_MEMORY
+};
+
+// The plan of one all-reduce, as the engine runs it.
+struct PlanShape {
+  int64_t unit; // elements, see planUnit
+  int64_t sliceNumel; // every slice but the last
+  int64_t slices;
+  int64_t shardBytes; // what one rank sends a rail peer per slice
+  int64_t stagingBytes; // one full slice's lease
+  int64_t slicesInFlight; // full slices the staging memory holds at once
+  // The plan cut the tensor into shards smaller than the floor, because the
+  // staging memory cannot hold two slices that large.
+  bool belowFloor;
+};
+
+// No over-sharding: a slice is sliceBytesFor's size, grown where needed so
+// that its localSize x machines shards are each at least minShardBytes, but
+// only as far as the staging memory holds two such slices (two in flight keep
+// the network busy while one is reduced). With many machines, slices thus
+// grow instead of shards shrinking, until the staging memory runs out.
+PlanShape planShape(
+    int64_t numel,
+    int64_t elementSize,
+    const PlanSettings& settings);
+
 } // namespace fairring

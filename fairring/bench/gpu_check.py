@@ -256,6 +256,8 @@ def rank_environment(args: argparse.Namespace, rank: int, port: int) -> dict[str
         "TP_SOCKET_IFNAME": "lo",
         "GLOO_SOCKET_IFNAME": "lo",
         "FAIRRING_CUDA_ENGINE": "1",
+        # The engine at every size, to check it there: by default small CUDA all-reduces go to NCCL.
+        "FAIRRING_FLAT_THRESHOLD": "0",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
         "RANK": str(rank),

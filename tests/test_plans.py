@@ -1,0 +1,161 @@
+"""The engine's plans from 8 to 1,024 machines, computed without running them (csrc/engine/plan.h).
+
+No over-sharding: slices grow so that shards keep at least FAIRRING_MIN_SHARD_SIZE,
+as far as the staging memory holds two slices; past that, the plan says so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+
+from fairring import _C
+from fairring.config import load_config
+from fairring.plans import describe_plans, floor_advice
+
+pytestmark = pytest.mark.timeout(60)
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+MACHINES = [8, 16, 32, 64, 128, 256, 512, 1024]
+RANKS_PER_MACHINE = 8
+
+
+def shape(tensor_bytes: int, machines: int, *, min_shard: int, memory: int, slice_size: int = 4 * MiB) -> dict:
+    return _C.plan_shape(
+        numel=tensor_bytes // 4,
+        element_size=4,
+        local_size=RANKS_PER_MACHINE,
+        machines=machines,
+        transport_min_shard_bytes=_C.CUDA_MIN_SHARD_BYTES,
+        max_slice_bytes=slice_size,
+        min_shard_bytes=min_shard,
+        total_memory_bytes=memory,
+    )
+
+
+def padded_staging(plan: dict, machines: int) -> int:
+    return _C.staging_bytes_for(plan["slice_numel"] * 4, RANKS_PER_MACHINE, machines)
+
+
+@pytest.mark.parametrize("machines", MACHINES)
+def test_shards_keep_the_floor_where_staging_holds_two_slices(machines: int) -> None:
+    floor, memory = 256 * KiB, 16 * GiB  # room for the floor at every scale
+    plan = shape(8 * GiB, machines, min_shard=floor, memory=memory)  # several slices even at 1,024
+    assert plan["shard_bytes"] >= floor
+    assert not plan["below_floor"]
+    assert plan["slices_in_flight"] >= 2
+    assert padded_staging(plan, machines) <= memory
+    # Slices grow with the machines: exactly the floor's slice once it exceeds the 4 MiB default.
+    ranks = RANKS_PER_MACHINE * machines
+    assert plan["slice_numel"] * 4 == max(4 * MiB, ranks * floor)
+
+
+@pytest.mark.parametrize("machines", MACHINES)
+def test_with_the_default_memory_slices_grow_until_it_runs_out(machines: int) -> None:
+    floor, memory = 256 * KiB, 50 * MiB
+    plan = shape(GiB, machines, min_shard=floor, memory=memory)
+    without = shape(GiB, machines, min_shard=0, memory=memory)
+    # Never smaller shards than without a floor, and two slices always fit.
+    assert plan["shard_bytes"] >= without["shard_bytes"]
+    assert plan["slices_in_flight"] >= 2 and padded_staging(plan, machines) <= memory
+    if plan["below_floor"]:
+        # As long as two fit: another unit would not.
+        unit = plan["unit"]
+        staging = _C.staging_bytes_for((plan["slice_numel"] + unit) * 4, RANKS_PER_MACHINE, machines, padded=False)
+        assert staging > memory // 2
+    else:
+        assert plan["shard_bytes"] >= floor
+
+
+def test_without_a_floor_shards_shrink_as_machines_are_added() -> None:
+    shards = [shape(GiB, m, min_shard=0, memory=50 * MiB)["shard_bytes"] for m in MACHINES]
+    assert shards == [4 * MiB // (RANKS_PER_MACHINE * m) for m in MACHINES]  # 64 KiB down to 512 B
+    floored = [shape(8 * GiB, m, min_shard=256 * KiB, memory=16 * GiB)["shard_bytes"] for m in MACHINES]
+    assert min(floored) == 256 * KiB
+
+
+def test_a_tensor_of_one_slice_is_not_flagged() -> None:
+    """Its shards are short because it is, not because of the plan: the size dispatch's business."""
+    plan = shape(MiB, 128, min_shard=256 * KiB, memory=50 * MiB)
+    assert plan["slices"] == 1 and not plan["below_floor"]
+    assert plan["shard_bytes"] == MiB // (RANKS_PER_MACHINE * 128)
+
+
+def test_small_clusters_keep_the_pipeline_depth() -> None:
+    """2 x 2, 16 MiB: the floor's slice (1 MiB) is below the 8-deep pipeline's 2 MiB slices."""
+    plan = _C.plan_shape(
+        numel=4 * MiB,
+        element_size=4,
+        local_size=2,
+        machines=2,
+        transport_min_shard_bytes=1,
+        max_slice_bytes=4 * MiB,
+        min_shard_bytes=256 * KiB,
+        total_memory_bytes=50 * MiB,
+    )
+    assert plan["slices"] == 8 and plan["shard_bytes"] == 512 * KiB
+
+
+def test_debug_log_lists_every_size_class_and_advises_memory() -> None:
+    topology = _C.Topology(0, [[m * 8 + r for r in range(8)] for m in range(128)])
+    config = load_config({})
+    lines = describe_plans(config, topology, "cpu")
+    assert len(lines) == 11 and lines[0].strip().startswith("1KiB") and lines[-1].strip().startswith("1GiB")
+    assert "below FAIRRING_MIN_SHARD_SIZE" in lines[-1]
+    cuda = describe_plans(config, topology, "cuda")
+    assert "the delegate (below FAIRRING_FLAT_THRESHOLD=4MiB)" in cuda[0]
+    advice = floor_advice(config, topology, "cpu")
+    assert advice is not None and "Set FAIRRING_TOTAL_MEMORY to at least" in advice
+    needed = advice.split("at least ")[1].split(" for")[0]
+    # With that much memory, the floor holds.
+    value, unit = needed.split()
+    memory = int(float(value) * {"GiB": GiB, "MiB": MiB}[unit]) + MiB
+    assert floor_advice(load_config({"FAIRRING_TOTAL_MEMORY": str(memory)}), topology, "cpu") is None
+
+
+def test_create_backend_logs_plans_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    from fairring._registration import log_plans
+
+    topology = _C.Topology(0, [[0, 1], [2, 3]])
+    with caplog.at_level(logging.DEBUG, logger="fairring"):
+        log_plans(load_config({}), topology)
+    assert "cpu all-reduces of float32 take:" in caplog.text and "64MiB: 16 slices of 4 MiB" in caplog.text
+
+
+def _model():
+    path = Path(__file__).parents[1] / "fairring" / "bench" / "model.py"
+    spec = importlib.util.spec_from_file_location("fairring_bench_model_plans", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("min_shard", [0, 64 * KiB, 256 * KiB])
+def test_the_scaling_model_plans_as_the_engine_does(min_shard: int) -> None:
+    model = _model()
+    settings = model.FairringSettings(min_shard=min_shard or None)
+    for machines in [2, 4, 8, 64, 1024]:
+        for ranks in [1, 2, 8]:
+            for tensor_bytes in [4 * KiB, 3 * MiB, 16 * MiB, 100 * MiB, GiB]:
+                expected = _C.plan_shape(
+                    numel=tensor_bytes // 4,
+                    element_size=4,
+                    local_size=ranks,
+                    machines=machines,
+                    transport_min_shard_bytes=1,
+                    max_slice_bytes=settings.slice_size,
+                    min_shard_bytes=min_shard,
+                    total_memory_bytes=settings.total_memory,
+                )
+                plan = model.plan(tensor_bytes, machines, ranks, settings)
+                where = f"{machines} x {ranks}, {tensor_bytes} bytes"
+                assert plan.slices == expected["slices"], where
+                if expected["slices"] > 1:
+                    assert plan.slice_bytes == expected["slice_numel"] * 4, where
+                    assert plan.below_floor == expected["below_floor"], where
