@@ -203,8 +203,11 @@ def runs_for(args: argparse.Namespace) -> list[Run]:
         # Init asks for room for one padded slice, which is less than two unpadded ones.
         at_least = _C.staging_bytes_for(slice_bytes, args.ranks_per_machine, args.machines, padded=True)
         for inflight in args.inflight_list:
+            # The study fixes the slicing itself, so the shard floor (which would grow slices and
+            # warn when this deliberately small staging cannot) is off.
             environment = {
                 **user_env,
+                "FAIRRING_MIN_SHARD_SIZE": "0",
                 "FAIRRING_SLICE_SIZE": str(slice_bytes),
                 "FAIRRING_TOTAL_MEMORY": str(max(inflight * per_slice, at_least)),
             }
