@@ -43,9 +43,10 @@ TIMELINE = "FAIRRING_TIMELINE"
 DEFAULT_TOTAL_MEMORY = 50 * MiB
 DEFAULT_SLICE_SIZE = 4 * MiB
 # By device type, where FAIRRING_FLAT_THRESHOLD is unset (docs/tuning.md): on CPU the Herring
-# path measured faster than Gloo at every size from 1 KiB (loopback and 1 Gbit/s, 2 x 2 and
-# 4 x 2); on CUDA 4 MiB, the crossover the scaling model predicts against NCCL at 8 machines
-# (docs/model.md) and close to the original's (~6 MiB), until a GPU run measures it.
+# path measured 1.5-5x Gloo's speed at every size from 1 KiB to 1 MiB (loopback and 1 Gbit/s,
+# 2 x 2 and 4 x 2; docs/benchmarks.md), where a threshold would apply; on CUDA 4 MiB, the
+# crossover the scaling model predicts against NCCL at 8 machines (docs/model.md) and close to
+# the original's (~6 MiB), until a GPU run measures it.
 DEFAULT_CPU_FLAT_THRESHOLD = 0
 DEFAULT_CUDA_FLAT_THRESHOLD = 4 * MiB
 # Shards shorter than this cost more per byte than they carry (FAIRRING_MIN_SHARD_SIZE): measured

@@ -57,12 +57,14 @@ def floor_advice(config: Config, topology: _C.Topology, device_type: str) -> str
         return None
     ranks = topology.local_size * topology.num_machines
     floor_slice = ranks * config.min_shard
-    needed = 2 * _C.staging_bytes_for(floor_slice, topology.local_size, topology.num_machines)
+    # The plan gives a slice's unpadded staging at most half the memory (two slices in flight).
+    staging = _C.staging_bytes_for(floor_slice, topology.local_size, topology.num_machines, padded=False)
+    needed_mib = -(-2 * staging // (1 << 20))
     return (
         f"with {topology.num_machines} machines x {topology.local_size} ranks, large all-reduces are cut into "
         f"shards of {_bytes(largest['shard_bytes'])}, below {MIN_SHARD_SIZE}={format_size(config.min_shard)}: "
         f"{TOTAL_MEMORY}={format_size(config.total_memory)} holds two slices of at most "
-        f"{_bytes(largest['slice_numel'] * ELEMENT_SIZE)}. Set {TOTAL_MEMORY} to at least {_bytes(needed)} "
+        f"{_bytes(largest['slice_numel'] * ELEMENT_SIZE)}. Set {TOTAL_MEMORY} to at least {needed_mib}MiB "
         f"for {format_size(config.min_shard)} shards, or lower {MIN_SHARD_SIZE}."
     )
 

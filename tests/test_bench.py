@@ -67,13 +67,25 @@ def test_every_study_on_shaped_hosts(tmp_path: Path) -> None:
         # rides tbf's burst, so it may beat the bound: only check its formula.)
         assert record["bound_s"] == pytest.approx(256 * 1024 / 12.5e6)
         assert record["fraction_of_bound_speed"] == pytest.approx(record["bound_s"] / record["median_s"])
+        # The busiest shaper passed at least the bound's payload per op, plus frame headers and
+        # acknowledgements, but not much more (the barriers' and the protocols' few messages).
+        payload = record["bound_s"] * 12.5e6
+        assert payload * 1.02 < record["wire_bytes"] < payload * 1.25 + 64 * 1024
+        assert record["link_busy"] == pytest.approx(record["wire_bytes"] / 12.5e6 / record["median_s"])
+        assert 0 < record["cpu_busy"] <= 1.05
+    # The last run's (scaling, default settings) plan-shaping settings, defaults included.
+    environment = json.loads((tmp_path / "r.json").read_text())["environment"]
+    assert environment["fairring_settings"]["FAIRRING_MIN_SHARD_SIZE"] == 256 * 1024
     assert sorted({r["inflight"] for r in by_study["overlap"]}) == [1, 2]
     assert all(r["buckets"] == 3 for r in by_study["overlap"])
     assert sorted({r["machines"] for r in by_study["scaling"]}) == [1, 2]
     for study in by_study:
         assert (tmp_path / f"{study}.png").stat().st_size > 0 and (tmp_path / f"{study}.svg").exists()
     sentences = run.stdout.splitlines()[-3:]
-    assert all(s.startswith("Over 100 Mbit/s NICs") and "of the hierarchical bound." in s for s in sentences[:2])
+    assert all(
+        s.startswith("Over 100 Mbit/s NICs") and "of the hierarchical bound (its busiest NIC" in s
+        for s in sentences[:2]
+    )
     assert "3 all_reduces of 64 KiB with 2 slice(s) in flight" in sentences[1]
     assert "all_reduce of 64 KiB on 2 machine(s)" in sentences[2]
     # The hosts files went with the namespaces.

@@ -90,8 +90,23 @@ def test_cli_draws_and_merges(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         write_trace(traces, rank, ops=3, slices=2, closed=False)
     merged = tmp_path / "merged.json"
     assert timeline.main([str(traces), "--merged", str(merged)]) == 0
-    printed = capsys.readouterr().out.split()
-    assert printed == [str(merged), str(traces / "timeline-op2.png"), str(traces / "timeline-op2.svg")]
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[:3] == [str(merged), str(traces / "timeline-op2.png"), str(traces / "timeline-op2.svg")]
+    assert printed[3] == "op 2, median over ranks:"
+    assert printed[4].split() == [
+        "reduce-scatter:",
+        "2",
+        "slices,",
+        "0.90",
+        "ms",
+        "per",
+        "slice,",
+        "46%",
+        "of",
+        "the",
+        "op's",
+        "span",
+    ]
     events = json.loads(merged.read_text())["traceEvents"]
     assert len(events) == 2 * (4 + 3 * 2 * 3)
     assert all(timeline.ENGINE not in event for event in events)
@@ -101,3 +116,27 @@ def test_cli_draws_and_merges(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     empty.mkdir()
     assert timeline.main([str(empty)]) == 1
     assert "no trace events" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_stage_profile_reports_each_stage_per_slice_and_its_occupancy(tmp_path: Path) -> None:
+    for rank in range(4):
+        write_trace(tmp_path, rank, ops=2, slices=4)
+    _, slices = engine_slices(load_events([tmp_path]))
+    rows = timeline.stage_profile(slices, op=1)
+    # Each stage holds each of 4 slices for 0.9 ms, back to back 1 ms apart; the op spans stage 0
+    # of slice 0 to stage 2 of slice 3: (3 + 2) ms + 0.9 ms.
+    assert [row["stage"] for row in rows] == list(STAGES)
+    for row in rows:
+        assert row["slices"] == 4
+        assert row["median_ms_per_slice"] == pytest.approx(0.9)
+        assert row["occupancy"] == pytest.approx(4 * 0.9 / 5.9)
+    with pytest.raises(ValueError, match="op 7"):
+        timeline.stage_profile(slices, op=7)
+
+
+@pytest.mark.timeout(60)
+def test_covered_time_merges_overlapping_intervals() -> None:
+    assert timeline._covered_us([(0, 2), (1, 3), (5, 6)]) == 4
+    assert timeline._covered_us([(5, 6), (0, 10)]) == 10
+    assert timeline._covered_us([]) == 0

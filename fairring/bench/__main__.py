@@ -375,6 +375,8 @@ def reading(records: list[dict], args: argparse.Namespace) -> list[str]:
         if record["link"]:
             bound = record["fraction_of_bound_speed"]
             of_bound = f" and {bound:.0%} of the hierarchical bound" if bound else ""
+            if bound and record.get("link_busy"):
+                of_bound += f" (its busiest NIC was {record['link_busy']:.0%} busy, frame headers included)"
             sentences.append(f"Over {_rate(record['link'])} NICs ({layout}), {took}, {speed}{of_bound}.")
         elif args.netns:
             sentences.append(f"Between hosts with unshaped NICs ({layout}), {took}, {speed}.")

@@ -425,8 +425,10 @@ def load_records(paths: Iterable[Path | str]) -> list[Record]:
     records: list[Record] = []
     for path in map(Path, paths):
         document = json.loads(path.read_text())
-        environment = document.get("environment", {}).get("fairring_env", {})
-        base = _settings_of(environment, fixed_slices="fixed-" in path.name)
+        environment = document.get("environment", {})
+        # Newer records name every setting that shaped the plans; older ones only those set.
+        settings = environment.get("fairring_settings") or environment.get("fairring_env", {})
+        base = _settings_of({k: str(v) for k, v in settings.items()}, fixed_slices="fixed-" in path.name)
         for row in document["records"]:
             records.append(
                 Record(

@@ -11,6 +11,10 @@ stages of consecutive slices are seen to overlap:
     python -m fairring.bench.timeline DIR               # the last op every rank finished
     python -m fairring.bench.timeline DIR --op 3 -o op3
     python -m fairring.bench.timeline DIR --merged all.json   # one trace for Perfetto or chrome://tracing
+
+It also prints, per stage, what the op's slices spent in it: the median per slice and the
+stage's occupancy (the time some slice was in it, over the op's span, on the median rank). A
+stage near 100% paces the pipeline; the reduce-scatter's time includes waiting for staging.
 """
 
 from __future__ import annotations
@@ -18,13 +22,23 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 from fairring.config import format_size
 
-__all__ = ["default_op", "engine_slices", "load_events", "main", "merge_traces", "parse_trace", "render_op"]
+__all__ = [
+    "default_op",
+    "engine_slices",
+    "load_events",
+    "main",
+    "merge_traces",
+    "parse_trace",
+    "render_op",
+    "stage_profile",
+]
 
 STAGES = ("reduce-scatter", "reduce", "all-gather")
 FILE_GLOB = "fairring-*.json"
@@ -139,6 +153,50 @@ def _stage_order(events: list[dict], slices: list[dict]) -> list[str]:
     known = {stage: index for index, stage in enumerate(STAGES)}
     present = {event["name"] for event in slices}
     return sorted(present, key=lambda name: (tids.get(name, 0), known.get(name, len(STAGES)), name))
+
+
+def _covered_us(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals."""
+    covered, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            covered += end - max(start, reach)
+            reach = end
+    return covered
+
+
+def stage_profile(slices: list[dict], op: int) -> list[dict]:
+    """Per stage of op `op`: slices, median ms per slice, and occupancy of the op's span.
+
+    Each figure is the median over ranks, so one descheduled rank does not set it.
+    """
+    chosen = [event for event in slices if event["args"]["op"] == op]
+    if not chosen:
+        raise ValueError(f"no events of op {op}")
+    by_rank: dict[int, list[dict]] = {}
+    for event in chosen:
+        by_rank.setdefault(event["pid"], []).append(event)
+    rows = []
+    for stage in _stage_order([], chosen):
+        per_slice_ms, occupancy, counts = [], [], []
+        for events in by_rank.values():
+            span = max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)
+            mine = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"] == stage]
+            if not mine or span <= 0:
+                continue
+            counts.append(len(mine))
+            per_slice_ms.append(statistics.median(end - start for start, end in mine) / 1e3)
+            occupancy.append(_covered_us(mine) / span)
+        if counts:
+            rows.append(
+                {
+                    "stage": stage,
+                    "slices": int(statistics.median(counts)),
+                    "median_ms_per_slice": statistics.median(per_slice_ms),
+                    "occupancy": statistics.median(occupancy),
+                }
+            )
+    return rows
 
 
 def _machines(events: list[dict]) -> dict[int, int]:
@@ -264,6 +322,12 @@ def main(argv: list[str]) -> int:
         folder = args.paths[0] if args.paths[0].is_dir() else args.paths[0].parent
         for path in render_op(events, op, args.output or folder / f"timeline-op{op}", args.engine):
             print(path)
+        print(f"op {op}, median over ranks:")
+        for row in stage_profile(engine_slices(events, args.engine)[1], op):
+            print(
+                f"  {row['stage']:>16}: {row['slices']} slices, {row['median_ms_per_slice']:.2f} ms per slice, "
+                f"{row['occupancy']:.0%} of the op's span"
+            )
     except (OSError, ValueError) as error:
         print(f"fairring.bench.timeline: {error}", file=sys.stderr)
         return 1

@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 import fairring
-from fairring.config import format_size, parse_size
+from fairring.config import FLAT_THRESHOLD, format_size, load_config, parse_size
 
 COLUMNS = (
     ("size", 10),
@@ -31,6 +32,8 @@ COLUMNS = (
     ("busbw GB/s", 11),
     ("vs base", 8),
     ("of bound", 9),
+    ("link busy", 10),
+    ("cpu busy", 9),
     ("ok", 3),
 )
 
@@ -49,6 +52,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--inflight", type=int, default=0, help="slices the staging memory allows in flight, for records"
     )
     return parser.parse_args(argv)
+
+
+def shaper_bytes(shaped: bool) -> int:
+    """Bytes this emulated host's NIC shaper has sent; 0 off the shaped hosts and on local ranks but 0.
+
+    The tbf qdisc on the host's eth0 (fairring.bench.netns) charges every frame's headers, one set
+    per TCP segment even inside a GSO packet, so these are the bytes the rate limits, which the NIC's
+    own tx_bytes (headers once per GSO packet) undercounts. Off the shaped hosts eth0 is the
+    machine's and is not read.
+    """
+    if not shaped or int(os.environ.get("LOCAL_RANK", 0)) != 0:
+        return 0
+    shown = subprocess.run(
+        ["tc", "-s", "-j", "qdisc", "show", "dev", "eth0"], capture_output=True, text=True, check=True
+    ).stdout
+    return sum(int(qdisc["bytes"]) for qdisc in json.loads(shown) if qdisc.get("root"))
 
 
 def time_all_reduces(
@@ -87,7 +106,9 @@ def hierarchical_bound_s(nbytes: int, machines: int, link_bytes_per_s: float) ->
     return 2 * (machines - 1) / machines * nbytes / link_bytes_per_s
 
 
-def environment() -> dict[str, object]:
+def environment(device_type: str) -> dict[str, object]:
+    config = load_config(os.environ)
+    flat = config.cuda_flat_threshold if device_type == "cuda" else config.cpu_flat_threshold
     return {
         "torch": torch.__version__,
         "fairring": fairring.build_info(),
@@ -97,6 +118,8 @@ def environment() -> dict[str, object]:
         "fairring_env": {
             k: v for k, v in os.environ.items() if k.startswith(("FAIRRING_", "TP_SOCKET", "GLOO_SOCKET"))
         },
+        # What shaped the plans, defaults included (the variables above name only what was set).
+        "fairring_settings": {**config.must_agree(), FLAT_THRESHOLD: flat},
     }
 
 
@@ -111,6 +134,11 @@ def main(argv: list[str]) -> None:
     gloo = dist.new_group(backend="gloo")
     groups = {baseline_name: dist.new_group(backend=baseline_name) if device else gloo, "fairring": dist.group.WORLD}
     topology = dist.group.WORLD._get_backend(torch.device("cpu")).topology
+    # The cores the ranks share: one machine's for emulated hosts (one kernel, one hostname),
+    # every machine's on a real cluster.
+    hostnames: list[str | None] = [None] * size
+    dist.all_gather_object(hostnames, platform.node(), group=gloo)
+    cores = (os.cpu_count() or 1) * len(set(hostnames))
     records = []
     if rank == 0:
         where = f"CUDA ({torch.cuda.get_device_name(device)})" if device is not None else "CPU"
@@ -124,14 +152,27 @@ def main(argv: list[str]) -> None:
         total_bytes = nbytes * args.buckets
         bound = hierarchical_bound_s(total_bytes, topology.num_machines, args.link_bytes_per_s)
         medians: dict[str, float] = {}
+        shaped = args.link_bytes_per_s > 0
         for name, group in groups.items():
             correct = is_exact_sum(tensors, group)
+            sent_before, cpu_before, wall_before = shaper_bytes(shaped), time.process_time(), time.perf_counter()
             seconds = time_all_reduces(tensors, group, gloo, args.iters, args.warmup)
+            cpu_s, wall_s = time.process_time() - cpu_before, time.perf_counter() - wall_before
+            sent = shaper_bytes(shaped) - sent_before
             # An op is as slow as its slowest rank.
             slowest = torch.tensor(seconds, dtype=torch.float64)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=gloo)
             per_iter = slowest.tolist()
             median = statistics.median(per_iter)
+            # Profile: what the busiest host's shaper passed per op (frames: headers and ACKs
+            # included), and how busy the cores were (every rank's threads).
+            busiest = torch.tensor([sent], dtype=torch.float64)
+            dist.all_reduce(busiest, op=dist.ReduceOp.MAX, group=gloo)
+            cpu_total = torch.tensor([cpu_s], dtype=torch.float64)
+            dist.all_reduce(cpu_total, group=gloo)
+            wall_max = torch.tensor([wall_s], dtype=torch.float64)
+            dist.all_reduce(wall_max, op=dist.ReduceOp.MAX, group=gloo)
+            wire_bytes = float(busiest.max()) / (args.warmup + args.iters) if shaped else None
             medians[name] = median
             algbw = total_bytes / median / 1e9
             record = {
@@ -157,6 +198,9 @@ def main(argv: list[str]) -> None:
                 "speedup_vs_baseline": medians[baseline_name] / median,
                 "bound_s": bound,
                 "fraction_of_bound_speed": bound / median if bound else None,
+                "wire_bytes": wire_bytes,
+                "link_busy": wire_bytes / args.link_bytes_per_s / median if wire_bytes else None,
+                "cpu_busy": float(cpu_total) / (float(wall_max) * cores),
                 "correct": correct,
             }
             records.append(record)
@@ -164,7 +208,8 @@ def main(argv: list[str]) -> None:
                 print_row(record)
     if rank == 0:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"environment": environment(), "records": records}, indent=1))
+        document = {"environment": environment("cuda" if device is not None else "cpu"), "records": records}
+        args.json.write_text(json.dumps(document, indent=1))
     dist.destroy_process_group()
     if not all(record["correct"] for record in records):
         sys.exit("fairring.bench: some all_reduce results were wrong")
@@ -181,6 +226,8 @@ def print_row(record: dict[str, object]) -> None:
         f"{float(record['busbw_GBps']):.3f}",
         f"{float(record['speedup_vs_baseline']):.2f}x",
         f"{float(bound) * 100:.0f}%" if bound else "-",
+        f"{float(record['link_busy']) * 100:.0f}%" if record.get("link_busy") else "-",
+        f"{float(record['cpu_busy']) * 100:.0f}%",
         "yes" if record["correct"] else "NO",
     ]
     print(" ".join(f"{cell:>{width}}" for cell, (_, width) in zip(cells, COLUMNS, strict=True)), flush=True)
