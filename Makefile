@@ -69,7 +69,8 @@ test-oldest: $(OLDEST_VENV)/.installed
 # all, even from a rank that a test killed anyway or expected to fail, fails the target.
 SANITIZE_TESTS ?= .ci/sanitize_check.py tests/test_untrusted_peers.py tests/test_wire_fuzz.py \
 	tests/test_mismatches.py tests/test_rails_protocol.py tests/test_staging.py tests/test_config.py \
-	tests/test_topology.py tests/test_engine.py tests/test_lifecycle.py tests/test_failures.py
+	tests/test_topology.py tests/test_engine.py tests/test_lifecycle.py tests/test_failures.py \
+	tests/test_shared_memory.py
 SANITIZE_DESELECT ?= not ddp_matches_gloo and not 1x4 and not (2x3 and not interleaved) and not link_goes_down
 SANITIZE_LOGS := build/sanitize-logs
 .PHONY: sanitize

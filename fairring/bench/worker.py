@@ -55,7 +55,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def shaper_bytes(shaped: bool) -> int:
-    """Bytes this emulated host's NIC shaper has sent; 0 off the shaped hosts and on local ranks but 0.
+    """Bytes this emulated host's NIC shaper has sent (read by local rank 0 only; the others get 0).
 
     The tbf qdisc on the host's eth0 (fairring.bench.netns) charges every frame's headers, one set
     per TCP segment even inside a GSO packet, so these are the bytes the rate limits, which the NIC's
