@@ -6,14 +6,12 @@ as far as the staging memory holds two slices; past that, the plan says so.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
-from pathlib import Path
 
 import pytest
 
 from fairring import _C
+from fairring.bench import model
 from fairring.config import load_config
 from fairring.plans import describe_plans, floor_advice
 
@@ -127,19 +125,8 @@ def test_create_backend_logs_plans_at_debug(caplog: pytest.LogCaptureFixture) ->
     assert "cpu all-reduces of float32 take:" in caplog.text and "64MiB: 16 slices of 4 MiB" in caplog.text
 
 
-def _model():
-    path = Path(__file__).parents[1] / "fairring" / "bench" / "model.py"
-    spec = importlib.util.spec_from_file_location("fairring_bench_model_plans", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("min_shard", [0, 64 * KiB, 256 * KiB])
 def test_the_scaling_model_plans_as_the_engine_does(min_shard: int) -> None:
-    model = _model()
     settings = model.FairringSettings(min_shard=min_shard or None)
     for machines in [2, 4, 8, 64, 1024]:
         for ranks in [1, 2, 8]:
