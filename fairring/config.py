@@ -49,8 +49,9 @@ DEFAULT_SLICE_SIZE = 4 * MiB
 # the original's (~6 MiB), until a GPU run measures it.
 DEFAULT_CPU_FLAT_THRESHOLD = 0
 DEFAULT_CUDA_FLAT_THRESHOLD = 4 * MiB
-# Shards shorter than this cost more per byte than they carry (FAIRRING_MIN_SHARD_SIZE): measured
-# on 4 x 2 hosts at 1 Gbit/s (docs/tuning.md).
+# Shards shorter than this cost more per byte than they carry (FAIRRING_MIN_SHARD_SIZE): on 4 x 2
+# hosts, shards below 64 KiB cost at 1 Gbit/s and below 512 KiB at 10 Gbit/s, where these CPUs
+# are the limit (docs/benchmarks.md, "The shard floor").
 DEFAULT_MIN_SHARD_SIZE = 256 * KiB
 # Smaller slices only multiply per-slice work (a 64 MiB all-reduce in 1-byte
 # slices would be 64 Mi slices); 4 KiB is already far below a useful size.

@@ -15,7 +15,6 @@ namespace fairring {
 
 namespace {
 
-
 // One CUDA device. Streams, all from the pool, each fed by one thread:
 //   stage streams  the reduce-scatter, reduce and all-gather stages' own;
 //                  each holds one stage's work, in slice order;
