@@ -370,9 +370,11 @@ PYBIND11_MODULE(_C, module) {
                       int64_t cudaFlatThresholdBytes,
                       fairring::RailsNetwork network,
                       bool cudaEngine,
-                      std::string timelineDirectory) {
+                      std::string timelineDirectory,
+                      int64_t maxSlicesInFlight) {
             fairring::Config config;
             config.totalMemoryBytes = totalMemoryBytes;
+            config.maxSlicesInFlight = maxSlicesInFlight;
             config.sliceSizeBytes = sliceSizeBytes;
             config.minShardBytes = minShardBytes;
             config.cpuFlatThresholdBytes = cpuFlatThresholdBytes;
@@ -389,8 +391,11 @@ PYBIND11_MODULE(_C, module) {
           py::arg("cuda_flat_threshold_bytes"),
           py::arg("network") = fairring::RailsNetwork{},
           py::arg("cuda_engine") = false,
-          py::arg("timeline_directory") = "")
+          py::arg("timeline_directory") = "",
+          py::arg("max_slices_in_flight") = fairring::Config{}.maxSlicesInFlight)
       .def_readonly("total_memory_bytes", &fairring::Config::totalMemoryBytes)
+      .def_readonly(
+          "max_slices_in_flight", &fairring::Config::maxSlicesInFlight)
       .def_readonly("slice_size_bytes", &fairring::Config::sliceSizeBytes)
       .def_readonly("min_shard_bytes", &fairring::Config::minShardBytes)
       .def_readonly(
@@ -453,16 +458,17 @@ PYBIND11_MODULE(_C, module) {
          int64_t transportMinShardBytes,
          int64_t maxSliceBytes,
          int64_t minShardBytes,
-         int64_t totalMemoryBytes) {
-        const auto shape = fairring::planShape(
-            numel,
-            elementSize,
-            {localSize,
-             machines,
-             transportMinShardBytes,
-             maxSliceBytes,
-             minShardBytes,
-             totalMemoryBytes});
+         int64_t totalMemoryBytes,
+         int64_t maxSlicesInFlight) {
+        const fairring::PlanSettings settings{
+            localSize,
+            machines,
+            transportMinShardBytes,
+            maxSliceBytes,
+            minShardBytes,
+            totalMemoryBytes,
+            maxSlicesInFlight};
+        const auto shape = fairring::planShape(numel, elementSize, settings);
         py::dict result;
         result["unit"] = shape.unit;
         result["slice_numel"] = shape.sliceNumel;
@@ -471,6 +477,7 @@ PYBIND11_MODULE(_C, module) {
         result["staging_bytes"] = shape.stagingBytes;
         result["slices_in_flight"] = shape.slicesInFlight;
         result["below_floor"] = shape.belowFloor;
+        result["staging_capacity"] = fairring::stagingCapacity(settings);
         return result;
       },
       py::arg("numel"),
@@ -481,6 +488,7 @@ PYBIND11_MODULE(_C, module) {
       py::arg("max_slice_bytes"),
       py::arg("min_shard_bytes"),
       py::arg("total_memory_bytes"),
+      py::arg("max_slices_in_flight") = fairring::PlanSettings{}.maxSlicesInFlight,
       "The engine's plan for an all-reduce of `numel` elements (engine/plan.h), "
       "computed without running it.");
   // What a rank accepts from peers, exposed so tests can throw malformed

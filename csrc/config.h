@@ -40,6 +40,9 @@ struct Config {
   int64_t totalMemoryBytes = 50 * 1024 * 1024;
   // Largest slice an all-reduce is cut into (FAIRRING_SLICE_SIZE).
   int64_t sliceSizeBytes = 4 * 1024 * 1024;
+  // At most this many full slices in flight (FAIRRING_SLICES_IN_FLIGHT;
+  // see engine/plan.h).
+  int64_t maxSlicesInFlight = 4;
   // Slices grow so that shards are at least this long, within the staging
   // memory (FAIRRING_MIN_SHARD_SIZE; see engine/plan.h).
   int64_t minShardBytes = 256 * 1024;

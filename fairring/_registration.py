@@ -68,6 +68,7 @@ def create_backend(store: dist.Store, rank: int, size: int, timeout: timedelta, 
         _C.Config(
             total_memory_bytes=config.total_memory,
             slice_size_bytes=config.slice_size,
+            max_slices_in_flight=config.slices_in_flight,
             min_shard_bytes=config.min_shard,
             cpu_flat_threshold_bytes=config.cpu_flat_threshold,
             cuda_flat_threshold_bytes=config.cuda_flat_threshold,

@@ -31,6 +31,7 @@ GiB = 1024 * MiB
 
 TOTAL_MEMORY = "FAIRRING_TOTAL_MEMORY"
 SLICE_SIZE = "FAIRRING_SLICE_SIZE"
+SLICES_IN_FLIGHT = "FAIRRING_SLICES_IN_FLIGHT"
 FLAT_THRESHOLD = "FAIRRING_FLAT_THRESHOLD"
 MIN_SHARD_SIZE = "FAIRRING_MIN_SHARD_SIZE"
 MACHINE_ID = "FAIRRING_MACHINE_ID"
@@ -42,6 +43,10 @@ TIMELINE = "FAIRRING_TIMELINE"
 
 DEFAULT_TOTAL_MEMORY = 50 * MiB
 DEFAULT_SLICE_SIZE = 4 * MiB
+# Enough to keep the links busy while a slice is reduced: on 4 x 2 hosts at 1 Gbit/s, 3 or 4 in
+# flight reached 98% of the bound, 8 (what 50 MiB held) 94% and 16 93%; at 10 Gbit/s 4 did no
+# worse than 8 (docs/benchmarks.md, "Slices in flight").
+DEFAULT_SLICES_IN_FLIGHT = 4
 # By device type, where FAIRRING_FLAT_THRESHOLD is unset (docs/tuning.md): on CPU the Herring
 # path measured 1.5-5x Gloo's speed at every size from 1 KiB to 1 MiB (loopback and 1 Gbit/s,
 # 2 x 2 and 4 x 2; docs/benchmarks.md), where a threshold would apply; on CUDA 4 MiB, the
@@ -109,6 +114,9 @@ class Config:
 
     total_memory: int = DEFAULT_TOTAL_MEMORY
     slice_size: int = DEFAULT_SLICE_SIZE
+    # At most this many full slices in flight; the staging memory may hold fewer. Each rank paces
+    # only its own pipeline, so ranks need not agree.
+    slices_in_flight: int = DEFAULT_SLICES_IN_FLIGHT
     # All-reduces smaller than this skip the Herring path for a flat one; 0: none do; None: by
     # device type (cpu_flat_threshold, cuda_flat_threshold).
     flat_threshold: int | None = None
@@ -156,6 +164,7 @@ class Config:
         return (
             f"{TOTAL_MEMORY}={format_size(self.total_memory)} "
             f"{SLICE_SIZE}={format_size(self.slice_size)} "
+            f"{SLICES_IN_FLIGHT}={self.slices_in_flight} "
             f"{MIN_SHARD_SIZE}={format_size(self.min_shard)} "
             f"{FLAT_THRESHOLD}={self._flat_threshold_text()} "
             f"{MACHINE_ID}={self.machine_id or '(discover)'} "
@@ -207,6 +216,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
             f"{SLICE_SIZE}={env[SLICE_SIZE]!r} is below the smallest slice, {format_size(MIN_SLICE_SIZE)}; "
             f"use {format_size(MIN_SLICE_SIZE)} or more (the default is {format_size(DEFAULT_SLICE_SIZE)})"
         )
+    slices_in_flight = _positive_count(env, SLICES_IN_FLIGHT, DEFAULT_SLICES_IN_FLIGHT)
     log_level = env.get(LOG_LEVEL)
     if log_level is not None:
         log_level = log_level.strip().upper()
@@ -215,6 +225,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
     return Config(
         total_memory=total_memory,
         slice_size=slice_size,
+        slices_in_flight=slices_in_flight,
         flat_threshold=_optional_size(env, FLAT_THRESHOLD),
         min_shard=size(MIN_SHARD_SIZE, DEFAULT_MIN_SHARD_SIZE, allow_zero=True),
         machine_id=machine_id.strip() if machine_id else None,
@@ -230,6 +241,19 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
 def _optional_size(env: Mapping[str, str], name: str) -> int | None:
     raw = env.get(name)
     return None if raw is None or raw.strip() == "" else parse_size(name, raw, allow_zero=True)
+
+
+def _positive_count(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        count = int(raw.strip())
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ConfigError(f"{name}={raw!r} is not a count; use a whole number of 1 or more (the default is {default})")
+    return count
 
 
 def _timeline_directory(raw: str | None) -> str | None:

@@ -28,6 +28,7 @@ def plan_of(tensor_bytes: int, config: Config, topology: _C.Topology, device_typ
         max_slice_bytes=config.slice_size,
         min_shard_bytes=config.min_shard,
         total_memory_bytes=config.total_memory,
+        max_slices_in_flight=config.slices_in_flight,
     )
 
 

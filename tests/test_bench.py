@@ -73,9 +73,11 @@ def test_every_study_on_shaped_hosts(tmp_path: Path) -> None:
         assert payload * 1.02 < record["wire_bytes"] < payload * 1.25 + 64 * 1024
         assert record["link_busy"] == pytest.approx(record["wire_bytes"] / 12.5e6 / record["median_s"])
         assert 0 < record["cpu_busy"] <= 1.05
+        assert record["mtu"] == 1500  # read from the host's NIC
     # The last run's (scaling, default settings) plan-shaping settings, defaults included.
     environment = json.loads((tmp_path / "r.json").read_text())["environment"]
     assert environment["fairring_settings"]["FAIRRING_MIN_SHARD_SIZE"] == 256 * 1024
+    assert environment["fairring_settings"]["FAIRRING_SLICES_IN_FLIGHT"] == 4
     assert sorted({r["inflight"] for r in by_study["overlap"]}) == [1, 2]
     assert all(r["buckets"] == 3 for r in by_study["overlap"])
     assert sorted({r["machines"] for r in by_study["scaling"]}) == [1, 2]
@@ -107,6 +109,11 @@ def test_the_default_is_shaped_hosts_where_namespaces_can_be_made(monkeypatch: p
     assert (args.link, args.netns, args.size_list[0], args.size_list[-1]) == (None, False, 4096, 16 << 20)
     with pytest.raises(SystemExit):
         bench.parse_args(["--loopback", "--link", "1gbit"])
+    # Jumbo frames are the emulated NICs'; loopback has none to set.
+    assert bench.parse_args(["--link", "1gbit", "--mtu", "9000"]).mtu == 9000
+    for wrong in (["--loopback", "--mtu", "9000"], ["--link", "1gbit", "--mtu", "100000"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(wrong)
     monkeypatch.setattr(bench, "netns_available", lambda: (False, "network namespaces need root"))
     args = bench.parse_args([])
     assert (args.link, args.netns, args.size_list[-1]) == (None, False, 16 << 20)

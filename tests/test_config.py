@@ -9,6 +9,7 @@ from fairring.config import (
     DEFAULT_CUDA_FLAT_THRESHOLD,
     DEFAULT_MIN_SHARD_SIZE,
     DEFAULT_SLICE_SIZE,
+    DEFAULT_SLICES_IN_FLIGHT,
     DEFAULT_TOTAL_MEMORY,
     ConfigError,
     format_size,
@@ -57,6 +58,7 @@ def test_defaults() -> None:
     assert config.cpu_flat_threshold == DEFAULT_CPU_FLAT_THRESHOLD == 0
     assert config.cuda_flat_threshold == DEFAULT_CUDA_FLAT_THRESHOLD == 4 * 2**20
     assert config.min_shard == DEFAULT_MIN_SHARD_SIZE == 256 * 2**10
+    assert config.slices_in_flight == DEFAULT_SLICES_IN_FLIGHT == 4
     assert config.shm_disable is False
     assert "FAIRRING_FLAT_THRESHOLD=(CPU 0B, CUDA 4MiB)" in config.describe()
     assert config.machine_id is None and config.log_level is None
@@ -73,8 +75,10 @@ def test_values_from_environment() -> None:
             "FAIRRING_LOG_LEVEL": "debug",
             "FAIRRING_CUDA_ENGINE": "1",
             "FAIRRING_MIN_SHARD_SIZE": "64KiB",
+            "FAIRRING_SLICES_IN_FLIGHT": " 2 ",
         }
     )
+    assert config.slices_in_flight == 2
     assert config.cpu_flat_threshold == config.cuda_flat_threshold == 2**20
     assert (config.total_memory, config.slice_size) == (2**30, 4 * 2**20)
     assert config.machine_id == "rack3-node7"
@@ -88,6 +92,7 @@ def test_values_from_environment() -> None:
     }
     assert "FAIRRING_SLICE_SIZE=4MiB" in config.describe()
     assert "FAIRRING_CUDA_ENGINE=1" in config.describe()
+    assert "FAIRRING_SLICES_IN_FLIGHT=2" in config.describe()
 
 
 @pytest.mark.parametrize(
@@ -132,6 +137,10 @@ def test_empty_size_variable_means_default() -> None:
         ({"FAIRRING_SLICE_SIZE": "4 parsecs"}, "FAIRRING_SLICE_SIZE='4 parsecs' is not a size"),
         ({"FAIRRING_FLAT_THRESHOLD": "-1"}, "FAIRRING_FLAT_THRESHOLD='-1' is not a size"),
         ({"FAIRRING_FLAT_THRESHOLD": "1e6"}, "FAIRRING_FLAT_THRESHOLD='1e6' is not a size"),
+        *[
+            ({"FAIRRING_SLICES_IN_FLIGHT": raw}, f"FAIRRING_SLICES_IN_FLIGHT='{raw}' is not a count; use a whole")
+            for raw in ("0", "-2", "2.5", "many")
+        ],
         # Switches, names and folders.
         ({"FAIRRING_IB_DISABLE": "2"}, "FAIRRING_IB_DISABLE='2' is not a switch"),
         ({"FAIRRING_SOCKET_IFNAME": "^"}, "names no interface; give comma-separated"),

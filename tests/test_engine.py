@@ -152,6 +152,20 @@ def test_tensors_far_larger_than_staging_stream_through_it(layout: Layout) -> No
         assert stats["slices"] >= 3 * (300_001 * 4 // 4096)
 
 
+@pytest.mark.parametrize("cap", [1, 2])
+def test_slices_in_flight_are_capped_and_every_slice_still_fits(cap: int) -> None:
+    """The staging shrinks to `cap` full slices, yet a padded last slice (larger) still fits."""
+    env = {"FAIRRING_SLICE_SIZE": "4KiB", "FAIRRING_MIN_SHARD_SIZE": "0", "FAIRRING_SLICES_IN_FLIGHT": str(cap)}
+    with RankPool(Layout(2, 2), InitSpec(extra_env=env)) as ranks:
+        results = ranks.run(sum_and_stats, 300_001, 2)  # 300,001 elements: the last slice is padded
+    full = _C.staging_bytes_for(4096, 2, 2, padded=False)
+    padded = _C.staging_bytes_for(4096, 2, 2, padded=True)
+    for stats, staging in results:
+        assert staging["peak_leases_in_use"] == cap
+        assert padded <= staging["capacity_bytes"] <= max(cap * full, padded)
+        assert stats["slices"] >= 2 * (300_001 * 4 // 4096)
+
+
 def mixed_ops_in_flight() -> None:
     rank = dist.get_rank()
     kinds = [("float32", "sum"), ("float64", "max"), ("int32", "min"), ("bfloat16", "sum"), ("int64", "product")]

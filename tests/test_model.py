@@ -129,26 +129,28 @@ def test_below_the_flat_threshold_fairring_is_the_delegate() -> None:
 @pytest.mark.parametrize(
     ("tensor", "machines", "ranks", "settings", "expected"),
     [
-        # docs/benchmarks.md: 64 MiB on 2 x 2 is 16 slices of 4 MiB; 50 MiB of staging holds 8.
-        (64 * MiB, 2, 2, model.FairringSettings(), (4 * MiB, 16, 4 * MiB, MiB, 8, False)),
+        # docs/benchmarks.md: 64 MiB on 2 x 2 is 16 slices of 4 MiB; 50 MiB of staging holds 8,
+        # of which FAIRRING_SLICES_IN_FLIGHT lets 4 fly.
+        (64 * MiB, 2, 2, model.FairringSettings(), (4 * MiB, 16, 4 * MiB, MiB, 4, False)),
+        (64 * MiB, 2, 2, model.FairringSettings(slices_in_flight=None), (4 * MiB, 16, 4 * MiB, MiB, 8, False)),
         # 4 MiB: cut 8 deep, but not below a quarter of 4 MiB.
-        (4 * MiB, 2, 2, model.FairringSettings(), (MiB, 4, MiB, MiB / 4, 33, False)),
+        (4 * MiB, 2, 2, model.FairringSettings(), (MiB, 4, MiB, MiB / 4, 4, False)),
         # The overlap study: a 25 MiB bucket in 8 slices of 3.125 MiB.
-        (25 * MiB, 2, 2, model.FairringSettings(slice_size=3276800), (3276800, 8, 3276800, 819200, 10, False)),
+        (25 * MiB, 2, 2, model.FairringSettings(slice_size=3276800), (3276800, 8, 3276800, 819200, 4, False)),
         # One slice of 1000 bytes, padded to the unit (2 x 2 x 4 bytes).
-        (1000, 2, 2, model.FairringSettings(), (1008, 1, 1008, 252, 20480, False)),
+        (1000, 2, 2, model.FairringSettings(), (1008, 1, 1008, 252, 4, False)),
         # Unit 24 bytes: 1310721-byte slices round down to 1310712; the 68 left over pad to 72.
-        (10 * MiB + 4, 3, 2, model.FairringSettings(), (1310712, 9, 72, 218452, 26, False)),
+        (10 * MiB + 4, 3, 2, model.FairringSettings(), (1310712, 9, 72, 218452, 4, False)),
         # Fixed slices (the slice sweep): 8 MiB even for a 4 MiB tensor, so one slice.
         (
             4 * MiB,
             2,
             2,
             model.FairringSettings(slice_size=8 * MiB, adaptive=False),
-            (4 * MiB, 1, 4 * MiB, MiB, 5, False),
+            (4 * MiB, 1, 4 * MiB, MiB, 4, False),
         ),
         # The floor at 16 x 8: slices of 16 x 8 x 64 KiB = 8 MiB; 9 MiB of staging each.
-        (GiB, 16, 8, model.FairringSettings(min_shard=64 * KiB), (8 * MiB, 128, 8 * MiB, 64 * KiB, 5, False)),
+        (GiB, 16, 8, model.FairringSettings(min_shard=64 * KiB), (8 * MiB, 128, 8 * MiB, 64 * KiB, 4, False)),
         # At 128 x 8 the floor's 64 MiB slice needs 72 MiB of staging: capped at half of 50 MiB,
         # 9 slots of 2912256 bytes (a multiple of the 4096-byte unit / 8 ranks), two in flight.
         (GiB, 128, 8, model.FairringSettings(min_shard=64 * KiB), (23298048, 47, 2031616, 22752, 2, True)),

@@ -62,6 +62,22 @@ PROBE_LOOPBACK = textwrap.dedent(
 )
 
 
+# A datagram that just fits a frame of `mtu` (IPv4 and UDP headers: 28 bytes), sent with "don't
+# fragment": the kernel refuses it (EMSGSIZE) if the route's MTU is smaller.
+PROBE_FRAME = textwrap.dedent(
+    """
+    import socket, sys
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER, IP_PMTUDISC_DO (Python 3.12+ names them)
+    try:
+        sock.sendto(b"x" * (int(sys.argv[2]) - 28), (sys.argv[1], 9))
+        print("sent")
+    except OSError as error:
+        print("refused", error.errno)
+    """
+)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _require_netns() -> None:
     # A fixture rather than a module-level skip, so that spawned workers importing this module probe nothing.
@@ -172,6 +188,28 @@ def test_rate_shapes_traffic() -> None:
 def test_rate_is_checked_up_front() -> None:
     with pytest.raises(ValueError, match="tc rate"):
         NetnsCluster(2, rate="fast")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mtu", [None, 9000])
+def test_mtu_sets_the_frames_the_hosts_send(mtu: int | None) -> None:
+    with NetnsCluster(2, rate="1gbit", mtu=mtu) as cluster:
+        sender, receiver = cluster.hosts
+
+        def probe(size: int) -> str:
+            argv = _python(cluster, sender, PROBE_FRAME, receiver.address, size)
+            return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=30).stdout.strip()
+
+        assert probe(1500) == "sent"
+        # A jumbo frame leaves only with jumbo frames set; else the kernel says it is too long.
+        assert probe(9000) == ("sent" if mtu == 9000 else "refused 90")
+        assert probe(9001) == "refused 90"
+
+
+@pytest.mark.timeout(120)
+def test_mtu_is_checked_up_front() -> None:
+    with pytest.raises(ValueError, match="MTU is 576 to 9000 bytes, not 65536"):
+        NetnsCluster(2, mtu=65536)
 
 
 @pytest.mark.timeout(120)

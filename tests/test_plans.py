@@ -98,6 +98,33 @@ def test_small_clusters_keep_the_pipeline_depth() -> None:
     assert plan["slices"] == 8 and plan["shard_bytes"] == 512 * KiB
 
 
+@pytest.mark.parametrize("machines", [2, 4, 8, 1024])
+@pytest.mark.parametrize("cap", [1, 4, 8])
+def test_slices_in_flight_are_capped_and_staging_sized_to_match(machines: int, cap: int) -> None:
+    """At most FAIRRING_SLICES_IN_FLIGHT full slices; the staging holds that many, and a padded one."""
+    memory = 50 * MiB
+    plan = _C.plan_shape(
+        numel=GiB // 4,
+        element_size=4,
+        local_size=2,
+        machines=machines,
+        transport_min_shard_bytes=1,
+        max_slice_bytes=4 * MiB,
+        min_shard_bytes=256 * KiB,
+        total_memory_bytes=memory,
+        max_slices_in_flight=cap,
+    )
+    padded = _C.staging_bytes_for(plan["slice_numel"] * 4, 2, machines)
+    fitting = memory // plan["staging_bytes"]
+    assert plan["slices_in_flight"] == min(cap, fitting)
+    assert padded <= plan["staging_capacity"] <= memory
+    assert plan["staging_capacity"] >= plan["slices_in_flight"] * plan["staging_bytes"]
+    if cap * plan["staging_bytes"] >= memory:
+        assert plan["staging_capacity"] == memory
+    else:  # no more than the cap's slices (or one padded one) need, give or take a unit's rounding
+        assert plan["staging_capacity"] <= max(cap * plan["staging_bytes"], padded) + cap * plan["unit"] * 4
+
+
 def test_debug_log_lists_every_size_class_and_advises_memory() -> None:
     topology = _C.Topology(0, [[m * 8 + r for r in range(8)] for m in range(128)])
     config = load_config({})
@@ -147,3 +174,4 @@ def test_the_scaling_model_plans_as_the_engine_does(min_shard: int) -> None:
                 if expected["slices"] > 1:
                     assert plan.slice_bytes == expected["slice_numel"] * 4, where
                     assert plan.below_floor == expected["below_floor"], where
+                    assert plan.inflight == expected["slices_in_flight"], where

@@ -161,8 +161,9 @@ Engine::Engine(
           device_->minShardBytes(),
           config.sliceSizeBytes,
           config.minShardBytes,
-          config.totalMemoryBytes},
-      staging_(config.totalMemoryBytes, device_->memoryOptions()),
+          config.totalMemoryBytes,
+          config.maxSlicesInFlight},
+      staging_(stagingCapacity(planSettings_), device_->memoryOptions()),
       completions_(device_->device()),
       mesh_(std::move(mesh)) {
   TORCH_CHECK(
@@ -441,10 +442,8 @@ bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
   if (!device_->waitOnHost(slice->reduceScattered, [this] { return failed(); })) {
     return false;
   }
-  for (int machine = 0; machine < topology_.numMachines(); ++machine) {
-    if (machine != topology_.machine()) {
-      send(slice, rails::kShards, machine, shardOf(*slice, machine));
-    }
+  for (int machine : sendOrder()) {
+    send(slice, rails::kShards, machine, shardOf(*slice, machine));
   }
   return true;
 }
@@ -469,10 +468,8 @@ bool Engine::reduce(const std::shared_ptr<SliceWork>& slice) {
   if (!device_->waitOnHost(slice->reduced, [this] { return failed(); })) {
     return false;
   }
-  for (int machine = 0; machine < topology_.numMachines(); ++machine) {
-    if (machine != me) {
-      send(slice, rails::kReduced, machine, shardOf(*slice, me));
-    }
+  for (int machine : sendOrder()) {
+    send(slice, rails::kReduced, machine, shardOf(*slice, me));
   }
   return true;
 }
@@ -522,6 +519,16 @@ bool Engine::traced(Stage stage, const SliceWork& slice, Step&& step) {
 at::Tensor Engine::shardOf(const SliceWork& slice, int machine) const {
   const int64_t shardNumel = slice.slot.numel() / topology_.numMachines();
   return slice.slot.narrow(0, machine * shardNumel, shardNumel);
+}
+
+std::vector<int> Engine::sendOrder() const {
+  const int machines = topology_.numMachines();
+  std::vector<int> order;
+  order.reserve(machines - 1);
+  for (int step = 1; step < machines; ++step) {
+    order.push_back((topology_.machine() + step) % machines);
+  }
+  return order;
 }
 
 void Engine::expectMessages(const std::shared_ptr<SliceWork>& slice) {

@@ -181,6 +181,9 @@ class Engine {
       int machine,
       const at::Tensor& shard);
   at::Tensor shardOf(const SliceWork& slice, int machine) const;
+  // The other machines, starting with the next one: no machine is every
+  // sender's first destination.
+  std::vector<int> sendOrder() const;
 
   // Waits until the front of `queue` satisfies `ready`, then pops it; null
   // once the engine has failed.

@@ -86,7 +86,9 @@ PlanShape planShape(
     int64_t numel,
     int64_t elementSize,
     const PlanSettings& settings) {
-  TORCH_CHECK(numel >= 0 && settings.minShardBytes >= 0);
+  TORCH_CHECK(
+      numel >= 0 && settings.minShardBytes >= 0 &&
+      settings.maxSlicesInFlight > 0);
   const int64_t ranks =
       static_cast<int64_t>(settings.localSize) * settings.machines;
   const int64_t unit = planUnit(
@@ -120,8 +122,25 @@ PlanShape planShape(
       slices,
       longestSlice * elementSize / ranks,
       stagingBytes,
-      settings.totalMemoryBytes / stagingBytes,
+      std::min(
+          settings.totalMemoryBytes / stagingBytes, settings.maxSlicesInFlight),
       belowFloor};
+}
+
+int64_t stagingCapacity(const PlanSettings& settings) {
+  // Slices are longest for the longest tensors (sliceBytesFor grows with the
+  // tensor; the floor does not depend on it). Units round per element size.
+  constexpr int64_t kLongestTensorBytes = int64_t{1} << 50;
+  int64_t needed = 0;
+  for (const int64_t elementSize : {1, 2, 4, 8, 16}) {
+    const PlanShape shape =
+        planShape(kLongestTensorBytes / elementSize, elementSize, settings);
+    needed = std::max(
+        {needed,
+         settings.maxSlicesInFlight * shape.stagingBytes,
+         stagingBytesOf(shape.sliceNumel, elementSize, settings, true)});
+  }
+  return std::min(needed, settings.totalMemoryBytes);
 }
 
 } // namespace fairring

@@ -58,6 +58,7 @@ struct PlanSettings {
   int64_t maxSliceBytes = 4 << 20; // FAIRRING_SLICE_SIZE
   int64_t minShardBytes = 0; // FAIRRING_MIN_SHARD_SIZE; 0: no floor
   int64_t totalMemoryBytes = 50 << 20; // FAIRRING_TOTAL_MEMORY
+  int64_t maxSlicesInFlight = 4; // FAIRRING_SLICES_IN_FLIGHT
 };
 
 // The plan of one all-reduce, as the engine runs it.
@@ -67,7 +68,9 @@ struct PlanShape {
   int64_t slices;
   int64_t shardBytes; // what one rank sends a rail peer per slice
   int64_t stagingBytes; // one full slice's lease
-  int64_t slicesInFlight; // full slices the staging memory holds at once
+  // Full slices in flight at once: as many as the staging memory holds, at
+  // most maxSlicesInFlight.
+  int64_t slicesInFlight;
   // The plan cut the tensor into shards smaller than the floor, because the
   // staging memory cannot hold two slices that large.
   bool belowFloor;
@@ -82,5 +85,14 @@ PlanShape planShape(
     int64_t numel,
     int64_t elementSize,
     const PlanSettings& settings);
+
+// The staging memory an engine allocates: maxSlicesInFlight of the longest
+// slices any all-reduce is cut into (and at least one padded one, so that
+// every slice fits), at most totalMemoryBytes. More slices in flight than the
+// network needs to stay busy only queue their shards in the kernels' socket
+// buffers, where TCP shares them out unevenly between the connections: some
+// receivers then wait on their last shards while other links idle
+// (docs/benchmarks.md, "What bounds it").
+int64_t stagingCapacity(const PlanSettings& settings);
 
 } // namespace fairring

@@ -43,7 +43,7 @@ from pathlib import Path
 from fairring.config import ConfigError, format_size, parse_size
 
 from . import free_port
-from .netns import Host, NetnsCluster, netns_available, rate_bytes_per_second
+from .netns import MAX_MTU, MIN_MTU, Host, NetnsCluster, netns_available, rate_bytes_per_second
 
 MASTER_PORT_IN_NAMESPACE = 29500
 # The default NIC of an emulated host: what the results in docs/benchmarks.md were measured with.
@@ -79,6 +79,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--link",
         help=f"shape each host's NIC to this tc rate (e.g. 100mbit); implies --netns. Default: {DEFAULT_LINK} "
         "where network namespaces can be made, else --loopback",
+    )
+    parser.add_argument(
+        "--mtu",
+        type=int,
+        help="the emulated NICs' MTU (default: the kernel's, 1500); e.g. 9000 for the jumbo frames of "
+        "datacenter networks. Needs --link or --netns",
     )
     parser.add_argument(
         "--netns", action="store_true", help="run each machine as a host in a network namespace, NIC unshaped"
@@ -149,6 +155,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if "=" not in assignment:
             parser.error(f"--set takes VAR=VALUE, not {assignment!r}")
     args.netns = args.netns or bool(args.link)
+    if args.mtu is not None and not args.netns:
+        parser.error("--mtu sets the emulated hosts' NICs: it needs --link or --netns")
+    if args.mtu is not None and not MIN_MTU <= args.mtu <= MAX_MTU:
+        parser.error(f"--mtu must be {MIN_MTU} to {MAX_MTU}, not {args.mtu}")
     if args.netns:
         available, reason = netns_available()
         if not available:
@@ -203,6 +213,7 @@ def runs_for(args: argparse.Namespace) -> list[Run]:
         # Init asks for room for one padded slice, which is less than two unpadded ones.
         at_least = _C.staging_bytes_for(slice_bytes, args.ranks_per_machine, args.machines, padded=True)
         for inflight in args.inflight_list:
+            # Staging for exactly `inflight` slices, and the cap on slices in flight to match.
             # The study fixes the slicing itself, so the shard floor (which would grow slices and
             # warn when this deliberately small staging cannot) is off.
             environment = {
@@ -210,6 +221,7 @@ def runs_for(args: argparse.Namespace) -> list[Run]:
                 "FAIRRING_MIN_SHARD_SIZE": "0",
                 "FAIRRING_SLICE_SIZE": str(slice_bytes),
                 "FAIRRING_TOTAL_MEMORY": str(max(inflight * per_slice, at_least)),
+                "FAIRRING_SLICES_IN_FLIGHT": str(inflight),
             }
             runs.append(Run("overlap", args.machines, [args.bucket_bytes], args.buckets, inflight, environment))
     if "scaling" in studies:
@@ -223,7 +235,7 @@ def hosts_for(args: argparse.Namespace, machines: int) -> Iterator[list[Host] | 
     if not args.netns:
         yield None
         return
-    with NetnsCluster(machines, rate=args.link) as cluster:
+    with NetnsCluster(machines, rate=args.link, mtu=args.mtu) as cluster:
         yield cluster.hosts
 
 

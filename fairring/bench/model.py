@@ -53,6 +53,8 @@ class FairringSettings:
     total_memory: int = 50 * MiB  # FAIRRING_TOTAL_MEMORY
     min_shard: int | None = None  # FAIRRING_MIN_SHARD_SIZE; None: no floor (the old behaviour)
     flat_threshold: int = 0  # FAIRRING_FLAT_THRESHOLD; smaller tensors take the delegate
+    # FAIRRING_SLICES_IN_FLIGHT; None: as many as total_memory holds (engines before the cap)
+    slices_in_flight: int | None = 4
     adaptive: bool = True  # False: every slice is slice_size, as at commit b87b7f0 (the slice sweep)
 
 
@@ -64,7 +66,7 @@ class Plan:
     slices: int
     last_bytes: int  # the last slice, padded to the unit
     shard_bytes: float  # slice_bytes / (ranks_per_machine x machines)
-    inflight: int  # full slices whose staging fits total_memory at once
+    inflight: int  # full slices in flight: what total_memory holds, at most slices_in_flight
     below_floor: bool  # the floor asked for a slice that staging cannot hold
 
 
@@ -175,12 +177,17 @@ def plan(
     slice_bytes = max(1, wanted // unit) * unit  # plan.cpp sliceNumelFor
     if tensor_bytes <= slice_bytes:
         padded = max(unit, _align(tensor_bytes, unit))
-        inflight = max(1, settings.total_memory // staging_bytes(padded, L, M, True))
+        inflight = _in_flight(settings.total_memory // staging_bytes(padded, L, M, True), settings)
         return Plan(padded, 1, padded, padded / (L * M), inflight, False)
     slices = -(-tensor_bytes // slice_bytes)
     last = _align(tensor_bytes - (slices - 1) * slice_bytes, unit)
-    inflight = max(1, settings.total_memory // staging_bytes(slice_bytes, L, M, False))
+    inflight = _in_flight(settings.total_memory // staging_bytes(slice_bytes, L, M, False), settings)
     return Plan(slice_bytes, slices, last, slice_bytes / (L * M), inflight, below_floor)
+
+
+def _in_flight(fitting: int, settings: FairringSettings) -> int:
+    cap = settings.slices_in_flight
+    return max(1, fitting if cap is None else min(fitting, cap))
 
 
 # --- fairring's pipeline ---------------------------------------------------------------------
@@ -402,6 +409,10 @@ def _settings_of(environment: Mapping[str, str], fixed_slices: bool) -> Fairring
         min_shard=size("FAIRRING_MIN_SHARD_SIZE", 0) or None,
         flat_threshold=size("FAIRRING_FLAT_THRESHOLD", default.flat_threshold),
         adaptive=not fixed_slices,
+        # Records from before the cap name no such setting: their engines had none.
+        slices_in_flight=int(environment["FAIRRING_SLICES_IN_FLIGHT"])
+        if "FAIRRING_SLICES_IN_FLIGHT" in environment
+        else None,
     )
 
 
@@ -413,7 +424,7 @@ def _record_settings(row: Mapping[str, Any], base: FairringSettings) -> Fairring
     L, M = int(row["ranks_per_machine"]), int(row["machines"])
     one = plan(int(row["bytes"]), M, L, base).slice_bytes
     memory = max(inflight * staging_bytes(one, L, M, False), staging_bytes(one, L, M, True))
-    return replace(base, total_memory=memory)
+    return replace(base, total_memory=memory, slices_in_flight=inflight)
 
 
 def load_records(paths: Iterable[Path | str]) -> list[Record]:

@@ -62,7 +62,16 @@ from errno import ENOTEMPTY
 from functools import cache
 from types import TracebackType
 
-__all__ = ["CommandError", "Host", "NetnsCluster", "enter_namespace", "netns_available", "rate_bytes_per_second"]
+__all__ = [
+    "MAX_MTU",
+    "MIN_MTU",
+    "CommandError",
+    "Host",
+    "NetnsCluster",
+    "enter_namespace",
+    "netns_available",
+    "rate_bytes_per_second",
+]
 
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = "/var/run/netns"
@@ -77,6 +86,9 @@ PREFIX_LEN = 24
 # The smallest tbf bucket: it must hold at least one full GSO/TSO packet (64 KiB), or tbf has to split them.
 MIN_BURST_BYTES = 64 * 1024
 TBF_LATENCY = "50ms"
+# IPv4's minimum; jumbo frames (9000) fit well below the tbf bucket, which holds one 64 KiB GSO packet.
+MIN_MTU = 576
+MAX_MTU = 9000
 
 _cluster_ids = itertools.count()
 
@@ -187,14 +199,17 @@ class NetnsCluster:
     Use as a context manager; the hosts exist between enter and exit, and are gone afterwards.
     """
 
-    def __init__(self, hosts: int, rate: str | None = None, networks: int = 1) -> None:
+    def __init__(self, hosts: int, rate: str | None = None, networks: int = 1, mtu: int | None = None) -> None:
         if hosts < 1:
             raise ValueError(f"a cluster needs at least one host, not {hosts}")
         if not 1 <= networks <= 8:
             raise ValueError(f"a cluster has 1 to 8 networks, not {networks}")
         if rate is not None:
             rate_bytes_per_second(rate)  # Fail here, not halfway through setting up.
+        if mtu is not None and not MIN_MTU <= mtu <= MAX_MTU:
+            raise ValueError(f"an emulated NIC's MTU is {MIN_MTU} to {MAX_MTU} bytes, not {mtu}")
         self.rate = rate
+        self.mtu = mtu
         self._count = hosts
         self._networks = networks
         pid, serial = os.getpid(), next(_cluster_ids)
@@ -340,6 +355,10 @@ class NetnsCluster:
             # The inner end is born with its name inside the namespace, so no transient name can clash in either.
             _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", inner, "netns", namespace])
             self._veths.append(veth)
+            if self.mtu is not None:
+                # Both ends: the bridge follows its ports' smallest MTU.
+                _run(["ip", "link", "set", "dev", veth, "mtu", str(self.mtu)])
+                _run(["ip", "-n", namespace, "link", "set", "dev", inner, "mtu", str(self.mtu)])
             _run(["ip", "-n", namespace, "addr", "add", interface_address, "dev", inner])
             _run(["ip", "-n", namespace, "link", "set", "dev", inner, "up"])
             _run(["ip", "link", "set", "dev", veth, "master", bridge])

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 import fairring
-from fairring.config import FLAT_THRESHOLD, format_size, load_config, parse_size
+from fairring.config import FLAT_THRESHOLD, SLICES_IN_FLIGHT, format_size, load_config, parse_size
 
 COLUMNS = (
     ("size", 10),
@@ -68,6 +68,14 @@ def shaper_bytes(shaped: bool) -> int:
         ["tc", "-s", "-j", "qdisc", "show", "dev", "eth0"], capture_output=True, text=True, check=True
     ).stdout
     return sum(int(qdisc["bytes"]) for qdisc in json.loads(shown) if qdisc.get("root"))
+
+
+def nic_mtu(shaped: bool) -> int | None:
+    """The MTU of this host's eth0 on the emulated hosts, as the kernel has it; None elsewhere."""
+    if not shaped:
+        return None
+    shown = subprocess.run(["ip", "-j", "link", "show", "dev", "eth0"], capture_output=True, text=True, check=True)
+    return int(json.loads(shown.stdout)[0]["mtu"])
 
 
 def time_all_reduces(
@@ -119,7 +127,7 @@ def environment(device_type: str) -> dict[str, object]:
             k: v for k, v in os.environ.items() if k.startswith(("FAIRRING_", "TP_SOCKET", "GLOO_SOCKET"))
         },
         # What shaped the plans, defaults included (the variables above name only what was set).
-        "fairring_settings": {**config.must_agree(), FLAT_THRESHOLD: flat},
+        "fairring_settings": {**config.must_agree(), FLAT_THRESHOLD: flat, SLICES_IN_FLIGHT: config.slices_in_flight},
     }
 
 
@@ -140,9 +148,10 @@ def main(argv: list[str]) -> None:
     dist.all_gather_object(hostnames, platform.node(), group=gloo)
     cores = (os.cpu_count() or 1) * len(set(hostnames))
     records = []
+    mtu = nic_mtu(args.link_bytes_per_s > 0)
     if rank == 0:
         where = f"CUDA ({torch.cuda.get_device_name(device)})" if device is not None else "CPU"
-        link = f", NICs shaped to {args.link}" if args.link else ""
+        link = f", NICs shaped to {args.link} (MTU {mtu})" if args.link else ""
         print(f"{topology.num_machines} machines x {topology.local_size} ranks, {where} float32 all_reduce{link}")
         print(" ".join(f"{name:>{width}}" for name, width in COLUMNS), flush=True)
     for size_text in args.sizes.split(","):
@@ -187,6 +196,7 @@ def main(argv: list[str]) -> None:
                 "machines": topology.num_machines,
                 "ranks_per_machine": topology.local_size,
                 "link": args.link or None,
+                "mtu": mtu,
                 "iters": args.iters,
                 "warmup": args.warmup,
                 "seconds": per_iter,
