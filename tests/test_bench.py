@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,6 +95,45 @@ def test_every_study_on_shaped_hosts(tmp_path: Path) -> None:
     # The hosts files went with the namespaces.
     leftovers = os.listdir(netns.NETNS_ETC_DIR) if os.path.isdir(netns.NETNS_ETC_DIR) else []
     assert not [name for name in leftovers if name.startswith("fairring-")]
+
+
+def _processes_with(variable: str) -> list[int]:
+    """Processes whose environment holds `variable` (a unique NAME=value)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and variable.encode() in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_a_terminated_run_stops_its_ranks_and_removes_its_hosts() -> None:
+    available, reason = netns_available()
+    if not available:
+        pytest.skip(f"network namespaces unavailable: {reason}")
+    tag = f"FAIRRING_BENCH_TEST_RUN={os.getpid()}-{time.monotonic_ns()}"
+    command = [sys.executable, "-m", "fairring.bench", "--link", "100mbit", "--sizes", "64MiB", "-n", "1000"]
+    bench_run = subprocess.Popen(
+        command, stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, tag.split("=")[0]: tag.split("=")[1]}
+    )
+    try:
+        assert bench_run.stdout is not None
+        for line in bench_run.stdout:  # the ranks are up once rank 0 prints the column names
+            if "backend" in line:
+                break
+        hosts = [name for name in os.listdir(netns.NETNS_DIR) if name.startswith(f"fairring-{bench_run.pid:x}-")]
+        assert hosts and _processes_with(tag)
+        bench_run.terminate()
+        assert bench_run.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if bench_run.poll() is None:
+            bench_run.kill()
+            bench_run.wait()
+    assert not [name for name in os.listdir(netns.NETNS_DIR) if name.startswith(f"fairring-{bench_run.pid:x}-")]
+    assert _processes_with(tag) == []
 
 
 @pytest.mark.timeout(60)

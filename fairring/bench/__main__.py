@@ -280,10 +280,24 @@ def run_agents(
             agents.append(subprocess.Popen(command, stdout=log, stderr=log, env=environment, start_new_session=True))
         return wait_for(agents, logs, args.timeout)
     finally:
-        for agent in agents:
-            if agent.poll() is None:
+        stop_agents(agents)
+
+
+def stop_agents(agents: list[subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:
+    """SIGTERM first: torchrun then stops its ranks, which run in sessions of their own (and die with
+    their agent anyway, see worker.die_with_the_agent); SIGKILL to what is left after `grace_s`."""
+    running = [agent for agent in agents if agent.poll() is None]
+    for agent in running:
+        with contextlib.suppress(ProcessLookupError):  # it may have exited meanwhile
+            os.killpg(agent.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for agent in running:
+        try:
+            agent.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(agent.pid, signal.SIGKILL)
-                agent.wait()
+            agent.wait()
 
 
 def wait_for(agents: list[subprocess.Popen[bytes]], logs: list, timeout: float) -> int:
@@ -400,8 +414,16 @@ def reading(records: list[dict], args: argparse.Namespace) -> list[str]:
     return sentences
 
 
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    # Terminated (kill, a scheduler's time limit), the run still stops its ranks and removes its
+    # hosts: SystemExit unwinds through run_agents' `finally` and the cluster's `with`.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGHUP, _exit_on_signal)
     line = setup_line(args)
     if line:
         print(line, flush=True)

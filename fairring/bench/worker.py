@@ -131,8 +131,22 @@ def environment(device_type: str) -> dict[str, object]:
     }
 
 
+def die_with_the_agent() -> None:
+    """torchrun starts each rank in a session of its own: have the kernel kill the rank if its agent
+    dies (killed by the bench on a time-out, say), rather than leave it running with no one to stop
+    it."""
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the agent died before the request took effect
+        sys.exit("fairring.bench.worker: the torchrun agent is gone")
+
+
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
+    die_with_the_agent()
     dist.init_process_group("fairring")
     rank, size = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else None
