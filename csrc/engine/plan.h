@@ -92,7 +92,7 @@ PlanShape planShape(
 // network needs to stay busy only queue their shards in the kernels' socket
 // buffers, where TCP shares them out unevenly between the connections: some
 // receivers then wait on their last shards while other links idle
-// (docs/benchmarks.md, "What bounds it").
+// (docs/benchmarks.md, "Slices in flight").
 int64_t stagingCapacity(const PlanSettings& settings);
 
 } // namespace fairring

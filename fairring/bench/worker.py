@@ -9,9 +9,11 @@ write one JSON record per measurement.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -131,14 +133,14 @@ def environment(device_type: str) -> dict[str, object]:
     }
 
 
+# prctl(2): have the kernel send this signal when the parent dies.
+PR_SET_PDEATHSIG = 1
+
+
 def die_with_the_agent() -> None:
     """torchrun starts each rank in a session of its own: have the kernel kill the rank if its agent
     dies (killed by the bench on a time-out, say), rather than leave it running with no one to stop
     it."""
-    import ctypes
-    import signal
-
-    PR_SET_PDEATHSIG = 1
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:  # the agent died before the request took effect
         sys.exit("fairring.bench.worker: the torchrun agent is gone")
