@@ -9,6 +9,16 @@ namespace fairring {
 
 namespace {
 
+std::vector<int> sendOrderOf(const Topology& topology) {
+  const int machines = topology.numMachines();
+  std::vector<int> order;
+  order.reserve(machines - 1);
+  for (int step = 1; step < machines; ++step) {
+    order.push_back((topology.machine() + step) % machines);
+  }
+  return order;
+}
+
 // Where a slice is, for a timeout's error.
 enum class Step : int {
   kQueued,
@@ -163,6 +173,7 @@ Engine::Engine(
           config.minShardBytes,
           config.totalMemoryBytes,
           config.maxSlicesInFlight},
+      sendOrder_(sendOrderOf(topology)),
       staging_(stagingCapacity(planSettings_), device_->memoryOptions()),
       completions_(device_->device()),
       mesh_(std::move(mesh)) {
@@ -442,7 +453,7 @@ bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
   if (!device_->waitOnHost(slice->reduceScattered, [this] { return failed(); })) {
     return false;
   }
-  for (int machine : sendOrder()) {
+  for (const int machine : sendOrder_) {
     send(slice, rails::kShards, machine, shardOf(*slice, machine));
   }
   return true;
@@ -468,7 +479,7 @@ bool Engine::reduce(const std::shared_ptr<SliceWork>& slice) {
   if (!device_->waitOnHost(slice->reduced, [this] { return failed(); })) {
     return false;
   }
-  for (int machine : sendOrder()) {
+  for (const int machine : sendOrder_) {
     send(slice, rails::kReduced, machine, shardOf(*slice, me));
   }
   return true;
@@ -519,16 +530,6 @@ bool Engine::traced(Stage stage, const SliceWork& slice, Step&& step) {
 at::Tensor Engine::shardOf(const SliceWork& slice, int machine) const {
   const int64_t shardNumel = slice.slot.numel() / topology_.numMachines();
   return slice.slot.narrow(0, machine * shardNumel, shardNumel);
-}
-
-std::vector<int> Engine::sendOrder() const {
-  const int machines = topology_.numMachines();
-  std::vector<int> order;
-  order.reserve(machines - 1);
-  for (int step = 1; step < machines; ++step) {
-    order.push_back((topology_.machine() + step) % machines);
-  }
-  return order;
 }
 
 void Engine::expectMessages(const std::shared_ptr<SliceWork>& slice) {

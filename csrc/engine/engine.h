@@ -181,9 +181,6 @@ class Engine {
       int machine,
       const at::Tensor& shard);
   at::Tensor shardOf(const SliceWork& slice, int machine) const;
-  // The other machines, starting with the next one: no machine is every
-  // sender's first destination.
-  std::vector<int> sendOrder() const;
 
   // Waits until the front of `queue` satisfies `ready`, then pops it; null
   // once the engine has failed.
@@ -231,6 +228,9 @@ class Engine {
   const Hooks hooks_;
   const std::chrono::milliseconds heartbeatInterval_;
   const PlanSettings planSettings_;
+  // The other machines, starting with the next one, in the order a slice's
+  // shards go out: no machine is every sender's first destination.
+  const std::vector<int> sendOrder_;
   StagingRing staging_;
   Completions completions_;
   // The destructor shuts the mesh down before anything else goes: the

@@ -63,11 +63,10 @@ from functools import cache
 from types import TracebackType
 
 __all__ = [
-    "MAX_MTU",
-    "MIN_MTU",
     "CommandError",
     "Host",
     "NetnsCluster",
+    "check_mtu",
     "enter_namespace",
     "netns_available",
     "rate_bytes_per_second",
@@ -142,6 +141,12 @@ def _run(argv: list[str]) -> str:
         raise CommandError(error.returncode, error.cmd, error.output, error.stderr) from None
 
 
+def check_mtu(mtu: int) -> None:
+    """ValueError unless `mtu` is one an emulated NIC may have."""
+    if not MIN_MTU <= mtu <= MAX_MTU:
+        raise ValueError(f"an emulated NIC's MTU is {MIN_MTU} to {MAX_MTU} bytes, not {mtu}")
+
+
 def rate_bytes_per_second(rate: str) -> float:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", rate)
     unit = match.group(2).lower() if match else None
@@ -206,8 +211,8 @@ class NetnsCluster:
             raise ValueError(f"a cluster has 1 to 8 networks, not {networks}")
         if rate is not None:
             rate_bytes_per_second(rate)  # Fail here, not halfway through setting up.
-        if mtu is not None and not MIN_MTU <= mtu <= MAX_MTU:
-            raise ValueError(f"an emulated NIC's MTU is {MIN_MTU} to {MAX_MTU} bytes, not {mtu}")
+        if mtu is not None:
+            check_mtu(mtu)
         self.rate = rate
         self.mtu = mtu
         self._count = hosts

@@ -164,7 +164,8 @@ def main(argv: list[str]) -> None:
     dist.all_gather_object(hostnames, platform.node(), group=gloo)
     cores = (os.cpu_count() or 1) * len(set(hostnames))
     records = []
-    mtu = nic_mtu(args.link_bytes_per_s > 0)
+    shaped = args.link_bytes_per_s > 0
+    mtu = nic_mtu(shaped)
     if rank == 0:
         where = f"CUDA ({torch.cuda.get_device_name(device)})" if device is not None else "CPU"
         link = f", NICs shaped to {args.link} (MTU {mtu})" if args.link else ""
@@ -177,7 +178,6 @@ def main(argv: list[str]) -> None:
         total_bytes = nbytes * args.buckets
         bound = hierarchical_bound_s(total_bytes, topology.num_machines, args.link_bytes_per_s)
         medians: dict[str, float] = {}
-        shaped = args.link_bytes_per_s > 0
         for name, group in groups.items():
             correct = is_exact_sum(tensors, group)
             sent_before, cpu_before, wall_before = shaper_bytes(shaped), time.process_time(), time.perf_counter()
@@ -191,13 +191,12 @@ def main(argv: list[str]) -> None:
             median = statistics.median(per_iter)
             # Profile: what the busiest host's shaper passed per op (frames: headers and ACKs
             # included), and how busy the cores were (every rank's threads).
-            busiest = torch.tensor([sent], dtype=torch.float64)
-            dist.all_reduce(busiest, op=dist.ReduceOp.MAX, group=gloo)
+            maxima = torch.tensor([sent, wall_s], dtype=torch.float64)
+            dist.all_reduce(maxima, op=dist.ReduceOp.MAX, group=gloo)
+            busiest, wall_max = maxima.tolist()
             cpu_total = torch.tensor([cpu_s], dtype=torch.float64)
             dist.all_reduce(cpu_total, group=gloo)
-            wall_max = torch.tensor([wall_s], dtype=torch.float64)
-            dist.all_reduce(wall_max, op=dist.ReduceOp.MAX, group=gloo)
-            wire_bytes = float(busiest.max()) / (args.warmup + args.iters) if shaped else None
+            wire_bytes = busiest / (args.warmup + args.iters) if shaped else None
             medians[name] = median
             algbw = total_bytes / median / 1e9
             record = {
@@ -226,7 +225,7 @@ def main(argv: list[str]) -> None:
                 "fraction_of_bound_speed": bound / median if bound else None,
                 "wire_bytes": wire_bytes,
                 "link_busy": wire_bytes / args.link_bytes_per_s / median if wire_bytes else None,
-                "cpu_busy": float(cpu_total) / (float(wall_max) * cores),
+                "cpu_busy": float(cpu_total) / (wall_max * cores),
                 "correct": correct,
             }
             records.append(record)
