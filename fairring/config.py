@@ -44,7 +44,7 @@ TIMELINE = "FAIRRING_TIMELINE"
 DEFAULT_TOTAL_MEMORY = 50 * MiB
 DEFAULT_SLICE_SIZE = 4 * MiB
 # Enough to keep the links busy while a slice is reduced: on 4 x 2 hosts at 1 Gbit/s, 3 or 4 in
-# flight reached 98% of the bound, 8 (what 50 MiB held) 94% and 16 93%; at 10 Gbit/s 4 did no
+# flight reached 96-98% of the bound, 8 (what 50 MiB held) 94% and 16 93%; at 10 Gbit/s 4 did no
 # worse than 8 (docs/benchmarks.md, "Slices in flight").
 DEFAULT_SLICES_IN_FLIGHT = 4
 # By device type, where FAIRRING_FLAT_THRESHOLD is unset (docs/tuning.md): on CPU the Herring
