@@ -65,9 +65,9 @@ MiB = 2**20
     [
         (100 * MiB, 4 * MiB, 4 * MiB),  # long: the maximum
         (16 * MiB, 4 * MiB, 2 * MiB),  # 8 slices deep
-        (4 * MiB, 4 * MiB, 1 * MiB),  # not below a quarter of the maximum
-        (1024, 4 * MiB, 1 * MiB),  # one slice, as short as the tensor
-        (0, 4 * MiB, 1 * MiB),
+        (8 * MiB, 4 * MiB, 2 * MiB),  # not below half the maximum
+        (1024, 4 * MiB, 2 * MiB),  # one slice, as short as the tensor
+        (0, 4 * MiB, 2 * MiB),
         (10, 1, 1),
     ],
 )

@@ -133,14 +133,14 @@ def test_below_the_flat_threshold_fairring_is_the_delegate() -> None:
         # of which FAIRRING_SLICES_IN_FLIGHT lets 4 fly.
         (64 * MiB, 2, 2, model.FairringSettings(), (4 * MiB, 16, 4 * MiB, MiB, 4, False)),
         (64 * MiB, 2, 2, model.FairringSettings(slices_in_flight=None), (4 * MiB, 16, 4 * MiB, MiB, 8, False)),
-        # 4 MiB: cut 8 deep, but not below a quarter of 4 MiB.
-        (4 * MiB, 2, 2, model.FairringSettings(), (MiB, 4, MiB, MiB / 4, 4, False)),
+        # 8 MiB: cut 8 deep, but not below half of 4 MiB.
+        (8 * MiB, 2, 2, model.FairringSettings(), (2 * MiB, 4, 2 * MiB, MiB / 2, 4, False)),
         # The overlap study: a 25 MiB bucket in 8 slices of 3.125 MiB.
         (25 * MiB, 2, 2, model.FairringSettings(slice_size=3276800), (3276800, 8, 3276800, 819200, 4, False)),
         # One slice of 1000 bytes, padded to the unit (2 x 2 x 4 bytes).
         (1000, 2, 2, model.FairringSettings(), (1008, 1, 1008, 252, 4, False)),
-        # Unit 24 bytes: 1310721-byte slices round down to 1310712; the 68 left over pad to 72.
-        (10 * MiB + 4, 3, 2, model.FairringSettings(), (1310712, 9, 72, 218452, 4, False)),
+        # Unit 24 bytes: 2621441-byte slices round down to 2621424; the 132 left over pad to 144.
+        (20 * MiB + 4, 3, 2, model.FairringSettings(), (2621424, 9, 144, 436904, 4, False)),
         # Fixed slices (the slice sweep): 8 MiB even for a 4 MiB tensor, so one slice.
         (
             4 * MiB,

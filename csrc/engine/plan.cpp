@@ -21,7 +21,7 @@ int64_t planUnit(
 
 int64_t sliceBytesFor(int64_t tensorBytes, int64_t maxSliceBytes) {
   TORCH_CHECK(tensorBytes >= 0 && maxSliceBytes > 0);
-  const int64_t floor = std::max<int64_t>(1, maxSliceBytes / 4);
+  const int64_t floor = std::max<int64_t>(1, maxSliceBytes / 2);
   const int64_t deep = (tensorBytes + kPipelineDepth - 1) / kPipelineDepth;
   return std::clamp(deep, floor, maxSliceBytes);
 }

@@ -38,8 +38,9 @@ int64_t planUnit(
 
 // The slice size, in bytes, for an all-reduce of `tensorBytes`: at most
 // `maxSliceBytes` (FAIRRING_SLICE_SIZE), and smaller for tensors shorter than
-// kPipelineDepth such slices so that they pipeline too, but never below a
-// quarter of the maximum, where per-slice costs start to show.
+// kPipelineDepth such slices so that they pipeline too, but never below half
+// the maximum: where the CPU is the limit, per-slice costs dominate shorter
+// slices (docs/benchmarks.md, "Loopback").
 int64_t sliceBytesFor(int64_t tensorBytes, int64_t maxSliceBytes);
 
 // The largest slice (in elements) that fits `sliceBytes` and divides evenly:

@@ -140,11 +140,11 @@ def staging_bytes(slice_bytes: int, ranks_per_machine: int, machines: int, padde
 
 
 def _base_slice(tensor_bytes: int, settings: FairringSettings) -> int:
-    # plan.cpp sliceBytesFor: 8 slices deep, but none below a quarter of the maximum.
+    # plan.cpp sliceBytesFor: 8 slices deep, but none below half the maximum.
     if not settings.adaptive:
         return settings.slice_size
     deep = -(-tensor_bytes // PIPELINE_DEPTH)
-    return min(max(deep, max(1, settings.slice_size // 4)), settings.slice_size)
+    return min(max(deep, max(1, settings.slice_size // 2)), settings.slice_size)
 
 
 def _largest_fitting_slice(ranks_per_machine: int, machines: int, budget: int, unit: int) -> int:
