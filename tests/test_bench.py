@@ -80,6 +80,7 @@ def test_every_study_on_shaped_hosts(tmp_path: Path) -> None:
     environment = json.loads((tmp_path / "r.json").read_text())["environment"]
     assert environment["fairring_settings"]["FAIRRING_MIN_SHARD_SIZE"] == 256 * 1024
     assert environment["fairring_settings"]["FAIRRING_SLICES_IN_FLIGHT"] == 4
+    assert environment["fairring_plan"]["shortest_slice"] == 2 * 1024 * 1024  # half of 4 MiB
     assert sorted({r["inflight"] for r in by_study["overlap"]}) == [1, 2]
     assert all(r["buckets"] == 3 for r in by_study["overlap"])
     assert sorted({r["machines"] for r in by_study["scaling"]}) == [1, 2]

@@ -244,6 +244,22 @@ def test_records_load_with_their_settings(tmp_path: Path) -> None:
     assert model.plan(25 * MiB, 2, 2, record.settings).inflight == 2
 
 
+def test_records_plan_with_the_shortest_slice_of_their_engine(tmp_path: Path) -> None:
+    row = {"study": "single", "backend": "fairring", "bytes": 8 * MiB, "machines": 2, "ranks_per_machine": 2}
+    row |= {"link": None, "median_s": 0.01}
+    settings = {"FAIRRING_SLICE_SIZE": 4 * MiB, "FAIRRING_SLICES_IN_FLIGHT": 4}
+    slices = {}
+    for name, environment in {
+        "now": {"fairring_settings": settings, "fairring_plan": {"shortest_slice": 2 * MiB}},
+        "before": {"fairring_settings": settings},  # engines before 775dc7a: a quarter
+    }.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"records": [row], "environment": environment}))
+        (record,) = model.load_records([path])
+        slices[name] = model.plan(8 * MiB, 2, 2, record.settings).slices
+    assert slices == {"now": 4, "before": 8}
+
+
 def _synthetic(truth: model.Params, link: str) -> list[model.Record]:
     records = []
     for machines in (1, 2, 4):

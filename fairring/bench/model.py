@@ -56,6 +56,8 @@ class FairringSettings:
     # FAIRRING_SLICES_IN_FLIGHT; None: as many as total_memory holds (engines before the cap)
     slices_in_flight: int | None = 4
     adaptive: bool = True  # False: every slice is slice_size, as at commit b87b7f0 (the slice sweep)
+    # Adaptive slices are no shorter than slice_size / this: 2 since commit 775dc7a, 4 before.
+    shortest_slice_divisor: int = 2
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,8 @@ def _base_slice(tensor_bytes: int, settings: FairringSettings) -> int:
     if not settings.adaptive:
         return settings.slice_size
     deep = -(-tensor_bytes // PIPELINE_DEPTH)
-    return min(max(deep, max(1, settings.slice_size // 2)), settings.slice_size)
+    shortest = max(1, settings.slice_size // settings.shortest_slice_divisor)
+    return min(max(deep, shortest), settings.slice_size)
 
 
 def _largest_fitting_slice(ranks_per_machine: int, machines: int, budget: int, unit: int) -> int:
@@ -396,19 +399,22 @@ class Record:
         return self.median_s / self.ops
 
 
-def _settings_of(environment: Mapping[str, str], fixed_slices: bool) -> FairringSettings:
+def _settings_of(environment: Mapping[str, str], fixed_slices: bool, shortest_slice: int | None) -> FairringSettings:
     default = FairringSettings()
 
     def size(name: str, fallback: int) -> int:
         raw = environment.get(name)
         return parse_size(raw) if raw is not None else fallback
 
+    slice_size = size("FAIRRING_SLICE_SIZE", default.slice_size)
     return FairringSettings(
-        slice_size=size("FAIRRING_SLICE_SIZE", default.slice_size),
+        slice_size=slice_size,
         total_memory=size("FAIRRING_TOTAL_MEMORY", default.total_memory),
         min_shard=size("FAIRRING_MIN_SHARD_SIZE", 0) or None,
         flat_threshold=size("FAIRRING_FLAT_THRESHOLD", default.flat_threshold),
         adaptive=not fixed_slices,
+        # Records from before commit 775dc7a do not name the shortest slice: theirs was a quarter.
+        shortest_slice_divisor=slice_size // shortest_slice if shortest_slice else 4,
         # Records from before the cap name no such setting: their engines had none.
         slices_in_flight=int(environment["FAIRRING_SLICES_IN_FLIGHT"])
         if "FAIRRING_SLICES_IN_FLIGHT" in environment
@@ -439,7 +445,11 @@ def load_records(paths: Iterable[Path | str]) -> list[Record]:
         environment = document.get("environment", {})
         # Newer records name every setting that shaped the plans; older ones only those set.
         settings = environment.get("fairring_settings") or environment.get("fairring_env", {})
-        base = _settings_of({k: str(v) for k, v in settings.items()}, fixed_slices="fixed-" in path.name)
+        base = _settings_of(
+            {k: str(v) for k, v in settings.items()},
+            fixed_slices="fixed-" in path.name,
+            shortest_slice=environment.get("fairring_plan", {}).get("shortest_slice"),
+        )
         for row in document["records"]:
             records.append(
                 Record(

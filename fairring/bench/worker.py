@@ -130,6 +130,8 @@ def environment(device_type: str) -> dict[str, object]:
         },
         # What shaped the plans, defaults included (the variables above name only what was set).
         "fairring_settings": {**config.must_agree(), FLAT_THRESHOLD: flat, SLICES_IN_FLIGHT: config.slices_in_flight},
+        # Rules of the plan that no setting names, for the model (fairring/bench/model.py) to mirror.
+        "fairring_plan": {"shortest_slice": fairring._C.slice_bytes_for(0, config.slice_size)},
     }
 
 
