@@ -64,7 +64,7 @@ MiB = 2**20
     ("tensor_bytes", "max_slice", "expected"),
     [
         (100 * MiB, 4 * MiB, 4 * MiB),  # long: the maximum
-        (16 * MiB, 4 * MiB, 2 * MiB),  # 8 slices deep
+        (24 * MiB, 4 * MiB, 3 * MiB),  # 8 slices deep
         (8 * MiB, 4 * MiB, 2 * MiB),  # not below half the maximum
         (1024, 4 * MiB, 2 * MiB),  # one slice, as short as the tensor
         (0, 4 * MiB, 2 * MiB),

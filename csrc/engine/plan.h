@@ -40,7 +40,7 @@ int64_t planUnit(
 // `maxSliceBytes` (FAIRRING_SLICE_SIZE), and smaller for tensors shorter than
 // kPipelineDepth such slices so that they pipeline too, but never below half
 // the maximum: where the CPU is the limit, per-slice costs dominate shorter
-// slices (docs/benchmarks.md, "Loopback").
+// slices (docs/benchmarks.md, "Unshaped, on loopback").
 int64_t sliceBytesFor(int64_t tensorBytes, int64_t maxSliceBytes);
 
 // The largest slice (in elements) that fits `sliceBytes` and divides evenly:
