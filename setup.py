@@ -45,6 +45,7 @@ COMMON_SOURCES = [
     "backend/backend.cpp",
     "backend/delegated.cpp",
     "backend/ledger.cpp",
+    "backend/memory_order.cpp",
     "backend/work.cpp",
     "bindings.cpp",
     "device/device.cpp",

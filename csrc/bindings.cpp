@@ -428,6 +428,12 @@ PYBIND11_MODULE(_C, module) {
       "getifaddrs() order: [{name, family, address, up, loopback, "
       "link_local}].");
   module.def(
+      "_set_memory_order_for_tests",
+      &fairring::MemoryOrder::setEnabledForTests,
+      py::arg("enabled"),
+      "Tests' negative control only: with False, collectives in flight on "
+      "the same memory are no longer ordered (process-wide).");
+  module.def(
       "plan_unit",
       &fairring::planUnit,
       py::arg("local_size"),

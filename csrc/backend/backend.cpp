@@ -37,6 +37,14 @@ void forEachTensor(
   }
 }
 
+// Every tensor an operation reads or writes, for MemoryOrder.
+template <typename... Tensors>
+std::vector<at::Tensor> tensorsOf(const Tensors&... tensors) {
+  std::vector<at::Tensor> all;
+  (forEachTensor(tensors, [&](const at::Tensor& t) { all.push_back(t); }), ...);
+  return all;
+}
+
 // Gloo, which serves CPU tensors, has no PREMUL_SUM and cannot average
 // integers; say so up front instead of failing inside Gloo. (all_reduce turns
 // PREMUL_SUM into SUM first: see premultiplied().)
@@ -363,7 +371,8 @@ c10::intrusive_ptr<c10d::Work> Backend::forward(
   const uint64_t seq = nextCollective(
       std::string(opName) + " " +
       c10::DeviceTypeName(type, /*lower_case=*/true));
-  return forwardTo(opName, type, seq, std::forward<Call>(call));
+  return forwardTo(
+      opName, type, seq, tensorsOf(tensors...), std::forward<Call>(call));
 }
 
 template <typename Call>
@@ -371,12 +380,14 @@ c10::intrusive_ptr<c10d::Work> Backend::forwardTo(
     const char* opName,
     c10::DeviceType type,
     std::optional<uint64_t> collective,
+    const std::vector<at::Tensor>& touches,
     Call&& call) {
   if (collective) {
     checkNotFailed(opName);
   }
   c10d::Backend& inner = delegate(type);
   bool collect = false;
+  bool native = false;
   {
     std::lock_guard<std::mutex> lock(coalescingMutex_);
     if (CoalescingBlock* block = openBlockLocked(opName, type)) {
@@ -385,11 +396,22 @@ c10::intrusive_ptr<c10d::Work> Backend::forwardTo(
         block->nativeBlock = &inner;
         inner.startCoalescing();
       }
+      native = !collect;
     }
+  }
+  const auto executor =
+      isCpu(inner) ? MemoryOrder::Executor::kGloo : MemoryOrder::Executor::kNccl;
+  if (collective) {
+    memoryOrder_.awaitOverlapping(touches, executor, timeout());
   }
   auto work = call(inner);
   if (collective && isCpu(inner)) {
     work = delegated_.watch(work, work->retrieveOpType(), *collective, {});
+  }
+  // A native block (NCCL's group) launches nothing before it ends, so its
+  // members' Works are not waited for; the block orders them itself.
+  if (collective && !native) {
+    memoryOrder_.track(touches, executor, work);
   }
   if (collect) {
     std::lock_guard<std::mutex> lock(coalescingMutex_);
@@ -642,6 +664,13 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
   Engine* engine = tensors.size() == 1 || premul
       ? engineFor(tensors, premul ? c10d::ReduceOp::SUM : opts.reduceOp.op_)
       : nullptr;
+  // Before premultiplied() writes the tensors.
+  memoryOrder_.awaitOverlapping(
+      tensors,
+      engine != nullptr      ? MemoryOrder::Executor::kEngine
+          : type == c10::kCPU ? MemoryOrder::Executor::kGloo
+                              : MemoryOrder::Executor::kNccl,
+      timeout());
   const c10d::AllreduceOptions ownOpts =
       premul && (type == c10::kCPU || engine != nullptr)
       ? premultiplied(tensors, opts)
@@ -655,6 +684,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
         seq,
         tensors));
     joinBlock("allreduce", type, work);
+    memoryOrder_.track(tensors, MemoryOrder::Executor::kEngine, work);
     return work;
   }
   if (topology_.servesEngine() &&
@@ -666,6 +696,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
       "allreduce",
       type,
       seq,
+      tensors,
       [&](c10d::Backend& inner) {
         if (isCpu(inner)) {
           checkCpuReduction("allreduce", ownOpts.reduceOp, tensors);
@@ -693,6 +724,8 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(
   const uint64_t seq = nextCollective(reductionSignature(
       "all_reduce_coalesced", type, tensors, opts.reduceOp));
   if (Engine* engine = engineFor(tensors, opts.reduceOp)) {
+    memoryOrder_.awaitOverlapping(
+        tensors, MemoryOrder::Executor::kEngine, timeout());
     auto work = c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
         packedAllreduce(
             *engine, tensors, opts.reduceOp, timeoutOf(opts.timeout), seq),
@@ -701,12 +734,14 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(
         seq,
         tensors));
     joinBlock("allreduce_coalesced", type, work);
+    memoryOrder_.track(tensors, MemoryOrder::Executor::kEngine, work);
     return work;
   }
   return forwardTo(
       "allreduce_coalesced",
       type,
       seq,
+      tensors,
       [&](c10d::Backend& inner) {
         if (isCpu(inner)) {
           checkCpuReduction("allreduce_coalesced", opts.reduceOp, tensors);
@@ -943,6 +978,7 @@ c10::intrusive_ptr<c10d::Work> Backend::send(
       "send",
       route("send", tensors),
       std::nullopt, // not a collective
+      {},
       [&](c10d::Backend& inner) { return inner.send(tensors, dstRank, tag); });
 }
 
@@ -954,6 +990,7 @@ c10::intrusive_ptr<c10d::Work> Backend::recv(
       "recv",
       route("recv", tensors),
       std::nullopt, // not a collective
+      {},
       [&](c10d::Backend& inner) { return inner.recv(tensors, srcRank, tag); });
 }
 
@@ -964,6 +1001,7 @@ c10::intrusive_ptr<c10d::Work> Backend::recvAnysource(
       "recvAnysource",
       route("recvAnysource", tensors),
       std::nullopt, // not a collective
+      {},
       [&](c10d::Backend& inner) { return inner.recvAnysource(tensors, tag); });
 }
 

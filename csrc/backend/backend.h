@@ -17,6 +17,7 @@
 #include "backend/delegated.h"
 #include "backend/inner_groups.h"
 #include "backend/ledger.h"
+#include "backend/memory_order.h"
 #include "config.h"
 #include "engine/engine.h"
 #include "topology.h"
@@ -228,12 +229,14 @@ class Backend final : public c10d::Backend {
   // Runs `call` on the delegate of `type` (the tensors', from route()),
   // joining an open coalescing block. `collective`: its number, if it is one
   // (not a send or receive): then it is refused once the group has failed,
-  // and on the CPU watched.
+  // on the CPU watched, and ordered after earlier collectives in flight on
+  // the memory it `touches` (MemoryOrder).
   template <typename Call>
   c10::intrusive_ptr<c10d::Work> forwardTo(
       const char* opName,
       c10::DeviceType type,
       std::optional<uint64_t> collective,
+      const std::vector<at::Tensor>& touches,
       Call&& call);
   // The open coalescing block, its device type set by its first operation
   // and checked against `type`; null when none is open. Needs
@@ -303,6 +306,7 @@ class Backend final : public c10d::Backend {
   std::array<std::atomic<int64_t>, 2> flatAllreduces_{}; // CPU, CUDA
   CollectiveLedger ledger_;
   DelegatedWorks delegated_; // the CPU delegate's collectives
+  MemoryOrder memoryOrder_; // collectives in flight, by the memory they touch
 
   // Serialises the creation of CUDA groups, engines and splits, which calls
   // into Python; never held by a thread that holds the GIL.

@@ -1,0 +1,146 @@
+"""Collectives in flight on the same memory run in issue order, as NCCL runs a group's collectives.
+
+Every expected value is computed from the known per-rank inputs with plain torch.
+The negative control turns the ordering off and shows that the first test then
+sees wrong results: without it, the second all-reduce reads its input before
+the first has written its result back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness import Layout, RankPool
+from reference import all_ranks_reduced, assert_matches, rank_tensor
+
+# 64 Ki floats travel as one slice, 1 Mi + 3 as several with a padded last one.
+NUMELS = [1 << 16, (1 << 20) + 3]
+
+
+@pytest.fixture(scope="module", params=[Layout(2, 2), Layout(3, 2, interleaved=True)], ids=str)
+def ordered_pool(request: pytest.FixtureRequest) -> Iterator[RankPool]:
+    with RankPool(request.param) as ranks:
+        yield ranks
+
+
+def twice_in_flight(numel: int, seed: int) -> bool:
+    """all_reduce(t) twice without waiting: world_size times the sum. Whether it matched."""
+    world = dist.get_world_size()
+    tensor = rank_tensor(dist.get_rank(), (numel,), torch.float32, seed)
+    first = dist.all_reduce(tensor, async_op=True)
+    second = dist.all_reduce(tensor, async_op=True)
+    second.wait()
+    first.wait()
+    expected = all_ranks_reduced((numel,), torch.float32, seed=seed) * world
+    return torch.allclose(tensor, expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.timeout(300)
+def test_same_tensor_twice(ordered_pool: RankPool) -> None:
+    for seed, numel in enumerate(NUMELS):
+        assert all(ordered_pool.run(twice_in_flight, numel, seed)), f"{numel} floats"
+
+
+def overlapping_views(numel: int, seed: int) -> None:
+    """all_reduce of t[: 3n/4] and of t[n/4 :] in flight together: the overlap is reduced twice."""
+    world = dist.get_world_size()
+    tensor = rank_tensor(dist.get_rank(), (numel,), torch.float32, seed)
+    reference = all_ranks_reduced((numel,), torch.float32, seed=seed)
+    head, tail = tensor[: 3 * numel // 4], tensor[numel // 4 :]
+    works = [dist.all_reduce(head, async_op=True), dist.all_reduce(tail, async_op=True)]
+    for work in works:
+        work.wait()
+    expected = reference.clone()
+    expected[numel // 4 : 3 * numel // 4] *= world
+    assert_matches(tensor, expected)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("numel", NUMELS)
+def test_overlapping_views(ordered_pool: RankPool, numel: int) -> None:
+    ordered_pool.run(overlapping_views, numel, 5)
+
+
+def disjoint_views_of_one_buffer(numel: int, seed: int) -> None:
+    """Buckets of one gradient buffer (as Megatron's DDP has them) are each reduced once."""
+    tensor = rank_tensor(dist.get_rank(), (4 * numel,), torch.float32, seed)
+    works = [dist.all_reduce(bucket, async_op=True) for bucket in tensor.chunk(4)]
+    for work in works:
+        work.wait()
+    assert_matches(tensor, all_ranks_reduced((4 * numel,), torch.float32, seed=seed))
+
+
+@pytest.mark.timeout(300)
+def test_disjoint_views_of_one_buffer(ordered_pool: RankPool) -> None:
+    ordered_pool.run(disjoint_views_of_one_buffer, 1 << 16, 6)
+
+
+def delegated_then_engine(numel: int, seed: int) -> None:
+    """broadcast(t, src=last) then all_reduce(t), both in flight: world_size x the last rank's input."""
+    world = dist.get_world_size()
+    tensor = rank_tensor(dist.get_rank(), (numel,), torch.float32, seed)
+    source = rank_tensor(world - 1, (numel,), torch.float32, seed)
+    works = [dist.broadcast(tensor, src=world - 1, async_op=True), dist.all_reduce(tensor, async_op=True)]
+    for work in reversed(works):
+        work.wait()
+    assert_matches(tensor, source * world)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("numel", NUMELS)
+def test_broadcast_then_all_reduce(ordered_pool: RankPool, numel: int) -> None:
+    ordered_pool.run(delegated_then_engine, numel, 7)
+
+
+def engine_then_delegated(numel: int, seed: int) -> None:
+    """all_reduce(t) then all_gather_into_tensor(out, t), both in flight: every rank's part is the sum."""
+    world = dist.get_world_size()
+    tensor = rank_tensor(dist.get_rank(), (numel,), torch.float32, seed)
+    gathered = torch.empty(world * numel)
+    works = [dist.all_reduce(tensor, async_op=True), dist.all_gather_into_tensor(gathered, tensor, async_op=True)]
+    for work in reversed(works):
+        work.wait()
+    assert_matches(gathered, all_ranks_reduced((numel,), torch.float32, seed=seed).repeat(world))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("numel", NUMELS)
+def test_all_reduce_then_all_gather(ordered_pool: RankPool, numel: int) -> None:
+    ordered_pool.run(engine_then_delegated, numel, 8)
+
+
+def delegated_twice(numel: int, seed: int) -> None:
+    """Two Gloo collectives on one tensor in flight: broadcast from rank 0, then from the last rank."""
+    world = dist.get_world_size()
+    tensor = rank_tensor(dist.get_rank(), (numel,), torch.float32, seed)
+    works = [dist.broadcast(tensor, src=0, async_op=True), dist.broadcast(tensor, src=world - 1, async_op=True)]
+    for work in works:
+        work.wait()
+    # The last rank's second broadcast sends what the first one wrote: rank 0's input.
+    assert_matches(tensor, rank_tensor(0, (numel,), torch.float32, seed))
+
+
+@pytest.mark.timeout(300)
+def test_two_delegated_collectives(ordered_pool: RankPool) -> None:
+    ordered_pool.run(delegated_twice, 1 << 20, 9)
+
+
+def unordered_twice_in_flight(numel: int, seed: int) -> bool:
+    from fairring import _C
+
+    _C._set_memory_order_for_tests(False)
+    try:
+        return twice_in_flight(numel, seed)
+    finally:
+        _C._set_memory_order_for_tests(True)
+
+
+@pytest.mark.timeout(300)
+def test_negative_control_without_ordering_results_are_wrong(ordered_pool: RankPool) -> None:
+    """The check above can fail: with the ordering off, the second op reads the input unreduced."""
+    matched = ordered_pool.run(unordered_twice_in_flight, 1 << 16, 11)
+    assert not all(matched), "two unordered all-reduces of one tensor gave the ordered result on every rank"
