@@ -103,6 +103,14 @@ SOAK_ARGS ?= --minutes 10
 soak: build
 	$(PY) benchmarks/soak.py $(SOAK_ARGS)
 
+# The emulated device's long run, outside CI (tests/test_emulated_device.py runs ~300 ops
+# per layout in CI): STRESS_OPS all-reduces per layout, half on each of two groups, on 2x3
+# and 4x2, every result checked.
+STRESS_OPS ?= 4000
+.PHONY: stress
+stress: build
+	FAIRRING_STRESS_OPS=$(STRESS_OPS) $(PY) -m pytest -rs tests/test_emulated_device.py -k stress
+
 lint: $(INSTALLED)
 	$(PY) -m ruff check setup.py fairring tests benchmarks
 	$(PY) -m ruff format --check setup.py fairring tests benchmarks
@@ -127,12 +135,15 @@ wheel-check: wheel
 	$(WHEEL_VENV)/bin/python -m pip install --quiet --no-deps dist/fairring-*.whl
 	cd "$$(mktemp -d)" && $(abspath $(WHEEL_VENV))/bin/python $(abspath tests/wheel_smoke.py)
 
-# The GPU check: on a machine with a GPU and torch but no network (no venv, no pip), builds
-# fairring against $(PYTHON)'s torch, runs tests/test_cuda.py and a CUDA bench (2 processes on
-# one GPU as 2 machines), and writes one report: FAIRRING_GPU_REPORT (default gpu-check-report.md).
-# GPU_CHECK_ARGS go to `python -m fairring.bench.gpu_check` (see its --help), e.g. --quick or
-# "--device cpu" (with FAIRRING_WITH_CUDA=auto, where there is no CUDA). A failed build writes
-# the report too. Whole check: GPU_CHECK_SECONDS (the build's time counts).
+# The GPU check: on a machine with a GPU and torch but no network (no venv, no pip), prints what
+# it found (python, torch and its CUDA, the CUDA headers, the compiler, nvcc, cores), builds
+# fairring against $(PYTHON)'s torch, runs tests/test_cuda.py, a CUDA bench (2 processes on one
+# GPU as 2 machines), every dtype and op with 3 and 4 processes as machines, and a stress of
+# large slices over TensorPipe's cuda_basic channel, and writes one report: FAIRRING_GPU_REPORT
+# (default gpu-check-report.md). GPU_CHECK_ARGS go to `python -m fairring.bench.gpu_check` (see
+# its --help), e.g. --quick or "--device cpu" (with FAIRRING_WITH_CUDA=auto, where there is no
+# CUDA). A failed build writes the report too. Whole check: GPU_CHECK_SECONDS (the build's time
+# counts); each stage gets a bounded share, and one the time left cannot fit is reported skipped.
 GPU_REPORT ?= gpu-check-report.md
 GPU_CHECK_SECONDS ?= 560
 GPU_BUILD_SECONDS ?= 240
@@ -145,10 +156,21 @@ gpu-check:
 	  if [ -f "$$root/include/cuda_runtime_api.h" ]; then export CUDA_HOME="$$root"; fi; \
 	fi; \
 	export CXX="$(BUILD_CXX)" FAIRRING_WITH_CUDA="$${FAIRRING_WITH_CUDA:-1}" MAX_JOBS="$${MAX_JOBS:-$$(nproc)}"; \
+	found="$$( \
+	  $(PYTHON) -c 'import sys; print(f"python: {sys.executable} {sys.version.split()[0]}")' 2>/dev/null \
+	    || echo "python: $(PYTHON) does not run"; \
+	  $(PYTHON) -c 'import torch; print(f"torch: {torch.__version__}, torch.version.cuda: {torch.version.cuda}")' \
+	    2>/dev/null || echo "torch: $(PYTHON) cannot import torch"; \
+	  echo "CUDA headers (CUDA_HOME): $${CUDA_HOME:-none}"; \
+	  cxx="$$($$CXX --version 2>/dev/null | head -n 1)"; echo "compiler: $$CXX: $${cxx:-not found}"; \
+	  nvcc="$$(command -v nvcc >/dev/null 2>&1 && nvcc --version 2>&1 | tail -n 1)"; echo "nvcc: $${nvcc:-none}"; \
+	  echo "cores: $$(nproc 2>/dev/null || echo unknown)")"; \
+	echo "$$found" | sed 's/^/gpu-check: /'; \
 	build="CXX=$$CXX FAIRRING_WITH_CUDA=$$FAIRRING_WITH_CUDA MAX_JOBS=$$MAX_JOBS CUDA_HOME=$${CUDA_HOME:-} $(PYTHON) setup.py --quiet build_ext --inplace"; \
 	echo "gpu-check: $$build"; \
 	if ! timeout $(GPU_BUILD_SECONDS) $(PYTHON) setup.py --quiet build_ext --inplace >"$$log" 2>&1; then \
-	  { echo "# fairring GPU check: FAILED (build)"; echo; echo "The build failed or ran past $(GPU_BUILD_SECONDS) s:"; \
+	  { echo "# fairring GPU check: FAILED (build)"; echo; echo "Found:"; echo; echo '```text'; echo "$$found"; echo '```'; \
+	    echo; echo "The build failed or ran past $(GPU_BUILD_SECONDS) s:"; \
 	    echo; echo '```sh'; echo "$$build"; echo '```'; echo; echo '```text'; tail -n 200 "$$log"; echo '```'; } >"$$report"; \
 	  tail -n 60 "$$log" >&2; rm -f "$$log"; echo "gpu-check: FAILED (build); report: $$report" >&2; exit 1; \
 	fi; \

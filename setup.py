@@ -49,6 +49,8 @@ COMMON_SOURCES = [
     "backend/work.cpp",
     "bindings.cpp",
     "device/device.cpp",
+    "device/emulated.cpp",
+    "device/streamed.cpp",
     "device/shared_memory.cpp",
     "engine/completions.cpp",
     "engine/engine.cpp",

@@ -124,6 +124,39 @@ def engine_premul_sum_and_non_contiguous(device_of_rank: str) -> None:
     assert_matches(tensor.cpu(), torch.stack(inputs).sum(0).to(torch.float32).t())
 
 
+def engine_orders_ops_on_one_tensor(device_of_rank: str) -> None:
+    """As NCCL: a broadcast and two all-reduces of one tensor in flight run in issue order."""
+    rank = dist.get_rank()
+    device = torch.device(device_of_rank.format(rank=rank))
+    torch.cuda.set_device(device)
+    world = dist.get_world_size()
+    tensor = rank_tensor(rank, (300_001,), torch.float32, seed=4).to(device)
+    works = [
+        dist.broadcast(tensor, src=world - 1, async_op=True),
+        dist.all_reduce(tensor, async_op=True),
+        dist.all_reduce(tensor, async_op=True),
+    ]
+    for work in reversed(works):
+        work.wait()
+    expected = rank_tensor(world - 1, (300_001,), torch.float32, seed=4) * world * world
+    assert_matches(tensor.cpu(), expected)
+
+
+def engine_refuses_graph_capture(device_of_rank: str) -> str:
+    """An engine all-reduce inside CUDA graph capture fails at issue, saying what to do."""
+    rank = dist.get_rank()
+    device = torch.device(device_of_rank.format(rank=rank))
+    torch.cuda.set_device(device)
+    tensor = torch.ones(100_000, device=device)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            dist.all_reduce(tensor)
+    except RuntimeError as error:
+        return str(error)
+    return "no error"
+
+
 ONE_GPU = "cuda:0"
 GPU_PER_RANK = "cuda:{rank}"
 
@@ -134,6 +167,9 @@ def run_engine_checks(layout: Layout, device_of_rank: str, sizes: list[int]) -> 
         results = ranks.run(engine_matches_reference, device_of_rank, sizes, timeout=600)
         ranks.run(engine_orders_streams, device_of_rank)
         ranks.run(engine_premul_sum_and_non_contiguous, device_of_rank)
+        ranks.run(engine_orders_ops_on_one_tensor, device_of_rank)
+        for error in ranks.run(engine_refuses_graph_capture, device_of_rank):
+            assert "graph capture" in error and "FAIRRING_CUDA_ENGINE" in error, error
     return results
 
 

@@ -1,4 +1,4 @@
-"""Smoke test of the GPU check (`make gpu-check`) in its CPU mode: the same bench on CPU tensors."""
+"""Smoke test of the GPU check (`make gpu-check`) in its CPU mode: the same stages on CPU tensors."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
+MiB = 1024 * 1024
 
 
 def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
@@ -18,15 +19,26 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
     assert report.exists(), run.stdout + run.stderr
     text = report.read_text()
     assert run.returncode == 0, text
-    assert text.startswith("# fairring GPU check: PASSED")
+    assert text.startswith("# fairring GPU check: PASSED\n")
     assert "All cases passed on every rank" in text
     data = json.loads(text.rsplit("```json\n", 1)[1].rsplit("\n```", 1)[0])
-    assert data["passed"] is True and data["device"] == "cpu"
+    assert data["passed"] is True and data["device"] == "cpu" and data["skipped_for_budget"] == []
+    for key in ("python_executable", "torch_cuda", "cuda_home", "compiler", "nvcc", "nproc"):
+        assert data["environment"][key], key
+    statuses = {stage["name"]: stage["status"] for stage in data["stages"]}
+    assert statuses == {
+        "build": "skipped",
+        "tests: tests/test_cuda.py": "skipped",
+        "bench: 2 processes as 2 machines": "ok",
+        "correctness: 3 processes as 3 machines": "ok",
+        "correctness: 4 processes as 4 machines": "ok",
+        "stress: cuda_basic, large slices": "ok",
+    }
     correctness = data["bench"]["correctness"]
     assert correctness["all_passed"] is True and correctness["failed"] == []
     assert correctness["sizes"] == [1, 1000, 65537] and correctness["planned_per_rank"] == 40 * 3
     rows = data["bench"]["throughput"]
-    assert [row["bytes"] for row in rows] == [64 * 1024, 1024 * 1024]
+    assert [row["bytes"] for row in rows] == [64 * 1024, MiB]
     for row in rows:
         for part in ("engine", "reference_sequential", "reference_concurrent"):
             assert row[part]["correct"] is True and row[part]["median_s"] > 0, (part, row)
@@ -34,3 +46,26 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
         assert row["fraction_of_sequential"] > 0 and row["fraction_of_concurrent"] > 0
     for stats in data["bench"]["engine_stats"].values():
         assert stats["ops"] > 0 and stats["rail_bytes_sent"] == stats["rail_bytes_received"] > 0
+
+    # Every rank of 3 and of 4 machines checked every case, on the engine.
+    assert sorted(data["worlds"]) == ["3", "4"]
+    for world, summary in data["worlds"].items():
+        assert summary["problems"] == [], world
+        assert summary["correctness"]["all_passed"] is True and summary["correctness"]["planned_per_rank"] == 120
+        assert sorted(summary["engine_stats"]) == [str(rank) for rank in range(int(world))]
+        for stats in summary["engine_stats"].values():
+            assert stats["ops"] == 120 and stats["flat_ops"] == 0, (world, stats)
+
+    # The stress, scaled down: 4 rounds of 4 x 32 MiB in flight, slices of 4 MiB with cuda_basic required.
+    stress = data["stress"]
+    assert stress["problems"] == [] and stress["failed"] == []
+    assert stress["settings"] == {
+        "FAIRRING_SLICE_SIZE": "4MiB",
+        "FAIRRING_TOTAL_MEMORY": "64MiB",
+        "FAIRRING_CHANNELS": "cuda_basic",
+    }
+    assert (stress["ops"], stress["bytes"], stress["rounds"]) == (4, 32 * MiB, 4)
+    assert stress["plan"]["slices"] == 8 and stress["plan"]["slice_numel"] * 4 == 4 * MiB
+    assert len(stress["round_seconds"]) == 4 and min(stress["round_seconds"]) > 0
+    for stats in stress["engine_stats"].values():
+        assert stats["ops"] == 16 and stats["slices"] == 16 * 8, stats

@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "backend/work.h"
+#include "device/emulated.h"
 #include "engine/reduction.h"
 #include "rails/tensorpipe_mesh.h"
 
@@ -491,6 +492,13 @@ Engine* Backend::engineFor(
   if (device.is_cuda() && !config_.cudaEngine) {
     return nullptr;
   }
+  TORCH_CHECK(
+      !cudaGraphCaptureUnderway(device),
+      "fairring: an all-reduce of a CUDA tensor on the Herring engine "
+      "(FAIRRING_CUDA_ENGINE=1) was issued during CUDA graph capture; the "
+      "engine waits on the host, which a graph cannot hold. Issue it outside "
+      "the captured region, or leave FAIRRING_CUDA_ENGINE unset so that NCCL "
+      "runs it");
   return engineOn(device);
 }
 
@@ -542,8 +550,14 @@ std::unique_ptr<Engine> Backend::makeEngine(c10::Device device) {
           (groups.sharedMemory != nullptr ||
            (groups.reduceScatter && groups.allGather)),
       "fairring: local groups must exist exactly when machines have 2+ ranks");
-  auto context = device.is_cpu() ? makeCpuContext(std::move(groups))
-                                 : makeCudaContext(device, std::move(groups));
+  std::unique_ptr<DeviceContext> context;
+  if (device.is_cuda()) {
+    context = makeCudaContext(device, std::move(groups));
+  } else if (const auto emulated = emulatedDeviceFromEnv()) {
+    context = makeEmulatedContext(std::move(groups), *emulated, getRank());
+  } else {
+    context = makeCpuContext(std::move(groups));
+  }
   auto mesh = std::make_unique<rails::TensorpipeMesh>(
       store_,
       "fairring/rails/" + c10::DeviceTypeName(device.type(), true) + "/",

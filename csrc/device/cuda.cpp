@@ -1,150 +1,140 @@
 #include <array>
-#include <chrono>
-#include <thread>
 
 #include <cuda_runtime_api.h>
 
+#include <c10/core/Event.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
-#include "device/device.h"
+#include "device/streamed.h"
 
 namespace fairring {
 
 namespace {
 
-// One CUDA device. Streams, all from the pool, each fed by one thread:
-//   stage streams  the reduce-scatter, reduce and all-gather stages' own;
-//                  each holds one stage's work, in slice order;
-//   send, receive  TensorPipe's copies (cuda_basic) and nothing else, so a
-//                  copy never waits behind another slice's collective.
-// See docs/design.md ("CUDA") for why no cross-rank wait cycle can form.
-class CudaContext final : public DeviceContext {
+struct CudaFence final : FenceState {
+  CudaFence() : event(c10::DeviceType::CUDA) {}
+  c10::Event event;
+};
+
+const c10::Event& eventOf(const Fence& fence) {
+  return static_cast<const CudaFence*>(fence.state())->event;
+}
+
+// One CUDA device's streams, created by the engine and owned by it: no
+// `torch.cuda.Stream()`, ProcessGroupNCCL stream or future callback of
+// anyone else's can share them (c10's pool hands its streams round-robin to
+// everyone), so each holds exactly the work StreamedContext puts there.
+class CudaStreams final : public StreamPolicy {
  public:
-  CudaContext(c10::Device device, LocalGroups groups)
-      : DeviceContext(device, std::move(groups)),
-        stageStreams_{
-            c10::cuda::getStreamFromPool(false, device.index()),
-            c10::cuda::getStreamFromPool(false, device.index()),
-            c10::cuda::getStreamFromPool(false, device.index())},
-        sendStream_(c10::cuda::getStreamFromPool(false, device.index())),
-        receiveStream_(c10::cuda::getStreamFromPool(false, device.index())) {
+  explicit CudaStreams(c10::Device device) : device_(device) {
     TORCH_CHECK(
         device.is_cuda() && device.has_index(),
         "fairring: the CUDA engine needs an indexed CUDA device, not ",
         device);
+    const c10::cuda::CUDAGuard onDevice(device);
+    for (int stream = 0; stream < kStreams; ++stream) {
+      C10_CUDA_CHECK(
+          cudaStreamCreateWithFlags(&raw_[stream], cudaStreamNonBlocking));
+    }
   }
 
-  Fence adoptInput(const at::Tensor& flat, const at::Tensor& tensor) override {
-    // The reduce-scatter stage reads `flat`; the all-gather stage writes it
-    // and, when it is a copy, `tensor`.
-    recordOn(flat, stream(Stage::kReduceScatter));
-    recordOn(flat, stream(Stage::kAllGather));
-    recordOn(tensor, stream(Stage::kAllGather));
-    return recordOn(c10::cuda::getCurrentCUDAStream(device().index()));
+  ~CudaStreams() override {
+    // Work still queued completes first; the streams' resources go then.
+    const c10::cuda::CUDAGuard onDevice(device_);
+    for (cudaStream_t stream : raw_) {
+      C10_CUDA_CHECK_WARN(cudaStreamDestroy(stream));
+    }
   }
 
+  c10::Device device() const override {
+    return device_;
+  }
   std::vector<c10::Device> futureDevices() const override {
-    return {device()};
+    return {device_};
   }
-
-  void runStage(Stage stage, const std::function<void()>& loop) override {
-    const c10::cuda::CUDAStreamGuard onStageStream(stream(stage));
-    loop();
-  }
-
-  void waitOnDevice(const Fence& fence) override {
-    if (fence.event() != nullptr) {
-      fence.event()->block(c10::cuda::getCurrentCUDAStream(device().index()));
-    }
-  }
-
-  Fence record() override {
-    return recordOn(c10::cuda::getCurrentCUDAStream(device().index()));
-  }
-
-  bool waitOnHost(const Fence& fence, const std::function<bool()>& cancelled)
-      override {
-    // Polled rather than synchronised, so that an abort is never stuck
-    // behind a GPU that will not finish.
-    const c10::Event* event = fence.event();
-    while (event != nullptr && !event->query()) {
-      if (cancelled()) {
-        return false;
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
-    return !cancelled();
-  }
-
-  at::TensorOptions memoryOptions() const override {
-    return at::TensorOptions().device(device());
-  }
-
-  void keepAlive(const at::Tensor& tensor) override {
-    for (const auto& stage : stageStreams_) {
-      recordOn(tensor, stage);
-    }
-    recordOn(tensor, sendStream_);
-    recordOn(tensor, receiveStream_);
-  }
-
-  rails::Buffer sendBuffer(const at::Tensor& tensor) override {
-    return buffer(tensor, sendStream_);
-  }
-  rails::Buffer receiveBuffer(const at::Tensor& tensor) override {
-    return buffer(tensor, receiveStream_);
-  }
-  Fence receivedFence() override {
-    // After the copy TensorPipe queued before calling back: consumers that
-    // wait for this see the data.
-    return recordOn(receiveStream_);
-  }
-
   int64_t minShardBytes() const override {
     return kCudaMinShardBytes;
   }
 
- protected:
-  // NCCL's wait() returns at once: the stage's stream waits for the step,
-  // and abort() ends a step that never finishes.
-  void waitForLocalStep(const c10::intrusive_ptr<c10d::Work>& work) override {
-    work->wait();
+  Fence recordCaller() override {
+    const auto current = c10::cuda::getCurrentCUDAStream(device_.index());
+    TORCH_CHECK(
+        !captured(current),
+        "fairring: an all-reduce of a CUDA tensor on the Herring engine was "
+        "issued while CUDA graph capture is underway; the engine waits on the "
+        "host, which a graph cannot hold. Issue the all-reduce outside the "
+        "captured region, or unset FAIRRING_CUDA_ENGINE so that NCCL runs it");
+    return recordOn(current);
+  }
+
+  void issue(int stream, Stage /*issuer*/, std::function<void()> work)
+      override {
+    const c10::cuda::CUDAStreamGuard onStream(cudaStream(stream));
+    work();
+  }
+
+  Fence record(int stream) override {
+    return recordOn(cudaStream(stream));
+  }
+
+  void wait(int stream, const Fence& fence) override {
+    if (fence.state() != nullptr) {
+      eventOf(fence).block(cudaStream(stream));
+    }
+  }
+
+  bool query(const Fence& fence) override {
+    return fence.state() == nullptr || eventOf(fence).query();
+  }
+
+  void recordUse(const at::Tensor& tensor, int stream) override {
+    c10::cuda::CUDACachingAllocator::recordStream(
+        tensor.storage().data_ptr(), cudaStream(stream));
+  }
+
+  rails::Buffer sendBuffer(const at::Tensor& tensor) override {
+    return buffer(tensor, kSendStream);
+  }
+  rails::Buffer receiveBuffer(const at::Tensor& tensor) override {
+    return buffer(tensor, kReceiveStream);
+  }
+  Fence received(const rails::Buffer& /*received*/) override {
+    // After the copy TensorPipe queued on the receive stream before calling
+    // back: consumers that wait for this see the data.
+    return record(kReceiveStream);
+  }
+
+  static bool captured(const c10::cuda::CUDAStream& stream) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &status));
+    return status != cudaStreamCaptureStatusNone;
   }
 
  private:
-  const c10::cuda::CUDAStream& stream(Stage stage) const {
-    return stageStreams_[static_cast<int>(stage)];
+  c10::cuda::CUDAStream cudaStream(int stream) const {
+    return c10::cuda::getStreamFromExternal(raw_[stream], device_.index());
   }
 
   static Fence recordOn(const c10::cuda::CUDAStream& stream) {
-    auto event = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
-    event->record(stream);
-    return Fence(std::move(event));
+    auto fence = std::make_shared<CudaFence>();
+    fence->event.record(stream);
+    return Fence(std::move(fence));
   }
 
-  static void recordOn(
-      const at::Tensor& tensor,
-      const c10::cuda::CUDAStream& stream) {
-    c10::cuda::CUDACachingAllocator::recordStream(
-        tensor.storage().data_ptr(), stream);
-  }
-
-  rails::Buffer buffer(
-      const at::Tensor& tensor,
-      const c10::cuda::CUDAStream& stream) const {
+  rails::Buffer buffer(const at::Tensor& tensor, int stream) const {
     return rails::Buffer{
         tensor.data_ptr(),
         static_cast<size_t>(tensor.numel() * tensor.element_size()),
-        device(),
-        c10::Stream(stream)};
+        device_,
+        c10::Stream(cudaStream(stream))};
   }
 
-  const std::array<c10::cuda::CUDAStream, kStages> stageStreams_;
-  const c10::cuda::CUDAStream sendStream_;
-  const c10::cuda::CUDAStream receiveStream_;
+  const c10::Device device_;
+  std::array<cudaStream_t, kStreams> raw_{};
 };
 
 } // namespace
@@ -152,7 +142,14 @@ class CudaContext final : public DeviceContext {
 std::unique_ptr<DeviceContext> makeCudaContext(
     c10::Device device,
     LocalGroups groups) {
-  return std::make_unique<CudaContext>(device, std::move(groups));
+  return std::make_unique<StreamedContext>(
+      std::make_unique<CudaStreams>(device), std::move(groups));
+}
+
+bool cudaGraphCaptureUnderway(c10::Device device) {
+  return device.is_cuda() &&
+      CudaStreams::captured(
+             c10::cuda::getCurrentCUDAStream(device.index()));
 }
 
 bool cudaPathBuilt() {

@@ -14,6 +14,10 @@ std::unique_ptr<DeviceContext> makeCudaContext(
       "build of torch (see README.md)");
 }
 
+bool cudaGraphCaptureUnderway(c10::Device /*device*/) {
+  return false;
+}
+
 bool cudaPathBuilt() {
   return false;
 }

@@ -23,13 +23,23 @@ const char* stageName(Stage stage) {
 
 namespace {
 
-// What is left of an op's time, for a local step's own timeout: the group
+// NCCL's watchdog ends a whole process when a step outlives its timeout, so
+// a NCCL step gets this long past the op's deadline: the engine's watchdog
+// fails the op first, with the cause it knows (Engine::kSettleGrace, twice,
+// and some to spare), and aborts the step.
+constexpr std::chrono::milliseconds kNcclStepLag{10000};
+
+// A local step's own timeout: what is left of the op's time. A Gloo group
 // gives up on its own by the op's deadline, even where nothing aborts it.
-std::chrono::milliseconds remaining(DeviceContext::Clock::time_point deadline) {
-  return std::max(
+std::chrono::milliseconds stepTimeout(
+    const c10d::Backend& group,
+    DeviceContext::Clock::time_point deadline) {
+  const auto remaining = std::max(
       std::chrono::milliseconds(1),
       std::chrono::ceil<std::chrono::milliseconds>(
           deadline - DeviceContext::Clock::now()));
+  return group.getBackendName() == "nccl" ? remaining + kNcclStepLag
+                                          : remaining;
 }
 
 } // namespace
@@ -40,6 +50,7 @@ DeviceContext::DeviceContext(c10::Device device, LocalGroups groups)
       localWaits_(std::make_shared<LocalWaits>()) {}
 
 DeviceContext::~DeviceContext() {
+  join();
   if (abandonedLocalStep_) {
     // A Gloo group waits for its step in flight before it is destroyed, until
     // the step's own timeout (the op's deadline) ends it: a detached thread
@@ -67,9 +78,12 @@ void DeviceContext::localReduceScatter(
   }
   std::vector<int64_t> equalSplits;
   c10d::AllToAllOptions options;
-  options.timeout = remaining(deadline);
+  options.timeout = stepTimeout(*groups_.reduceScatter, deadline);
+  // NCCL runs a synchronous step on the caller's current stream, the stage's
+  // own (docs/design.md, "Streams and fences"), not on a stream of its own.
+  options.asyncOp = false;
   // The name both torch 2.11 and 2.15 have (2.15 also calls it all_to_all_single).
-  waitForLocalStep(groups_.reduceScatter->alltoall_base(
+  waitForLocalStep(*groups_.reduceScatter, groups_.reduceScatter->alltoall_base(
       parts, input, equalSplits, equalSplits, options));
   for (int64_t part = 1; part < parts.size(0); ++part) {
     combineInto(slot, parts[part], op);
@@ -90,12 +104,23 @@ void DeviceContext::localAllGather(
     return;
   }
   c10d::AllgatherOptions options;
-  options.timeout = remaining(deadline);
-  waitForLocalStep(groups_.allGather->_allgather_base(output, part, options));
+  options.timeout = stepTimeout(*groups_.allGather, deadline);
+  options.asyncOp = false;
+  waitForLocalStep(
+      *groups_.allGather,
+      groups_.allGather->_allgather_base(output, part, options));
 }
 
 void DeviceContext::waitForLocalStep(
+    const c10d::Backend& group,
     const c10::intrusive_ptr<c10d::Work>& work) {
+  if (group.getBackendName() == "nccl") {
+    if (work) {
+      work->wait(); // the current stream waits, if it ran on another
+    }
+    return;
+  }
+  TORCH_CHECK(work, "the ", group.getBackendName(), " group returned no Work");
   auto waits = localWaits_;
   auto done = std::make_shared<bool>(false); // guarded by waits->mutex
   work->getFuture()->addCallback([waits, done](c10::ivalue::Future&) {
@@ -134,10 +159,23 @@ void DeviceContext::abort() {
   if (groups_.sharedMemory) {
     groups_.sharedMemory->abort();
   }
-  for (const auto& group : {groups_.reduceScatter, groups_.allGather}) {
-    if (group) {
-      group->abort();
-    }
+  abortQueues();
+  if (groups_.reduceScatter || groups_.allGather) {
+    aborting_ = std::thread(
+        [reduceScatter = groups_.reduceScatter, allGather = groups_.allGather] {
+          for (const auto& group : {reduceScatter, allGather}) {
+            if (group) {
+              group->abort();
+            }
+          }
+        });
+  }
+}
+
+void DeviceContext::join() {
+  joinQueues();
+  if (aborting_.joinable()) {
+    aborting_.join();
   }
 }
 
@@ -157,11 +195,11 @@ class CpuContext final : public DeviceContext {
   std::vector<c10::Device> futureDevices() const override {
     return {};
   }
-  void runStage(Stage /*stage*/, const std::function<void()>& loop) override {
-    loop();
+  void enqueue(Stage /*stage*/, std::function<void()> work) override {
+    work();
   }
-  void waitOnDevice(const Fence& /*fence*/) override {}
-  Fence record() override {
+  void waitOnDevice(Stage /*stage*/, const Fence& /*fence*/) override {}
+  Fence record(Stage /*stage*/) override {
     return Fence();
   }
   bool waitOnHost(
@@ -172,14 +210,14 @@ class CpuContext final : public DeviceContext {
   at::TensorOptions memoryOptions() const override {
     return at::TensorOptions().device(c10::kCPU);
   }
-  void keepAlive(const at::Tensor& /*tensor*/) override {}
+  void adoptStaging(const at::Tensor& /*staging*/) override {}
   rails::Buffer sendBuffer(const at::Tensor& tensor) override {
     return hostBuffer(tensor);
   }
   rails::Buffer receiveBuffer(const at::Tensor& tensor) override {
     return hostBuffer(tensor);
   }
-  Fence receivedFence() override {
+  Fence receivedFence(const rails::Buffer& /*received*/) override {
     return Fence();
   }
   int64_t minShardBytes() const override {

@@ -71,8 +71,8 @@ struct Engine::Op {
         c10::toString(flat.scalar_type()) + ", " + reduceOpName(reduceOp) + ")";
   }
 
-  // On the all-gather thread, after the slice's last device work was queued:
-  // completion records the future's events there.
+  // On the all-gather stage's queue, after the slice's last device work:
+  // with CUDA, completion records the future's events on its stream.
   void finishSlice() {
     if (--slicesLeft != 0 || settled.exchange(true)) {
       return;
@@ -180,7 +180,7 @@ Engine::Engine(
   TORCH_CHECK(
       topology_.servesEngine(),
       "fairring: the engine needs 2+ machines with equally many ranks");
-  device_->keepAlive(staging_.memory());
+  device_->adoptStaging(staging_.memory());
   lanes_ = std::make_unique<rails::Lanes>(
       *mesh_,
       [this](int peerRank, bool mismatch, const std::string& message) {
@@ -210,7 +210,7 @@ Engine::Engine(
   for (int stage = 0; stage < kStages; ++stage) {
     threads_[stage] = std::thread([this, stage, loop = loops[stage]] {
       try {
-        device_->runStage(static_cast<Stage>(stage), [&] { (this->*loop)(); });
+        (this->*loop)();
       } catch (const std::exception& error) {
         stop(Cause{
             -1,
@@ -235,6 +235,9 @@ Engine::~Engine() {
     thread.join();
   }
   watchdog_.join();
+  // The device's own threads (an emulated device's streams) run work that
+  // uses this engine: none runs after this.
+  device_->join();
   // Shuts the transport down: no callback runs after this. Then the watch,
   // the lanes, the mesh and the completions go (the last runs what is
   // queued), and staging is freed; on CUDA, the device context kept it from
@@ -356,14 +359,17 @@ void Engine::allGatherLoop() {
       return;
     }
     slice->step = Step::kDone;
-    slice->op->finishSlice();
-    if (slice->op->settled) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      // Ops finish in issue order: the finished one is first.
-      while (!liveOps_.empty() && liveOps_.front()->settled) {
-        liveOps_.pop_front();
+    // Completion is device work too: it follows the slice's all-gather.
+    device_->enqueue(Stage::kAllGather, [this, op = slice->op] {
+      op->finishSlice();
+      if (op->settled) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        // Ops finish in issue order: the finished one is first.
+        while (!liveOps_.empty() && liveOps_.front()->settled) {
+          liveOps_.pop_front();
+        }
       }
-    }
+    });
   }
 }
 
@@ -421,34 +427,30 @@ void Engine::attachStaging(
 // Steps 1 and 2.
 bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
   slice->step = Step::kLocalReduceScatter;
-  try {
-    if (slice->index == 0) {
-      device_->waitOnDevice(slice->op->inputReady);
-    }
-    if (slice->padded.defined()) {
-      const int64_t numel = slice->plan.numel;
-      slice->padded.narrow(0, 0, numel).copy_(slice->input);
-      slice->padded.narrow(0, numel, slice->plan.paddedNumel - numel).zero_();
-    }
-    at::Tensor input = slice->io();
-    device_->localReduceScatter(
-        slice->slot,
-        slice->parts,
-        input,
-        localReduceOp(slice->op->reduceOp),
-        slice->localStepKey(),
-        slice->op->deadline);
-    const int me = topology_.machine();
-    slice->shards[me].copy_(shardOf(*slice, me));
-    slice->reduceScattered = device_->record();
-  } catch (const std::exception& error) {
-    stop(Cause{
-        -1,
-        who(topology_.rank()) + "'s local reduce-scatter of " +
-            slice->describe() + " failed: " + error.what(),
-        false});
-    return false;
+  if (slice->index == 0) {
+    device_->waitOnDevice(Stage::kReduceScatter, slice->op->inputReady);
   }
+  device_->enqueue(
+      Stage::kReduceScatter,
+      deviceWork(slice, Stage::kReduceScatter, [this, slice] {
+        if (slice->padded.defined()) {
+          const int64_t numel = slice->plan.numel;
+          slice->padded.narrow(0, 0, numel).copy_(slice->input);
+          slice->padded.narrow(0, numel, slice->plan.paddedNumel - numel)
+              .zero_();
+        }
+        at::Tensor input = slice->io();
+        device_->localReduceScatter(
+            slice->slot,
+            slice->parts,
+            input,
+            localReduceOp(slice->op->reduceOp),
+            slice->localStepKey(),
+            slice->op->deadline);
+        const int me = topology_.machine();
+        slice->shards[me].copy_(shardOf(*slice, me));
+      }));
+  slice->reduceScattered = device_->record(Stage::kReduceScatter);
   // The rails read the slot from the host's side: it must be ready.
   if (!device_->waitOnHost(slice->reduceScattered, [this] { return failed(); })) {
     return false;
@@ -462,20 +464,15 @@ bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
 // Steps 3 and 4.
 bool Engine::reduce(const std::shared_ptr<SliceWork>& slice) {
   const int me = topology_.machine();
-  try {
-    device_->waitOnDevice(slice->reduceScattered);
-    device_->waitOnDevice(slice->shardsArrived);
-    at::Tensor out = shardOf(*slice, me);
-    reduceRows(out, slice->shards, slice->op->reduceOp, topology_.worldSize());
-    slice->reduced = device_->record();
-  } catch (const std::exception& error) {
-    stop(Cause{
-        -1,
-        who(topology_.rank()) + " failed reducing " + slice->describe() + ": " +
-            error.what(),
-        false});
-    return false;
-  }
+  device_->waitOnDevice(Stage::kReduce, slice->reduceScattered);
+  device_->waitOnDevice(Stage::kReduce, slice->shardsArrived);
+  device_->enqueue(
+      Stage::kReduce, deviceWork(slice, Stage::kReduce, [this, slice, me] {
+        at::Tensor out = shardOf(*slice, me);
+        reduceRows(
+            out, slice->shards, slice->op->reduceOp, topology_.worldSize());
+      }));
+  slice->reduced = device_->record(Stage::kReduce);
   if (!device_->waitOnHost(slice->reduced, [this] { return failed(); })) {
     return false;
   }
@@ -487,25 +484,21 @@ bool Engine::reduce(const std::shared_ptr<SliceWork>& slice) {
 
 // Step 5; then the staging goes back.
 bool Engine::allGather(const std::shared_ptr<SliceWork>& slice) {
-  Fence done;
-  try {
-    device_->waitOnDevice(slice->reduced);
-    device_->waitOnDevice(slice->reducedArrived);
-    at::Tensor output = slice->io();
-    device_->localAllGather(
-        output, slice->slot, slice->localStepKey(), slice->op->deadline);
-    if (slice->padded.defined()) {
-      slice->input.copy_(slice->padded.narrow(0, 0, slice->plan.numel));
-    }
-    done = device_->record();
-  } catch (const std::exception& error) {
-    stop(Cause{
-        -1,
-        who(topology_.rank()) + "'s local all-gather of " + slice->describe() +
-            " failed: " + error.what(),
-        false});
-    return false;
+  device_->waitOnDevice(Stage::kAllGather, slice->reduced);
+  device_->waitOnDevice(Stage::kAllGather, slice->reducedArrived);
+  device_->enqueue(
+      Stage::kAllGather, deviceWork(slice, Stage::kAllGather, [this, slice] {
+        at::Tensor output = slice->io();
+        device_->localAllGather(
+            output, slice->slot, slice->localStepKey(), slice->op->deadline);
+        if (slice->padded.defined()) {
+          slice->input.copy_(slice->padded.narrow(0, 0, slice->plan.numel));
+        }
+      }));
+  if (failed()) {
+    return false; // the CPU runs work at once: it failed there
   }
+  const Fence done = device_->record(Stage::kAllGather);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     lastReleased_ = done; // before the lease: whoever gets it sees this
@@ -513,6 +506,37 @@ bool Engine::allGather(const std::shared_ptr<SliceWork>& slice) {
   slice->lease.reset();
   ++slicesDone_;
   return true;
+}
+
+std::function<void()> Engine::deviceWork(
+    const std::shared_ptr<SliceWork>& slice,
+    Stage stage,
+    std::function<void()> work) {
+  // Runs where the stage's device work runs (the stage thread, or an
+  // emulated stream's worker): an error stops the engine, naming the step.
+  return [this, slice, stage, work = std::move(work)] {
+    try {
+      work();
+    } catch (const std::exception& error) {
+      const std::string me = who(topology_.rank());
+      std::string what;
+      switch (stage) {
+        case Stage::kReduceScatter:
+          what = me + "'s local reduce-scatter of " + slice->describe() +
+              " failed: " + error.what();
+          break;
+        case Stage::kReduce:
+          what = me + " failed reducing " + slice->describe() + ": " +
+              error.what();
+          break;
+        case Stage::kAllGather:
+          what = me + "'s local all-gather of " + slice->describe() +
+              " failed: " + error.what();
+          break;
+      }
+      stop(Cause{-1, what, false});
+    }
+  };
 }
 
 template <typename Step>
@@ -536,11 +560,12 @@ void Engine::expectMessages(const std::shared_ptr<SliceWork>& slice) {
   // Run on the transport's thread(s): count, note the fence, wake the
   // stages. The fence is recorded under the lock, so the one kept last was
   // recorded last: after every copy whose receive completed before it.
-  auto arrival = [this, slice](int machine, rails::Lane lane) {
-    return [this, slice, machine, lane] {
+  auto arrival = [this, slice](
+                     int machine, rails::Lane lane, rails::Buffer buffer) {
+    return [this, slice, machine, lane, buffer] {
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        Fence fence = device_->receivedFence();
+        Fence fence = device_->receivedFence(buffer);
         if (lane == rails::kShards) {
           ++slice->shardsReceived;
           slice->shardFrom[machine] = 1;
@@ -558,20 +583,23 @@ void Engine::expectMessages(const std::shared_ptr<SliceWork>& slice) {
     if (machine == topology_.machine()) {
       continue;
     }
+    const rails::Buffer shards = device_->receiveBuffer(slice->shards[machine]);
     lanes_->expect(
         machine,
         rails::kShards,
         {slice->tag(rails::kShards),
-         device_->receiveBuffer(slice->shards[machine]),
+         shards,
          "shards of " + slice->describe(),
-         arrival(machine, rails::kShards)});
+         arrival(machine, rails::kShards, shards)});
+    const rails::Buffer reduced =
+        device_->receiveBuffer(shardOf(*slice, machine));
     lanes_->expect(
         machine,
         rails::kReduced,
         {slice->tag(rails::kReduced),
-         device_->receiveBuffer(shardOf(*slice, machine)),
+         reduced,
          "reduced shards of " + slice->describe(),
-         arrival(machine, rails::kReduced)});
+         arrival(machine, rails::kReduced, reduced)});
   }
 }
 

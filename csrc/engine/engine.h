@@ -189,6 +189,13 @@ class Engine {
       const std::function<bool(const SliceWork&)>& ready);
   void push(Queue& queue, std::shared_ptr<SliceWork> slice);
 
+  // `work`, a stage's device work on `slice`, for DeviceContext::enqueue:
+  // an error in it stops the engine with a cause that names the step.
+  std::function<void()> deviceWork(
+      const std::shared_ptr<SliceWork>& slice,
+      Stage stage,
+      std::function<void()> work);
+
   // Runs `step` (a stage's work on `slice`) as a span for the profiler and
   // the timeline, which ends before the slice moves on, so every span of an
   // op has ended when the op completes.

@@ -1,16 +1,18 @@
-"""One rank of the GPU check's bench; `python -m fairring.bench.gpu_check` starts two.
+"""One rank of the GPU check's bench; `python -m fairring.bench.gpu_check` starts --world of them.
 
-The two processes share one GPU (or, with --device cpu, the CPU) and are two
+The processes share one GPU (or, with --device cpu, the CPU) and are --world
 machines of one rank each (FAIRRING_MACHINE_ID differs), so every all-reduce
-crosses the rails. In order, each rank:
+crosses the rails. In order, each rank runs the phases it is given:
 
-1. times float32 all-reduces on fairring's engine, and the same bytes moved by
-   fairring._C.RailsEndpoint between the same two processes: both ranks send
-   and receive S/2 bytes on lane 0, then S/2 on lane 1 ("sequential", the two
-   network phases of the engine one after the other), and both halves at once
-   ("concurrent");
-2. checks every dtype and reduce op at several sizes, many ops in flight,
-   against plain torch on the CPU.
+1. --sizes (two ranks only): times float32 all-reduces on fairring's engine,
+   and the same bytes moved by fairring._C.RailsEndpoint between the same two
+   processes: both ranks send and receive S/2 bytes on lane 0, then S/2 on
+   lane 1 ("sequential", the two network phases of the engine one after the
+   other), and both halves at once ("concurrent");
+2. --check-sizes: checks every dtype and reduce op at several sizes, many ops
+   in flight, against plain torch on the CPU;
+3. --stress-rounds: rounds of --stress-ops float32 sums of --stress-bytes each,
+   all in flight at once, each result checked exactly on the device.
 
 NCCL refuses two ranks of one communicator on one GPU, so nothing here runs a
 CUDA collective other than fairring's all_reduce; every other collective (the
@@ -41,7 +43,9 @@ import torch.distributed as dist
 
 import fairring
 
-WORLD = 2
+DEFAULT_WORLD = 2
+# Int8 sums of values in [0, 20] and products of values in {1, 2} stay exact up to this many ranks.
+MAX_WORLD = 6
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 INT_DTYPES = (torch.int8, torch.uint8, torch.int32, torch.int64)
 ARITHMETIC_OPS = ("sum", "max", "min", "product")
@@ -76,29 +80,38 @@ def reduce_op(op: str, rank: int) -> Any:
     }[op]
 
 
-def rank_input(rank: int, numel: int, dtype: torch.dtype, seed: int, op: str) -> torch.Tensor:
+def draw(rank: int, numel: int, seed: int, low: int, high: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed * 256 + rank)
+    return torch.randint(low, high + 1, (numel,), generator=generator, dtype=torch.int64)
+
+
+def rank_input(rank: int, world: int, numel: int, dtype: torch.dtype, seed: int, op: str) -> torch.Tensor:
     """Rank `rank`'s input on the CPU, the same wherever it is computed.
 
-    Every value, and every result of reducing WORLD of them, is exactly
-    representable in `dtype` (even bfloat16), so results must match exactly:
-    products multiply values in {1, 2}; floats are quarters in [-8, 8]; ints are
-    in [0, 20], so sums fit int8.
+    Every value, and every result of reducing `world` of them, is exactly
+    representable in `dtype` (even bfloat16, 8 significant bits), so results
+    must match exactly: products multiply values in {1, 2}; ints are in
+    [0, 20], so sums fit int8; floats are quarters k/4 with |k| at most 32, less
+    where premul_sum's weights (1 + rank) could sum them past 256 quarters; for
+    avg the last rank's values make each sum a multiple of `world`, so that it
+    divides exactly (3 ranks included).
     """
-    generator = torch.Generator().manual_seed(seed * 256 + rank)
     if op == "product":
-        values = torch.randint(1, 3, (numel,), generator=generator, dtype=torch.int64)
-    elif dtype.is_floating_point:
-        values = torch.randint(-32, 33, (numel,), generator=generator, dtype=torch.int64)
-        return (values.to(torch.float64) / 4).to(dtype)
-    else:
-        values = torch.randint(0, 21, (numel,), generator=generator, dtype=torch.int64)
-    return values.to(dtype)
+        return draw(rank, numel, seed, 1, 2).to(dtype)
+    if not dtype.is_floating_point:
+        return draw(rank, numel, seed, 0, 20).to(dtype)
+    limit = min(32, 256 // (world * (world + 1) // 2))
+    quarters = draw(rank, numel, seed, -limit, limit)
+    if op == "avg" and rank == world - 1:
+        others = sum(draw(other, numel, seed, -limit, limit) for other in range(rank))
+        quarters -= (others + quarters) % world
+    return (quarters.to(torch.float64) / 4).to(dtype)
 
 
 def expected_result(world: int, numel: int, dtype: torch.dtype, seed: int, op: str) -> torch.Tensor:
     """The all-reduce of every rank's rank_input, computed in float64 or int64."""
     wide = torch.float64 if dtype.is_floating_point else torch.int64
-    inputs = torch.stack([rank_input(r, numel, dtype, seed, op).to(wide) for r in range(world)])
+    inputs = torch.stack([rank_input(r, world, numel, dtype, seed, op).to(wide) for r in range(world)])
     if op in ("sum", "avg"):
         result = inputs.sum(0)
         if op == "avg":
@@ -115,6 +128,17 @@ def expected_result(world: int, numel: int, dtype: torch.dtype, seed: int, op: s
     else:
         raise ValueError(f"unknown op {op!r}")
     return result.to(dtype)
+
+
+def stress_pattern(numel: int, seed: int, device: torch.device) -> torch.Tensor:
+    """Integers in [-128, 128] as float32, made on the device; rank r sends the pattern plus r.
+
+    Sums of up to MAX_WORLD ranks' are exact. The period, 257 elements, divides
+    no slice or shard, so data landing at another offset, or from another
+    all-reduce (seed), is wrong.
+    """
+    values = torch.arange(numel, dtype=torch.int32, device=device).remainder_(257)
+    return values.mul_(7).add_(seed * 31 % 257).remainder_(257).to(torch.float32).sub_(128)
 
 
 def compare(actual: torch.Tensor, expected: torch.Tensor) -> dict[str, Any]:
@@ -158,15 +182,17 @@ class Bench:
         self.args = args
         self.results = results
         self.rank: int = args.rank
-        self.peer = 1 - self.rank
+        self.world: int = args.world
         self.timeout = timedelta(seconds=args.op_timeout)
         self.device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.store = dist.TCPStore(
-            "127.0.0.1", args.port, world_size=WORLD, is_master=self.rank == 0, timeout=self.timeout
+            "127.0.0.1", args.port, world_size=self.world, is_master=self.rank == 0, timeout=self.timeout
         )
-        dist.init_process_group("fairring", store=self.store, rank=self.rank, world_size=WORLD, timeout=self.timeout)
+        dist.init_process_group(
+            "fairring", store=self.store, rank=self.rank, world_size=self.world, timeout=self.timeout
+        )
         self.gloo = dist.new_group(backend="gloo", timeout=self.timeout)
         self.endpoint: Any = None
 
@@ -203,7 +229,7 @@ class Bench:
 
     def engine_all_reduce(self, nbytes: int) -> dict[str, Any]:
         tensor = torch.empty(nbytes // 4, dtype=torch.float32, device=self.device)
-        expected = float(sum(r + 1 for r in range(WORLD)))
+        expected = float(sum(r + 1 for r in range(self.world)))
 
         def step(_: int) -> None:
             dist.all_reduce(tensor, async_op=True).wait(self.timeout)
@@ -218,7 +244,7 @@ class Bench:
             self.store,
             STORE_PREFIX,
             self.rank,
-            [[r] for r in range(WORLD)],
+            [[r] for r in range(self.world)],
             self.device,
             timeout=self.timeout,
         )
@@ -226,6 +252,7 @@ class Bench:
 
     def rails_reference(self, nbytes: int, concurrent: bool) -> dict[str, Any]:
         """The engine's bytes over the bare rails: S/2 each way on lane 0, then S/2 on lane 1."""
+        peer = 1 - self.rank  # parse_args allows --sizes with two ranks only
         numel = nbytes // 4
         outgoing = torch.full((numel,), float(self.rank + 1), dtype=torch.float32, device=self.device)
         incoming = torch.empty(numel, dtype=torch.float32, device=self.device)
@@ -236,15 +263,15 @@ class Bench:
             pending = []
             for lane, part in halves:
                 tag = f"{label}-{iteration}-lane{lane}"
-                pending.append(self.endpoint.expect(self.peer, lane, tag, incoming[part]))
-                pending.append(self.endpoint.send(self.peer, lane, tag, outgoing[part]))
+                pending.append(self.endpoint.expect(peer, lane, tag, incoming[part]))
+                pending.append(self.endpoint.send(peer, lane, tag, outgoing[part]))
                 if not concurrent:
                     wait_all(pending, self.args.op_timeout)
                     pending = []
             wait_all(pending, self.args.op_timeout)
 
         seconds, correct = self.timed(
-            lambda: incoming.zero_(), step, lambda: bool(torch.all(incoming == float(self.peer + 1)))
+            lambda: incoming.zero_(), step, lambda: bool(torch.all(incoming == float(peer + 1)))
         )
         return summary(seconds, correct)
 
@@ -276,7 +303,7 @@ def run_throughput(bench: Bench, results: Results) -> None:
         try:
             engine = bench.engine_all_reduce(nbytes)
             algbw = nbytes / engine["median_s"] / 1e9
-            row.update(engine=engine, algbw_GBps=algbw, busbw_GBps=algbw * 2 * (WORLD - 1) / WORLD)
+            row.update(engine=engine, algbw_GBps=algbw, busbw_GBps=algbw * 2 * (bench.world - 1) / bench.world)
         except Exception:
             results.error(f"engine all_reduce of {nbytes} bytes")
         for variant in ("sequential", "concurrent"):
@@ -297,7 +324,7 @@ def run_throughput(bench: Bench, results: Results) -> None:
 def run_correctness(bench: Bench, results: Results) -> None:
     cases = check_cases(bench.device.type)
     # Sizes that split evenly over the machines first: a tail takes the flat path, which is riskier here.
-    sizes = sorted(bench.args.check_sizes, key=lambda numel: (numel % WORLD != 0, numel))
+    sizes = sorted(bench.args.check_sizes, key=lambda numel: (numel % bench.world != 0, numel))
     checked: list[dict[str, Any]] = []
     results.data["correctness"] = {"planned": len(cases) * len(sizes), "cases": checked}
     for numel in sizes:
@@ -307,13 +334,13 @@ def run_correctness(bench: Bench, results: Results) -> None:
         for seed, (dtype, op) in enumerate(cases):
             case: dict[str, Any] = {"dtype": dtype_name(dtype), "op": op, "numel": numel, "ok": False}
             checked.append(case)
-            tensor = rank_input(bench.rank, numel, dtype, seed, op).to(bench.device)
+            tensor = rank_input(bench.rank, bench.world, numel, dtype, seed, op).to(bench.device)
             try:
                 work = dist.all_reduce(tensor, op=reduce_op(op, bench.rank), async_op=True)
             except Exception as error:
                 case["error"] = f"all_reduce raised: {error}"
                 continue
-            issued.append((case, tensor, work, expected_result(WORLD, numel, dtype, seed, op)))
+            issued.append((case, tensor, work, expected_result(bench.world, numel, dtype, seed, op)))
         for case, tensor, work, expected in issued:
             try:
                 work.wait(bench.timeout)
@@ -323,6 +350,37 @@ def run_correctness(bench: Bench, results: Results) -> None:
         failed = sum(1 for case in checked[-len(cases) :] if not case["ok"])
         if bench.rank == 0:
             print(f"correctness: {numel} elements: {len(cases) - failed}/{len(cases)} cases passed", flush=True)
+        results.save()
+
+
+def run_stress(bench: Bench, results: Results) -> None:
+    """Rounds of --stress-ops all-reduces in flight at once, each checked exactly, on the device."""
+    args, device = bench.args, bench.device
+    numel = args.stress_bytes // 4
+    rounds: list[dict[str, Any]] = []
+    checked: list[dict[str, Any]] = []
+    results.data["stress"] = {"ops": args.stress_ops, "bytes": args.stress_bytes, "rounds": rounds, "cases": checked}
+    for round_index in range(args.stress_rounds):
+        seeds = [round_index * args.stress_ops + index for index in range(args.stress_ops)]
+        patterns = [stress_pattern(numel, seed, device) for seed in seeds]
+        tensors = [pattern + bench.rank for pattern in patterns]
+        bench.sync()
+        bench.barrier()
+        # Where a rank's output stops tells which round and step hung, if one did.
+        print(f"rank {bench.rank}: stress round {round_index}: issuing {len(seeds)} all-reduces", flush=True)
+        start = time.perf_counter()
+        works = [dist.all_reduce(tensor, async_op=True) for tensor in tensors]
+        for work in works:
+            work.wait(bench.timeout)
+        bench.sync()
+        seconds = time.perf_counter() - start
+        rank_sum = bench.world * (bench.world - 1) // 2
+        for seed, pattern, tensor in zip(seeds, patterns, tensors, strict=True):
+            expected = pattern.mul_(bench.world).add_(rank_sum)
+            checked.append({"round": round_index, "seed": seed, **compare(tensor, expected)})
+        wrong = sum(1 for case in checked[-len(seeds) :] if not case["ok"])
+        rounds.append({"round": round_index, "seconds": seconds, "wrong": wrong})
+        print(f"rank {bench.rank}: stress round {round_index}: {wrong} wrong, {seconds:.3f} s", flush=True)
         results.save()
 
 
@@ -354,22 +412,32 @@ def die_with_parent() -> None:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m fairring.bench.cuda_bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--rank", type=int, required=True, choices=range(WORLD))
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world", type=int, default=DEFAULT_WORLD, help=f"ranks, 2 to {MAX_WORLD} (default 2)")
     parser.add_argument("--port", type=int, required=True, help="the TCPStore's port (rank 0 serves it)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--sizes", required=True, help="throughput: comma-separated byte counts (multiples of 8)")
-    parser.add_argument("--check-sizes", required=True, help="correctness: comma-separated element counts")
+    parser.add_argument("--sizes", default="", help="throughput: comma-separated byte counts (multiples of 8)")
+    parser.add_argument("--check-sizes", default="", help="correctness: comma-separated element counts")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--stress-ops", type=int, default=4, help="stress: all-reduces in flight at once")
+    parser.add_argument("--stress-bytes", type=int, default=0, help="stress: bytes of each (a multiple of 4)")
+    parser.add_argument("--stress-rounds", type=int, default=0, help="stress: rounds (0: no stress)")
     parser.add_argument("--op-timeout", type=float, default=60.0, help="seconds any one wait may take")
     parser.add_argument("--out", type=Path, required=True, help="folder for rank<r>.json")
     args = parser.parse_args(argv)
-    args.sizes = [int(size) for size in args.sizes.split(",")]
-    args.check_sizes = [int(numel) for numel in args.check_sizes.split(",")]
+    args.sizes = [int(size) for size in args.sizes.split(",") if size]
+    args.check_sizes = [int(numel) for numel in args.check_sizes.split(",") if numel]
+    if not 2 <= args.world <= MAX_WORLD or not 0 <= args.rank < args.world:
+        parser.error(f"--world must be 2 to {MAX_WORLD} and --rank 0 to --world - 1")
+    if args.sizes and args.world != 2:
+        parser.error("--sizes needs --world 2: the rails reference pairs two machines")
     if args.iters < 1 or args.warmup < 0 or any(size <= 0 or size % 8 for size in args.sizes):
         parser.error("--iters must be >= 1, --warmup >= 0, and --sizes positive multiples of 8 bytes")
     if any(numel < 1 for numel in args.check_sizes):
         parser.error("--check-sizes must be positive")
+    if args.stress_rounds and (args.stress_ops < 1 or args.stress_bytes <= 0 or args.stress_bytes % 4):
+        parser.error("--stress-rounds needs --stress-ops >= 1 and --stress-bytes a positive multiple of 4")
     return args
 
 
@@ -378,7 +446,14 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     results = Results(
         args.out / f"rank{args.rank}.json",
-        {"rank": args.rank, "device": args.device, "pid": os.getpid(), "done": False, "build": fairring.build_info()},
+        {
+            "rank": args.rank,
+            "world": args.world,
+            "device": args.device,
+            "pid": os.getpid(),
+            "done": False,
+            "build": fairring.build_info(),
+        },
     )
     try:
         bench = Bench(args, results)
@@ -388,7 +463,15 @@ def main(argv: list[str]) -> int:
         results.save()
         return 1
     results.save()
-    for name, phase in (("throughput", run_throughput), ("correctness", run_correctness), ("engine", engine_counters)):
+    phases = [
+        ("throughput", run_throughput, bool(args.sizes)),
+        ("correctness", run_correctness, bool(args.check_sizes)),
+        ("stress", run_stress, args.stress_rounds > 0),
+        ("engine", engine_counters, True),
+    ]
+    for name, phase, wanted in phases:
+        if not wanted:
+            continue
         try:
             phase(bench, results)
         except Exception:

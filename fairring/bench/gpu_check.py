@@ -1,19 +1,30 @@
-"""fairring's GPU check: the CUDA tests and a CUDA bench, written to one report (`make gpu-check`).
+"""fairring's GPU check: the CUDA tests and CUDA benches, written to one report (`make gpu-check`).
 
 Needs no network and no virtual environment: run it with the python whose
 torch fairring was just built against (`make gpu-check` builds first). Stages,
 each with its own time limit inside --budget, so the whole check ends in time:
 
-1. environment: torch, CUDA, NCCL, fairring.build_info(), the GPUs;
+1. environment: python, torch, CUDA, NCCL, the compiler, nvcc, fairring.build_info(), the GPUs;
 2. tests: `python -m pytest tests/test_cuda.py -rs -s -p no:cacheprovider`;
 3. bench: two processes on one GPU as two machines (fairring.bench.cuda_bench):
    engine all-reduce throughput against fairring._C.RailsEndpoint moving the same
    bytes between the same two processes, then every dtype and op checked against
-   plain torch on the CPU.
+   plain torch on the CPU;
+4. correctness with 3 and 4 processes on the one GPU, each its own machine
+   (--worlds): every dtype and op, as in the bench;
+5. stress: two processes with large slices (--stress-slice) and TensorPipe's
+   cuda_basic channel (FAIRRING_CHANNELS=cuda_basic), --stress-ops all-reduces of
+   --stress-bytes in flight at once for --stress-rounds rounds, each result checked
+   exactly. It shows whether cuda_basic's shared pool of pinned chunks (16 x 1 MiB
+   per TensorPipe context) can starve the reduced-shard writes (docs/design.md);
+   a hang ends at the stage's time limit, reported with the ranks' output.
 
-A stage that fails is recorded and the next one runs; the exit status is 1 if
-any stage failed (or no GPU is visible), else 0. --device cpu runs the same bench
-on CPU tensors (a smoke test for machines without a GPU) and skips the tests.
+Each stage runs for at most its limit less the later stages' reserves, and at
+least its own reserve while the budget lasts (earlier stages first); one that
+the budget no longer fits is recorded as skipped. A stage that fails is
+recorded and the next one runs; the exit status is 1 if any stage failed (or no GPU is visible), else
+0. --device cpu runs the same benches on CPU tensors (a smoke test for machines
+without a GPU; the stress scaled down) and skips the tests.
 
     python -m fairring.bench.gpu_check --report gpu-check-report.md
     python -m fairring.bench.gpu_check --device cpu --quick --report /tmp/report.md
@@ -23,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import platform
@@ -34,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from traceback import format_exc
@@ -42,10 +55,21 @@ from typing import Any
 import torch
 
 import fairring
-from fairring.config import ConfigError, format_size, parse_size
+from fairring import _C
+from fairring.config import (
+    CUDA_ENGINE,
+    FLAT_THRESHOLD,
+    SLICE_SIZE,
+    TOTAL_MEMORY,
+    ConfigError,
+    format_size,
+    load_config,
+    parse_size,
+)
+from fairring.transports import CHANNELS
 
 from . import free_port
-from .cuda_bench import WORLD, check_cases, dtype_name
+from .cuda_bench import MAX_WORLD, check_cases, dtype_name
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_COMMAND = ["-m", "pytest", "tests/test_cuda.py", "-rs", "-s", "-p", "no:cacheprovider"]
@@ -53,15 +77,36 @@ DEFAULT_SIZES = {"cuda": "1MiB,4MiB,16MiB,64MiB,256MiB", "cpu": "1MiB,4MiB,16MiB
 QUICK_SIZES = {"cuda": "1MiB,16MiB,64MiB", "cpu": "64KiB,1MiB"}
 DEFAULT_CHECK_SIZES = "1,1000,65537,1000003"
 QUICK_CHECK_SIZES = "1,1000,65537"
-# The bench needs about this long at least; the tests may use what is left before it.
+# Large enough that one shard (half a slice, on two machines) fills cuda_basic's 16 MiB send
+# pool, and the shards of the slices in flight exceed it; each all-reduce is 8 slices of the
+# full size. The CPU smoke mode keeps that shape at an eighth of the bytes.
+STRESS_SLICE = {"cuda": "32MiB", "cpu": "4MiB"}
+STRESS_BYTES = {"cuda": "256MiB", "cpu": "32MiB"}
+# FAIRRING_TOTAL_MEMORY for the stress, in slices: the plan stages in half of it, and a slice on
+# two machines stages twice its bytes, so 16 hold FAIRRING_SLICES_IN_FLIGHT's default of 4.
+STRESS_MEMORY_SLICES = 16
+BENCH_WORLD = 2
+# What the stages before each one leave it of the budget, and what it may take from the stages
+# after it when the budget runs short: the bench needs about 120 s (the tests may use what is
+# left before it), the others less.
 BENCH_MINIMUM_S = 120.0
-# Once one rank has failed, how long the other gets to finish writing its results.
+WORLD_MINIMUM_S = 30.0
+STRESS_MINIMUM_S = 60.0
+# A stage left less than this is skipped; writing the report takes the last few seconds.
+STAGE_MINIMUM_S = 10.0
+REPORT_RESERVE_S = 5.0
+# Once one rank has failed, how long the others get to finish writing their results.
 FAILURE_GRACE_S = 15.0
 # Once every rank has written all of its results, how long they get to tear down and exit.
 TEARDOWN_GRACE_S = 30.0
 TAIL_CHARS = 12_000
 TESTS_STAGE = "tests: tests/test_cuda.py"
-BENCH_STAGE = f"bench: {WORLD} processes as {WORLD} machines"
+BENCH_STAGE = f"bench: {BENCH_WORLD} processes as {BENCH_WORLD} machines"
+STRESS_STAGE = "stress: cuda_basic, large slices"
+
+
+def world_stage(world: int) -> str:
+    return f"correctness: {world} processes as {world} machines"
 
 
 @dataclass
@@ -81,6 +126,17 @@ class Finished:
     seconds: float
 
 
+@dataclass
+class Step:
+    """A stage to run: at most `limit` seconds; the stages before it leave it `reserve` seconds."""
+
+    name: str
+    limit: float
+    reserve: float
+    run: Callable[[float], tuple[Stage, dict[str, Any]]]
+    skip: str = ""  # why it does not run at all, whatever the budget
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m fairring.bench.gpu_check",
@@ -98,10 +154,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tests", choices=("auto", "run", "skip"), default="auto", help="auto: run with --device cuda")
     parser.add_argument("--tests-timeout", type=float, default=300.0, help="seconds for the tests (default 300)")
     parser.add_argument("--bench-timeout", type=float, default=240.0, help="seconds for the bench (default 240)")
+    parser.add_argument("--worlds", default="3,4", help="process counts of the correctness stages (default 3,4)")
+    parser.add_argument("--worlds-timeout", type=float, default=90.0, help="seconds for each (default 90)")
+    parser.add_argument("--stress-slice", help="stress: FAIRRING_SLICE_SIZE (default 32MiB, cpu 4MiB)")
+    parser.add_argument("--stress-bytes", help="stress: bytes of each all-reduce (default 256MiB, cpu 32MiB)")
+    parser.add_argument("--stress-ops", type=int, default=4, help="stress: all-reduces in flight at once (default 4)")
+    parser.add_argument("--stress-rounds", type=int, default=4, help="stress: rounds (default 4; 0: no stress)")
+    parser.add_argument("--stress-timeout", type=float, default=120.0, help="seconds for the stress (default 120)")
     parser.add_argument("--op-timeout", type=float, default=60.0, help="seconds any one wait in the bench may take")
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for every stage together (default 540)")
     parser.add_argument(
-        "--set", action="append", default=[], metavar="VAR=VALUE", help="environment for the bench's ranks"
+        "--set", action="append", default=[], metavar="VAR=VALUE", help="environment for every stage's ranks"
     )
     parser.add_argument("--build-log", type=Path, help="the build's output, for the report (make gpu-check)")
     parser.add_argument("--build-seconds", type=float, help="how long the build took (make gpu-check)")
@@ -115,10 +178,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     try:
         args.size_list = [parse_size("--sizes", text.strip()) for text in sizes.split(",")]
         args.check_size_list = [int(text.strip()) for text in check_sizes.split(",")]
+        args.world_list = [int(text.strip()) for text in args.worlds.split(",") if text.strip()]
+        args.stress_slice = parse_size("--stress-slice", args.stress_slice or STRESS_SLICE[args.device])
+        args.stress_bytes = parse_size("--stress-bytes", args.stress_bytes or STRESS_BYTES[args.device])
     except (ConfigError, ValueError) as error:
         parser.error(str(error))
     if any(size % 8 for size in args.size_list) or min(args.check_size_list) < 1:
         parser.error("--sizes must be multiples of 8 bytes and --check-sizes at least 1 element")
+    if any(not 2 <= world <= MAX_WORLD for world in args.world_list):
+        parser.error(f"--worlds takes process counts from 2 to {MAX_WORLD}")
+    if args.stress_bytes % 4 or args.stress_ops < 1 or args.stress_rounds < 0:
+        parser.error("--stress-bytes must be a multiple of 4, --stress-ops >= 1 and --stress-rounds >= 0")
     if args.iters < 1 or args.warmup < 0:
         parser.error("--iters must be >= 1 and --warmup >= 0")
     if any("=" not in assignment for assignment in args.set):
@@ -176,15 +246,32 @@ def nccl_version() -> str | None:
     return ".".join(str(part) for part in version) if isinstance(version, tuple) else str(version)
 
 
+def version_line(command: list[str], last: bool = False) -> str:
+    """A tool's version line (its first, or its last), "none" where it is missing, never an exception."""
+    if shutil.which(command[0]) is None:
+        return "none"
+    finished = run_bounded(command, 30)
+    lines = finished.output.strip().splitlines()
+    if finished.returncode != 0 or not lines:
+        return f"failed: {finished.output.strip()[:200]}"
+    return lines[-1] if last else lines[0]
+
+
 def environment() -> dict[str, Any]:
+    # make gpu-check exports CXX and the CUDA_HOME it derived from nvcc, and built with them.
+    compiler = shlex.split(os.environ.get("CXX") or "c++")
     info: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
         "python": platform.python_version(),
         "python_executable": sys.executable,
         "cpus": os.cpu_count(),
+        "nproc": len(os.sched_getaffinity(0)),
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
+        "cuda_home": os.environ.get("CUDA_HOME") or "none",
+        "compiler": f"{shlex.join(compiler)}: {version_line([*compiler, '--version'])}",
+        "nvcc": version_line(["nvcc", "--version"], last=True),
         "nccl": nccl_version(),
         "fairring": fairring.__version__,
         "fairring_build": fairring.build_info(),
@@ -219,9 +306,6 @@ def pytest_summary(output: str) -> str:
 def run_tests(args: argparse.Namespace, timeout: float) -> Stage:
     command = [sys.executable, *TEST_COMMAND]
     stage = Stage(TESTS_STAGE, commands=[display(command)])
-    if args.tests == "skip" or (args.tests == "auto" and args.device == "cpu"):
-        stage.detail = "skipped (--device cpu)" if args.tests == "auto" else "skipped (--tests skip)"
-        return stage
     print(f"gpu-check: {display(command)} (at most {timeout:.0f} s)", flush=True)
     finished = run_bounded(command, timeout)
     summary = pytest_summary(finished.output)
@@ -239,30 +323,30 @@ def run_tests(args: argparse.Namespace, timeout: float) -> Stage:
     return stage
 
 
-def rank_command(args: argparse.Namespace, rank: int, port: int, out: Path) -> list[str]:
+def rank_command(args: argparse.Namespace, world: int, rank: int, port: int, out: Path, phases: list[str]) -> list[str]:
     return [
-        sys.executable, "-m", "fairring.bench.cuda_bench", "--rank", str(rank), "--port", str(port),
-        "--device", args.device, "--sizes", ",".join(str(s) for s in args.size_list),
-        "--check-sizes", ",".join(str(n) for n in args.check_size_list), "--iters", str(args.iters),
-        "--warmup", str(args.warmup), "--op-timeout", str(args.op_timeout), "--out", str(out),
+        sys.executable, "-m", "fairring.bench.cuda_bench", "--rank", str(rank), "--world", str(world),
+        "--port", str(port), "--device", args.device, *phases, "--op-timeout", str(args.op_timeout),
+        "--out", str(out),
     ]  # fmt: skip
 
 
-def rank_environment(args: argparse.Namespace, rank: int, port: int) -> dict[str, str]:
+def rank_settings(args: argparse.Namespace, world: int, rank: int, port: int, extra: dict[str, str]) -> dict[str, str]:
+    """The rank's environment on top of this process's; `extra` (a stage's own) wins over --set."""
     return {
-        **os.environ,
-        # Each process is its own machine; both share this host, so every path stays on loopback.
+        # Each process is its own machine; all share this host, so every path stays on loopback.
         "FAIRRING_MACHINE_ID": f"machine-{rank}",
         "TP_SOCKET_IFNAME": "lo",
         "GLOO_SOCKET_IFNAME": "lo",
-        "FAIRRING_CUDA_ENGINE": "1",
+        CUDA_ENGINE: "1",
         # The engine at every size, to check it there: by default small CUDA all-reduces go to NCCL.
-        "FAIRRING_FLAT_THRESHOLD": "0",
+        FLAT_THRESHOLD: "0",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
         "RANK": str(rank),
-        "WORLD_SIZE": str(WORLD),
+        "WORLD_SIZE": str(world),
         **dict(assignment.split("=", 1) for assignment in args.set),
+        **extra,
     }
 
 
@@ -281,7 +365,7 @@ def wait_ranks(ranks: list[subprocess.Popen[bytes]], timeout: float, out: Path) 
             why = f"killed after {timeout:.0f} s"
             break
         if first_failure is not None and now - first_failure > FAILURE_GRACE_S:
-            why = f"killed {FAILURE_GRACE_S:.0f} s after the other rank failed"
+            why = f"killed {FAILURE_GRACE_S:.0f} s after a rank failed"
             break
         if finished is not None and now - finished > TEARDOWN_GRACE_S:
             why = f"killed: hung in teardown for {TEARDOWN_GRACE_S:.0f} s after writing every result"
@@ -295,43 +379,109 @@ def wait_ranks(ranks: list[subprocess.Popen[bytes]], timeout: float, out: Path) 
     return codes, why
 
 
-def run_bench(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
+def run_ranks(
+    args: argparse.Namespace, stage: Stage, world: int, phases: list[str], extra: dict[str, str], timeout: float
+) -> tuple[dict[int, dict[str, Any] | None], list[str]]:
+    """Runs `world` cuda_bench ranks for `stage`, each its own machine: each rank's results, and what
+    went wrong around them (killed, exit codes). Fills in the stage's commands, time and output."""
     port = free_port()
-    stage = Stage(BENCH_STAGE)
-    data: dict[str, Any] = {"ranks": {}}
+    results: dict[int, dict[str, Any] | None] = {}
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch)
-        commands = [rank_command(args, rank, port, out) for rank in range(WORLD)]
+        settings = [rank_settings(args, world, rank, port, extra) for rank in range(world)]
+        commands = [rank_command(args, world, rank, port, out, phases) for rank in range(world)]
+        shown = [{k: v for k, v in env.items() if k.startswith(("FAIRRING_", "TP_"))} for env in settings]
         stage.commands = [
-            f"FAIRRING_MACHINE_ID=machine-{r} TP_SOCKET_IFNAME=lo FAIRRING_CUDA_ENGINE=1 {display(c)}"
-            for r, c in enumerate(commands)
+            " ".join([*(f"{k}={v}" for k, v in env.items()), display(command)])
+            for env, command in zip(shown, commands, strict=True)
         ]
-        print(f"gpu-check: bench, {WORLD} ranks (at most {timeout:.0f} s)", flush=True)
+        print(f"gpu-check: {stage.name}, {world} ranks (at most {timeout:.0f} s)", flush=True)
         start = time.monotonic()
         ranks = []
         try:
             for rank, command in enumerate(commands):
-                ranks.append(run_command(command, rank_environment(args, rank, port), out / f"rank{rank}.log"))
+                env = {**os.environ, **settings[rank]}
+                ranks.append(run_command(command, env, out / f"rank{rank}.log"))
             codes, why = wait_ranks(ranks, timeout, out)
         finally:
             for process in ranks:
                 kill(process)
         stage.seconds = time.monotonic() - start
         logs = []
-        for rank in range(WORLD):
-            data["ranks"][rank] = read_results(out / f"rank{rank}.json")
+        for rank in range(world):
+            results[rank] = read_results(out / f"rank{rank}.json")
             log = tail((out / f"rank{rank}.log").read_text(errors="replace"), 6000)
             ended = "killed" if codes[rank] is None else f"exit code {codes[rank]}"
             logs.append(f"--- rank {rank} ({ended}) ---\n{log}")
         stage.output_tail = "\n".join(logs)
-    data["summary"] = summarize(data["ranks"], args)
-    problems = data["summary"]["problems"]
-    if why:
-        problems.insert(0, why)
+    problems = [why] if why else []
     problems += [f"rank {r} exited with code {code}" for r, code in enumerate(codes) if code not in (0, None)]
-    stage.status = "failed" if problems else "ok"
-    stage.detail = "; ".join(problems[:6]) or "all results correct"
-    return stage, data
+    return results, problems
+
+
+def conclude(stage: Stage, summary: dict[str, Any], problems: list[str], passed: str) -> tuple[Stage, dict[str, Any]]:
+    """The stage's verdict from the problems around the ranks, then those in their results."""
+    summary["problems"] = problems + summary["problems"]
+    stage.status = "failed" if summary["problems"] else "ok"
+    stage.detail = "; ".join(summary["problems"][:6]) or passed
+    return stage, summary
+
+
+def check_phases(args: argparse.Namespace) -> list[str]:
+    return ["--check-sizes", ",".join(str(n) for n in args.check_size_list)]
+
+
+def run_bench(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
+    stage = Stage(BENCH_STAGE)
+    phases = [
+        "--sizes", ",".join(str(s) for s in args.size_list), *check_phases(args),
+        "--iters", str(args.iters), "--warmup", str(args.warmup),
+    ]  # fmt: skip
+    ranks, problems = run_ranks(args, stage, BENCH_WORLD, phases, {}, timeout)
+    return conclude(stage, summarize(ranks, args, args.size_list), problems, "all results correct")
+
+
+def run_world(args: argparse.Namespace, world: int, timeout: float) -> tuple[Stage, dict[str, Any]]:
+    stage = Stage(world_stage(world))
+    ranks, problems = run_ranks(args, stage, world, check_phases(args), {}, timeout)
+    summary = summarize(ranks, args, [])
+    return conclude(stage, summary, problems, f"all {summary['correctness']['planned_per_rank']} cases correct")
+
+
+def stress_plan(args: argparse.Namespace, settings: dict[str, str]) -> dict[str, Any]:
+    """The engine's plan of one stress all-reduce on two machines of one rank (as fairring.plans.plan_of)."""
+    config = load_config({**os.environ, **settings})
+    return _C.plan_shape(
+        numel=args.stress_bytes // 4,
+        element_size=4,
+        local_size=1,
+        machines=BENCH_WORLD,
+        transport_min_shard_bytes=_C.CUDA_MIN_SHARD_BYTES if args.device == "cuda" else 1,
+        max_slice_bytes=config.slice_size,
+        min_shard_bytes=config.min_shard,
+        total_memory_bytes=config.total_memory,
+        max_slices_in_flight=config.slices_in_flight,
+    )
+
+
+def run_stress(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
+    stage = Stage(STRESS_STAGE)
+    extra = {
+        SLICE_SIZE: format_size(args.stress_slice),
+        TOTAL_MEMORY: format_size(args.stress_slice * STRESS_MEMORY_SLICES),
+        # Requires cuda_basic for CUDA buffers (and leaves out cuda_gdr); CPU buffers keep basic.
+        CHANNELS: "cuda_basic",
+    }
+    phases = [
+        "--stress-ops", str(args.stress_ops), "--stress-bytes", str(args.stress_bytes),
+        "--stress-rounds", str(args.stress_rounds),
+    ]  # fmt: skip
+    ranks, problems = run_ranks(args, stage, BENCH_WORLD, phases, extra, timeout)
+    summary = summarize_stress(ranks, args)
+    summary["settings"] = extra
+    summary["plan"] = stress_plan(args, rank_settings(args, BENCH_WORLD, 0, 0, extra))
+    planned = args.stress_ops * args.stress_rounds
+    return conclude(stage, summary, problems, f"all {planned} all-reduces correct on every rank")
 
 
 def read_results(path: Path) -> dict[str, Any] | None:
@@ -341,22 +491,26 @@ def read_results(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def summarize(ranks: dict[int, dict[str, Any] | None], args: argparse.Namespace) -> dict[str, Any]:
-    """What the report shows: rank 0's timings (the slower rank's), every rank's checks."""
+def rank_problems(rank: int, result: dict[str, Any] | None) -> list[str]:
+    if result is None:
+        return [f"rank {rank} wrote no results"]
+    problems = [f"rank {rank}: {error['where']} failed" for error in result.get("errors", [])]
+    return problems + ([] if result.get("done") else [f"rank {rank} did not finish"])
+
+
+def summarize(ranks: dict[int, dict[str, Any] | None], args: argparse.Namespace, sizes: list[int]) -> dict[str, Any]:
+    """What the report shows: rank 0's timings at `sizes` (the slower rank's), every rank's checks."""
     problems: list[str] = []
     planned = len(check_cases(args.device)) * len(args.check_size_list)
     failed_cases: list[dict[str, Any]] = []
     for rank, result in ranks.items():
+        problems += rank_problems(rank, result)
         if result is None:
-            problems.append(f"rank {rank} wrote no results")
             continue
-        problems += [f"rank {rank}: {error['where']} failed" for error in result.get("errors", [])]
         cases = result.get("correctness", {}).get("cases", [])
         failed_cases += [{"rank": rank, **case} for case in cases if not case.get("ok")]
         if len(cases) != planned:
             problems.append(f"rank {rank} checked {len(cases)} of {planned} correctness cases")
-        if not result.get("done"):
-            problems.append(f"rank {rank} did not finish")
     if failed_cases:
         problems.append(f"{len(failed_cases)} correctness case(s) failed")
     rows = (ranks.get(0) or {}).get("throughput", [])
@@ -366,8 +520,8 @@ def summarize(ranks: dict[int, dict[str, Any] | None], args: argparse.Namespace)
                 problems.append(f"no {part} time at {format_size(row['bytes'])}")
             elif not row[part]["correct"] or row[part]["median_s"] <= 0:
                 problems.append(f"{part} at {format_size(row['bytes'])} moved wrong data")
-    if len(rows) != len(args.size_list):
-        problems.append(f"throughput measured at {len(rows)} of {len(args.size_list)} sizes")
+    if len(rows) != len(sizes):
+        problems.append(f"throughput measured at {len(rows)} of {len(sizes)} sizes")
     correct = not failed_cases and all(
         result is not None and len(result.get("correctness", {}).get("cases", [])) == planned
         for result in ranks.values()
@@ -389,8 +543,36 @@ def summarize(ranks: dict[int, dict[str, Any] | None], args: argparse.Namespace)
     }
 
 
-def budget_for(stage_limit: float, deadline: float, reserve: float) -> float:
-    return max(10.0, min(stage_limit, deadline - time.monotonic() - reserve))
+def summarize_stress(ranks: dict[int, dict[str, Any] | None], args: argparse.Namespace) -> dict[str, Any]:
+    """Every rank's checks; per round, the slower rank's time."""
+    problems: list[str] = []
+    planned = args.stress_ops * args.stress_rounds
+    failed: list[dict[str, Any]] = []
+    seconds: dict[int, float] = {}
+    for rank, result in ranks.items():
+        problems += rank_problems(rank, result)
+        stress = (result or {}).get("stress", {})
+        cases = stress.get("cases", [])
+        failed += [{"rank": rank, **case} for case in cases if not case.get("ok")]
+        if result is not None and len(cases) != planned:
+            problems.append(f"rank {rank} checked {len(cases)} of {planned} all-reduces")
+        for row in stress.get("rounds", []):
+            seconds[row["round"]] = max(seconds.get(row["round"], 0.0), row["seconds"])
+    if failed:
+        problems.append(f"{len(failed)} all-reduce(s) gave wrong results")
+    rails = (ranks.get(0) or {}).get("engine_rails")
+    if args.device == "cuda" and rails is not None and "cuda_basic" not in rails:
+        problems.append(f"the engine's rails do not name cuda_basic: {rails}")
+    return {
+        "ops": args.stress_ops,
+        "bytes": args.stress_bytes,
+        "rounds": args.stress_rounds,
+        "round_seconds": [seconds[index] for index in sorted(seconds)],
+        "failed": failed[:50],
+        "engine_stats": {rank: (result or {}).get("engine_stats") for rank, result in ranks.items()},
+        "engine_rails": rails,
+        "problems": problems,
+    }
 
 
 def build_stage(args: argparse.Namespace) -> Stage:
@@ -478,9 +660,39 @@ def describe_failure(case: dict[str, Any]) -> str:
     return f"{case.get('mismatches')} wrong elements, first at {where}, max error {error}"
 
 
+def stress_lines(stress: dict[str, Any]) -> list[str]:
+    if not stress:
+        return ["Not run."]
+    plan, size, round_bytes = stress["plan"], format_size(stress["bytes"]), stress["ops"] * stress["bytes"]
+    what = (
+        f"{stress['ops']} float32 sums of {size} in flight at once, {stress['rounds']} rounds, {BENCH_WORLD}"
+        f" processes as {BENCH_WORLD} machines; {json.dumps(stress['settings'])}. Each all-reduce:"
+        f" {plan['slices']} slice(s) of {format_size(plan['slice_numel'] * 4)}, shards of"
+        f" {format_size(plan['shard_bytes'])}, {plan['slices_in_flight']} in flight. Every result compared"
+        " exactly (integers in [-128, 133]); a round's time runs from issuing its all-reduces to the last"
+        " one's end on the device."
+    )
+    lines = [what, "", f"engine rails: `{stress.get('engine_rails')}`", ""]
+    rows = [
+        [index, f"{seconds:.3f}", f"{round_bytes / seconds / 1e9:.3f}"]
+        for index, seconds in enumerate(stress["round_seconds"])
+    ]
+    lines += table(["round", "seconds (slower rank)", "algbw GB/s"], rows) if rows else ["No round finished."]
+    failed = stress["failed"]
+    if failed:
+        body = [[case["rank"], case["round"], case["seed"], describe_failure(case)] for case in failed]
+        lines += ["", *table(["rank", "round", "seed", "what"], body)]
+    return lines
+
+
 def render(report: dict[str, Any], stages: list[Stage]) -> str:
     env, bench = report["environment"], report["bench"]
-    verdict = "PASSED" if report["passed"] else "FAILED (" + ", ".join(report["failed_stages"]) + ")"
+    if not report["passed"]:
+        verdict = "FAILED (" + ", ".join(report["failed_stages"]) + ")"
+    elif report["skipped_for_budget"]:
+        verdict = "PASSED, but the budget left out: " + ", ".join(report["skipped_for_budget"])
+    else:
+        verdict = "PASSED"
     lines = [f"# fairring GPU check: {verdict}", ""]
     lines += [f"{env['date']} on {env['host']}, {report['seconds']:.0f} s, --device {report['device']}.", ""]
     gpus = env.get("gpus") or []
@@ -489,13 +701,16 @@ def render(report: dict[str, Any], stages: list[Stage]) -> str:
         ["python", f"{env['python']} ({env['python_executable']})"],
         ["torch", env["torch"]],
         ["torch.version.cuda", env["torch_cuda"]],
+        ["CUDA_HOME", env["cuda_home"]],
+        ["compiler", env["compiler"]],
+        ["nvcc", env["nvcc"]],
         ["torch.cuda.nccl.version()", env["nccl"]],
         ["fairring", env["fairring"]],
         ["fairring.build_info()", json.dumps(env["fairring_build"])],
         ["GPUs", f"{env['gpu_count']}: {', '.join(gpus)}" if gpus else env["gpu_count"]],
         ["bench GPU", json.dumps(bench.get("gpu")) if bench.get("gpu") else "-"],
         ["nvidia-smi", env.get("nvidia_smi", "not found")],
-        ["CPUs", env["cpus"]],
+        ["CPUs", f"{env['cpus']} (nproc {env['nproc']})"],
         ["environment", json.dumps(env["environment"])],
     ])  # fmt: skip
     lines += ["", "## Stages", ""]
@@ -507,14 +722,21 @@ def render(report: dict[str, Any], stages: list[Stage]) -> str:
     lines += [command for stage in stages for command in stage.commands]
     lines += ["```", "", "## Throughput", ""]
     lines += throughput_lines(bench.get("throughput", [])) if bench else ["Not run."]
-    lines += ["", "## Correctness", "", *correctness_lines(bench.get("correctness", {}), report["device"])]
+    lines += ["", "## Correctness", "", f"{BENCH_WORLD} processes as {BENCH_WORLD} machines (the bench):", ""]
+    lines += correctness_lines(bench.get("correctness", {}), report["device"])
+    for world, summary in report["worlds"].items():
+        lines += ["", f"{world} processes as {world} machines:", ""]
+        lines += correctness_lines(summary.get("correctness", {}), report["device"])
+    lines += ["", "## Stress", "", *stress_lines(report["stress"])]
     lines += ["", "## Engine", "", f"engine_stats per rank: `{json.dumps(bench.get('engine_stats'))}`", ""]
     lines += [
         f"engine rails: `{bench.get('engine_rails')}`",
         "",
         f"reference endpoint: `{bench.get('reference_endpoint')}`",
     ]
-    problems = bench.get("problems") or []
+    by_stage = {BENCH_STAGE: bench, STRESS_STAGE: report["stress"]}
+    by_stage.update({world_stage(world): summary for world, summary in report["worlds"].items()})
+    problems = [f"{name}: {problem}" for name, summary in by_stage.items() for problem in summary.get("problems", [])]
     if problems:
         lines += ["", "## Problems", "", *[f"- {problem}" for problem in problems]]
     lines += ["", "## Output"]
@@ -525,43 +747,84 @@ def render(report: dict[str, Any], stages: list[Stage]) -> str:
     return "\n".join(lines)
 
 
+def steps(args: argparse.Namespace) -> list[Step]:
+    """The stages in order."""
+    tests_skip = ""
+    if args.tests == "skip":
+        tests_skip = "skipped (--tests skip)"
+    elif args.tests == "auto" and args.device == "cpu":
+        tests_skip = "skipped (--device cpu)"
+    return [
+        Step(TESTS_STAGE, args.tests_timeout, 0.0, lambda seconds: (run_tests(args, seconds), {}), tests_skip),
+        Step(BENCH_STAGE, args.bench_timeout, BENCH_MINIMUM_S, functools.partial(run_bench, args)),
+        *(
+            Step(world_stage(world), args.worlds_timeout, WORLD_MINIMUM_S, functools.partial(run_world, args, world))
+            for world in args.world_list
+        ),
+        Step(
+            STRESS_STAGE,
+            args.stress_timeout,
+            STRESS_MINIMUM_S,
+            functools.partial(run_stress, args),
+            "" if args.stress_rounds else "skipped (--stress-rounds 0)",
+        ),
+    ]
+
+
+def run_steps(todo: list[Step], deadline: float) -> tuple[list[Stage], dict[str, dict[str, Any]], list[str]]:
+    """Each stage, what it found by stage name, and the stages the budget left out."""
+    stages: list[Stage] = []
+    summaries: dict[str, dict[str, Any]] = {}
+    left_out: list[str] = []
+    for index, step in enumerate(todo):
+        if step.skip:
+            stages.append(Stage(step.name, detail=step.skip))
+            continue
+        left = deadline - time.monotonic() - REPORT_RESERVE_S
+        kept = sum(later.reserve for later in todo[index + 1 :] if not later.skip)
+        seconds = min(step.limit, left, max(left - kept, step.reserve, STAGE_MINIMUM_S))
+        if seconds < STAGE_MINIMUM_S:
+            stages.append(Stage(step.name, detail=f"skipped: {max(left, 0):.0f} s of the budget left"))
+            left_out.append(step.name)
+            continue
+        try:
+            stage, summaries[step.name] = step.run(seconds)
+        except Exception:
+            stage = Stage(step.name, "failed", detail="the check itself failed", output_tail=tail(format_exc()))
+        stages.append(stage)
+    return stages, summaries, left_out
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     deadline = time.monotonic() + args.budget
     started = time.monotonic()
     info = environment()
     stages = [build_stage(args)]
-    bench: dict[str, Any] = {}
+    summaries: dict[str, dict[str, Any]] = {}
+    left_out: list[str] = []
     no_gpu = args.device == "cuda" and not torch.cuda.is_available()
     if no_gpu:
         stages.append(Stage("environment", "failed", detail="no CUDA device is visible to torch (use --device cpu)"))
-        stages += [Stage(TESTS_STAGE, detail="skipped: no GPU"), Stage(BENCH_STAGE, detail="skipped: no GPU")]
+        stages += [Stage(step.name, detail="skipped: no GPU") for step in steps(args)]
     else:
-        try:
-            stages.append(run_tests(args, budget_for(args.tests_timeout, deadline, BENCH_MINIMUM_S)))
-        except Exception:
-            stages.append(
-                Stage(TESTS_STAGE, "failed", detail="the check itself failed", output_tail=tail(format_exc()))
-            )
-        try:
-            bench_stage, bench = run_bench(args, budget_for(args.bench_timeout, deadline, 5.0))
-            stages.append(bench_stage)
-        except Exception:
-            stages.append(
-                Stage(BENCH_STAGE, "failed", detail="the check itself failed", output_tail=tail(format_exc()))
-            )
-    if args.device == "cuda" and not no_gpu:
-        info["gpus"] = gpu_names()
+        ran, summaries, left_out = run_steps(steps(args), deadline)
+        stages += ran
+        if args.device == "cuda":
+            info["gpus"] = gpu_names()
     failed = [stage.name for stage in stages if stage.status == "failed"]
     report = {
         "passed": not failed,
         "failed_stages": failed,
+        "skipped_for_budget": left_out,
         "device": args.device,
         "seconds": time.monotonic() - started,
         "command": display([sys.executable, "-m", "fairring.bench.gpu_check", *argv]),
         "environment": info,
         "stages": [{k: v for k, v in asdict(stage).items() if k != "output_tail"} for stage in stages],
-        "bench": bench.get("summary", {}),
+        "bench": summaries.get(BENCH_STAGE, {}),
+        "worlds": {world: summaries.get(world_stage(world), {}) for world in args.world_list},
+        "stress": summaries.get(STRESS_STAGE, {}),
     }
     text = render(report, stages)
     args.report.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,377 @@
+#include "device/emulated.h"
+
+#include <array>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+
+#include <ATen/ops/empty_like.h>
+#include <c10/util/Exception.h>
+
+#include "device/streamed.h"
+
+namespace fairring {
+
+namespace {
+
+// One emulated stream: a worker thread (owned, joined by join()) that runs
+// its items in push order. An item's position is its 1-based push count.
+class EmulatedStream {
+ public:
+  EmulatedStream(uint64_t seed, std::chrono::microseconds jitter)
+      : random_(seed), jitter_(jitter), worker_([this] { run(); }) {}
+  ~EmulatedStream() {
+    join();
+  }
+
+  // Returns the position after `work`; `jitter`: sleep first, as device work
+  // takes time (not for bookkeeping items).
+  uint64_t push(std::function<void()> work, bool jitter = true) {
+    uint64_t position = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      position = ++pushed_;
+      if (aborted_) {
+        done_ = pushed_;
+        return position;
+      }
+      queue_.push_back(Item{std::move(work), jitter});
+    }
+    changed_.notify_all();
+    return position;
+  }
+
+  uint64_t position() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pushed_;
+  }
+
+  bool reached(uint64_t position) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return done_ >= position || aborted_;
+  }
+
+  // Blocks the calling thread (another stream's worker, or the host) until
+  // this stream has run every item up to `position`, or is aborted.
+  void awaitReached(uint64_t position) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return done_ >= position || aborted_; });
+  }
+
+  void abort() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      aborted_ = true;
+      queue_.clear();
+      done_ = pushed_;
+    }
+    changed_.notify_all();
+  }
+
+  void join() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    if (worker_.joinable()) {
+      worker_.join();
+    }
+  }
+
+ private:
+  struct Item {
+    std::function<void()> work;
+    bool jitter;
+  };
+
+  // The worker: one item at a time, in order, until joined; an aborted
+  // stream drops what is queued.
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) {
+        return; // stopping, nothing left
+      }
+      Item item = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      if (item.jitter && jitter_.count() > 0) {
+        std::uniform_int_distribution<int64_t> pause(0, jitter_.count());
+        std::this_thread::sleep_for(std::chrono::microseconds(pause(random_)));
+      }
+      try {
+        item.work();
+      } catch (const std::exception&) {
+        // The engine's work reports its own errors; a stray one must not
+        // end the process from a worker thread.
+      }
+      item.work = nullptr; // what it kept alive goes before it counts as done
+      lock.lock();
+      if (!aborted_) {
+        ++done_;
+      }
+      changed_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Item> queue_;
+  uint64_t pushed_ = 0;
+  uint64_t done_ = 0;
+  bool aborted_ = false;
+  bool stopping_ = false;
+  std::mt19937_64 random_; // the worker's only
+  const std::chrono::microseconds jitter_;
+  std::thread worker_; // last: it uses the members above
+};
+
+struct EmulatedFence final : FenceState {
+  EmulatedFence(std::shared_ptr<EmulatedStream> stream, int index, uint64_t position)
+      : stream(std::move(stream)), index(index), position(position) {}
+  std::shared_ptr<EmulatedStream> stream;
+  int index; // StreamPolicy::Stream
+  uint64_t position;
+};
+
+class EmulatedStreams final : public StreamPolicy {
+ public:
+  EmulatedStreams(const EmulatedDeviceSettings& settings, int rank)
+      : settings_(settings) {
+    for (int stream = 0; stream < kStreams; ++stream) {
+      streams_[stream] = std::make_shared<EmulatedStream>(
+          settings.seed * 7919 + static_cast<uint64_t>(rank) * kStreams + stream,
+          settings.jitter);
+    }
+  }
+
+  c10::Device device() const override {
+    return c10::Device(c10::kCPU);
+  }
+  std::vector<c10::Device> futureDevices() const override {
+    return {};
+  }
+  int64_t minShardBytes() const override {
+    return kCudaMinShardBytes; // CUDA's plans
+  }
+
+  Fence recordCaller() override {
+    return Fence(); // a CPU caller's work is done when it issues
+  }
+
+  void issue(int stream, Stage issuer, std::function<void()> work) override {
+    holdForForcedOrder(issuer);
+    streams_[stream]->push(std::move(work));
+    {
+      std::lock_guard<std::mutex> lock(forceMutex_);
+      ++issued_[static_cast<int>(issuer)];
+    }
+    forceChanged_.notify_all();
+  }
+
+  Fence record(int stream) override {
+    return Fence(std::make_shared<EmulatedFence>(
+        streams_[stream], stream, streams_[stream]->position()));
+  }
+
+  void wait(int stream, const Fence& fence) override {
+    const auto* state = static_cast<const EmulatedFence*>(fence.state());
+    if (state == nullptr ||
+        (settings_.ignoreArrivals && state->index == kReceiveStream)) {
+      return;
+    }
+    streams_[stream]->push(
+        [awaited = state->stream, position = state->position] {
+          awaited->awaitReached(position);
+        },
+        /*jitter=*/false);
+  }
+
+  bool query(const Fence& fence) override {
+    const auto* state = static_cast<const EmulatedFence*>(fence.state());
+    return state == nullptr || state->stream->reached(state->position);
+  }
+
+  void recordUse(const at::Tensor& tensor, int stream) override {
+    // Held until the stream has run what was queued before: recordStream.
+    streams_[stream]->push([kept = tensor] {}, /*jitter=*/false);
+  }
+
+  rails::Buffer sendBuffer(const at::Tensor& tensor) override {
+    // cuda_basic copies out on the send stream before the bytes leave; the
+    // copy waits for nothing else queued there.
+    const uint64_t copied =
+        streams_[kSendStream]->push([] {}, /*jitter=*/true);
+    streams_[kSendStream]->awaitReached(copied);
+    return hostBuffer(tensor);
+  }
+
+  rails::Buffer receiveBuffer(const at::Tensor& tensor) override {
+    at::Tensor bounce = at::empty_like(tensor);
+    rails::Buffer buffer = hostBuffer(bounce);
+    std::lock_guard<std::mutex> lock(bouncesMutex_);
+    bounces_.insert_or_assign(buffer.data, Bounce{std::move(bounce), tensor});
+    return buffer;
+  }
+
+  Fence received(const rails::Buffer& received) override {
+    Bounce bounce;
+    {
+      std::lock_guard<std::mutex> lock(bouncesMutex_);
+      auto found = bounces_.find(received.data);
+      TORCH_CHECK(found != bounces_.end(), "fairring: an unknown receive completed");
+      bounce = std::move(found->second);
+      bounces_.erase(found);
+    }
+    streams_[kReceiveStream]->push(
+        [bounce = std::move(bounce), delay = settings_.receiveDelay]() mutable {
+          std::this_thread::sleep_for(delay);
+          bounce.target.copy_(bounce.bytes);
+        });
+    return record(kReceiveStream);
+  }
+
+  void abort() override {
+    for (const auto& stream : streams_) {
+      stream->abort();
+    }
+    {
+      std::lock_guard<std::mutex> lock(forceMutex_);
+      aborted_ = true;
+    }
+    forceChanged_.notify_all();
+  }
+
+  void join() override {
+    for (const auto& stream : streams_) {
+      stream->join();
+    }
+  }
+
+ private:
+  struct Bounce {
+    at::Tensor bytes; // what the rails received into
+    at::Tensor target;
+  };
+
+  static rails::Buffer hostBuffer(const at::Tensor& tensor) {
+    return rails::Buffer{
+        tensor.data_ptr(),
+        static_cast<size_t>(tensor.numel() * tensor.element_size()),
+        c10::Device(c10::kCPU),
+        std::nullopt};
+  }
+
+  // The forced interleaving: `issuer`'s enqueue waits for the other stage's
+  // next one, for at most 500 ms.
+  void holdForForcedOrder(Stage issuer) {
+    using Force = EmulatedDeviceSettings::Force;
+    Stage awaited;
+    if (settings_.force == Force::kReduceScatterFirst &&
+        issuer == Stage::kAllGather) {
+      awaited = Stage::kReduceScatter;
+    } else if (
+        settings_.force == Force::kAllGatherFirst &&
+        issuer == Stage::kReduceScatter) {
+      awaited = Stage::kAllGather;
+    } else {
+      return;
+    }
+    std::unique_lock<std::mutex> lock(forceMutex_);
+    const int64_t before = issued_[static_cast<int>(awaited)];
+    forceChanged_.wait_for(lock, std::chrono::milliseconds(500), [&] {
+      return aborted_ || issued_[static_cast<int>(awaited)] > before;
+    });
+  }
+
+  const EmulatedDeviceSettings settings_;
+  std::array<std::shared_ptr<EmulatedStream>, kStreams> streams_;
+  std::mutex bouncesMutex_;
+  std::unordered_map<void*, Bounce> bounces_; // by the rails' buffer
+  std::mutex forceMutex_;
+  std::condition_variable forceChanged_;
+  std::array<int64_t, kStages> issued_{}; // work enqueued, by stage
+  bool aborted_ = false;
+};
+
+int64_t parseNumber(std::string_view text, std::string_view item) {
+  try {
+    size_t used = 0;
+    const int64_t value = std::stoll(std::string(text), &used);
+    if (used == text.size() && value >= 0) {
+      return value;
+    }
+  } catch (const std::exception&) {
+  }
+  TORCH_CHECK(
+      false,
+      "fairring: FAIRRING_TEST_EMULATED_DEVICE: '",
+      item,
+      "' needs a non-negative integer");
+}
+
+} // namespace
+
+std::optional<EmulatedDeviceSettings> emulatedDeviceFromEnv() {
+  const char* value = std::getenv("FAIRRING_TEST_EMULATED_DEVICE");
+  if (value == nullptr || *value == '\0') {
+    return std::nullopt;
+  }
+  EmulatedDeviceSettings settings;
+  std::string_view rest(value);
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view()
+                                           : rest.substr(comma + 1);
+    const size_t equals = item.find('=');
+    const std::string_view key = item.substr(0, equals);
+    const std::string_view argument =
+        equals == std::string_view::npos ? std::string_view()
+                                         : item.substr(equals + 1);
+    if (key == "on" || key.empty()) {
+    } else if (key == "seed") {
+      settings.seed = static_cast<uint64_t>(parseNumber(argument, item));
+    } else if (key == "jitter_us") {
+      settings.jitter = std::chrono::microseconds(parseNumber(argument, item));
+    } else if (key == "one_stream") {
+      settings.oneStream = true;
+    } else if (key == "ignore_arrivals") {
+      settings.ignoreArrivals = true;
+    } else if (key == "receive_delay_ms") {
+      settings.receiveDelay =
+          std::chrono::milliseconds(parseNumber(argument, item));
+    } else if (key == "force" && argument == "rs_first") {
+      settings.force = EmulatedDeviceSettings::Force::kReduceScatterFirst;
+    } else if (key == "force" && argument == "ag_first") {
+      settings.force = EmulatedDeviceSettings::Force::kAllGatherFirst;
+    } else {
+      TORCH_CHECK(
+          false,
+          "fairring: FAIRRING_TEST_EMULATED_DEVICE: unknown item '",
+          item,
+          "' (see csrc/device/emulated.h)");
+    }
+  }
+  return settings;
+}
+
+std::unique_ptr<DeviceContext> makeEmulatedContext(
+    LocalGroups groups,
+    const EmulatedDeviceSettings& settings,
+    int rank) {
+  return std::make_unique<StreamedContext>(
+      std::make_unique<EmulatedStreams>(settings, rank),
+      std::move(groups),
+      settings.oneStream ? StageStreams::kOneStream
+                         : StageStreams::kStreamPerStage);
+}
+
+} // namespace fairring

@@ -1,0 +1,59 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "device/device.h"
+
+namespace fairring {
+
+// A device with streams, emulated on the CPU for the tests, so that the CUDA
+// engine's ordering (StreamedContext, the same code CUDA runs) is exercised
+// on every CI run, with any number of ranks per machine, where no GPU is.
+//
+// Each stream is a worker thread that runs its queue in order; an event is a
+// position in a stream; a device-side wait is an item that blocks the worker
+// until another stream has passed a position. The local steps are real,
+// blocking Gloo (or shared-memory) collectives run by the worker of the
+// stream they are ordered on, as a NCCL kernel blocks its stream. The rails
+// receive into bounce buffers, copied into place on the receive stream as
+// TensorPipe's cuda_basic does; a send's copy runs on the send stream. Every
+// item sleeps a seeded random jitter first.
+//
+// Chosen by tests with FAIRRING_TEST_EMULATED_DEVICE (CPU tensors then run
+// on it); users never see it. Its value is a comma-separated list of:
+//   seed=N              jitter seed (the rank is added), default 0
+//   jitter_us=N         at most this long before each item, default 200
+//   one_stream          all stages on one stream: the old design, which the
+//                       negative control must see deadlock
+//   force=rs_first|ag_first
+//                       an all-gather (rs_first) or reduce-scatter (ag_first)
+//                       enqueue waits, up to 500 ms, for the other stage's next
+//                       enqueue: opposite orders on two ranks of a machine
+//                       make the interleaving that deadlocks one_stream
+//   ignore_arrivals     device waits for the receive stream's fences are
+//                       dropped (negative control: wrong data must be caught)
+//   receive_delay_ms=N  each receive copy sleeps this long too
+struct EmulatedDeviceSettings {
+  uint64_t seed = 0;
+  std::chrono::microseconds jitter{200};
+  bool oneStream = false;
+  enum class Force { kNone, kReduceScatterFirst, kAllGatherFirst };
+  Force force = Force::kNone;
+  bool ignoreArrivals = false;
+  std::chrono::milliseconds receiveDelay{0};
+};
+
+// The settings in FAIRRING_TEST_EMULATED_DEVICE, or nothing when it is unset.
+// Throws on a value it does not understand.
+std::optional<EmulatedDeviceSettings> emulatedDeviceFromEnv();
+
+std::unique_ptr<DeviceContext> makeEmulatedContext(
+    LocalGroups groups,
+    const EmulatedDeviceSettings& settings,
+    int rank);
+
+} // namespace fairring

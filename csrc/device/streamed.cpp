@@ -1,0 +1,122 @@
+#include "device/streamed.h"
+
+#include <chrono>
+#include <thread>
+
+namespace fairring {
+
+namespace {
+
+std::array<int, kStages> stageStreamsOf(StageStreams layout) {
+  if (layout == StageStreams::kOneStream) {
+    return {
+        StreamPolicy::kReduceScatterStream,
+        StreamPolicy::kReduceScatterStream,
+        StreamPolicy::kReduceScatterStream};
+  }
+  return {
+      StreamPolicy::kReduceScatterStream,
+      StreamPolicy::kReduceStream,
+      StreamPolicy::kAllGatherStream};
+}
+
+} // namespace
+
+StreamedContext::StreamedContext(
+    std::unique_ptr<StreamPolicy> policy,
+    LocalGroups groups,
+    StageStreams stageStreams)
+    : DeviceContext(policy->device(), std::move(groups)),
+      policy_(std::move(policy)),
+      stageStreams_(stageStreamsOf(stageStreams)) {}
+
+StreamedContext::~StreamedContext() {
+  // The policy's threads run work that uses the local groups: joined before
+  // the base class drops them.
+  abort();
+  join();
+}
+
+Fence StreamedContext::adoptInput(
+    const at::Tensor& flat,
+    const at::Tensor& tensor) {
+  Fence callerWork = policy_->recordCaller(); // throws under graph capture
+  // The reduce-scatter stage reads `flat`; the all-gather stage writes it
+  // and, when it is a copy, `tensor`.
+  policy_->recordUse(flat, streamOf(Stage::kReduceScatter));
+  policy_->recordUse(flat, streamOf(Stage::kAllGather));
+  policy_->recordUse(tensor, streamOf(Stage::kAllGather));
+  return callerWork;
+}
+
+std::vector<c10::Device> StreamedContext::futureDevices() const {
+  return policy_->futureDevices();
+}
+
+void StreamedContext::enqueue(Stage stage, std::function<void()> work) {
+  policy_->issue(streamOf(stage), stage, std::move(work));
+}
+
+void StreamedContext::waitOnDevice(Stage stage, const Fence& fence) {
+  if (fence.state() != nullptr) {
+    policy_->wait(streamOf(stage), fence);
+  }
+}
+
+Fence StreamedContext::record(Stage stage) {
+  return policy_->record(streamOf(stage));
+}
+
+bool StreamedContext::waitOnHost(
+    const Fence& fence,
+    const std::function<bool()>& cancelled) {
+  // Polled rather than synchronised, so that an abort is never stuck behind
+  // a device that will not finish.
+  while (!policy_->query(fence)) {
+    if (cancelled()) {
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  return !cancelled();
+}
+
+at::TensorOptions StreamedContext::memoryOptions() const {
+  return at::TensorOptions().device(device());
+}
+
+void StreamedContext::adoptStaging(const at::Tensor& staging) {
+  // The allocator may have handed out memory that the caller's stream still
+  // uses: every stream that touches staging starts after the caller's work.
+  const Fence callerWork = policy_->recordCaller();
+  for (int stream = 0; stream < StreamPolicy::kStreams; ++stream) {
+    policy_->wait(stream, callerWork);
+    policy_->recordUse(staging, stream);
+  }
+}
+
+rails::Buffer StreamedContext::sendBuffer(const at::Tensor& tensor) {
+  return policy_->sendBuffer(tensor);
+}
+
+rails::Buffer StreamedContext::receiveBuffer(const at::Tensor& tensor) {
+  return policy_->receiveBuffer(tensor);
+}
+
+Fence StreamedContext::receivedFence(const rails::Buffer& received) {
+  return policy_->received(received);
+}
+
+int64_t StreamedContext::minShardBytes() const {
+  return policy_->minShardBytes();
+}
+
+void StreamedContext::abortQueues() {
+  policy_->abort();
+}
+
+void StreamedContext::joinQueues() {
+  policy_->join();
+}
+
+} // namespace fairring

@@ -1,0 +1,111 @@
+#pragma once
+
+#include <array>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "device/device.h"
+
+namespace fairring {
+
+// The streams of a device that orders its work on streams, as CUDA does, and
+// what the engine's ordering needs of them. Two implement it: CUDA
+// (device/cuda.cpp, the only code that sees CUDA headers) and the emulated
+// device the tests run on the CPU (device/emulated.h), so the ordering
+// StreamedContext decides is the same code on both.
+//
+// The policy creates and owns its streams, numbered by StreamPolicy::Stream;
+// nothing else issues work on them.
+class StreamPolicy {
+ public:
+  enum Stream : int {
+    kReduceScatterStream = 0,
+    kReduceStream = 1,
+    kAllGatherStream = 2,
+    kSendStream = 3, // the rails' copies out of device memory, nothing else
+    kReceiveStream = 4, // the rails' copies into device memory, nothing else
+  };
+  static constexpr int kStreams = 5;
+
+  virtual ~StreamPolicy() = default;
+
+  virtual c10::Device device() const = 0;
+  virtual std::vector<c10::Device> futureDevices() const = 0;
+  virtual int64_t minShardBytes() const = 0;
+
+  // Caller's thread: the caller's work so far, on its current stream.
+  // Throws where the engine cannot take an op (CUDA graph capture).
+  virtual Fence recordCaller() = 0;
+  // `work` (which launches device work from the host) lands on `stream`,
+  // after what was issued there before. It does not throw. `issuer`: the
+  // stage whose thread issues it.
+  virtual void issue(int stream, Stage issuer, std::function<void()> work) = 0;
+  virtual Fence record(int stream) = 0;
+  // `stream`'s later work waits for `fence`; the host does not.
+  virtual void wait(int stream, const Fence& fence) = 0;
+  // Whether the work before `fence` is done; true for an empty fence.
+  virtual bool query(const Fence& fence) = 0;
+  // `tensor`'s memory is not reused before `stream`'s work so far is done.
+  virtual void recordUse(const at::Tensor& tensor, int stream) = 0;
+
+  // The rails' view of `tensor` on the send or the receive stream, and what
+  // the receive stream records once a receive into `received` completed
+  // (transport thread).
+  virtual rails::Buffer sendBuffer(const at::Tensor& tensor) = 0;
+  virtual rails::Buffer receiveBuffer(const at::Tensor& tensor) = 0;
+  virtual Fence received(const rails::Buffer& received) = 0;
+
+  // Queued work is dropped and device-side waits end (any thread); then the
+  // policy's own threads, if any, are joined.
+  virtual void abort() {}
+  virtual void join() {}
+};
+
+// How the stages map onto streams. kStreamPerStage is the design
+// (docs/design.md, "Why no cross-rank wait cycle can form"); kOneStream is
+// the old one that design replaced, kept only as the tests' negative control
+// on the emulated device, where it must be seen to deadlock.
+enum class StageStreams { kStreamPerStage, kOneStream };
+
+// DeviceContext on a device with streams: which stream each piece of work
+// goes on, which fences it records and waits for, what memory is kept alive
+// on which streams. Each stage's work goes on its own stream, in slice
+// order, fed by that stage's thread only; the rails' copies go on the send
+// and receive streams.
+class StreamedContext final : public DeviceContext {
+ public:
+  StreamedContext(
+      std::unique_ptr<StreamPolicy> policy,
+      LocalGroups groups,
+      StageStreams stageStreams = StageStreams::kStreamPerStage);
+  ~StreamedContext() override;
+
+  Fence adoptInput(const at::Tensor& flat, const at::Tensor& tensor) override;
+  std::vector<c10::Device> futureDevices() const override;
+  void enqueue(Stage stage, std::function<void()> work) override;
+  void waitOnDevice(Stage stage, const Fence& fence) override;
+  Fence record(Stage stage) override;
+  bool waitOnHost(const Fence& fence, const std::function<bool()>& cancelled)
+      override;
+  at::TensorOptions memoryOptions() const override;
+  void adoptStaging(const at::Tensor& staging) override;
+  rails::Buffer sendBuffer(const at::Tensor& tensor) override;
+  rails::Buffer receiveBuffer(const at::Tensor& tensor) override;
+  Fence receivedFence(const rails::Buffer& received) override;
+  int64_t minShardBytes() const override;
+
+ protected:
+  void abortQueues() override;
+  void joinQueues() override;
+
+ private:
+  int streamOf(Stage stage) const {
+    return stageStreams_[static_cast<int>(stage)];
+  }
+
+  const std::unique_ptr<StreamPolicy> policy_;
+  const std::array<int, kStages> stageStreams_;
+};
+
+} // namespace fairring

@@ -1,0 +1,222 @@
+"""The CUDA engine's ordering on the emulated device, with several ranks per machine.
+
+No GPU this project sees can run 2+ ranks per machine, where the local steps
+block their streams and an order that differs across ranks hangs the GPU. The
+emulated device (csrc/device/emulated.h) runs StreamedContext, the ordering
+code CUDA runs, over worker-thread streams with seeded jitter, real blocking
+Gloo local steps on the stage streams, and the rails' receive copies on their
+own stream. Every result is checked against a torch reference; every wait is
+bounded by the group's timeout, whose error names the stage and slice each
+rank waits in.
+
+Negative controls: the old design (every stage on one stream), with the
+interleaving that deadlocks it forced, must be reported as stuck in a local
+step; and a reduce that ignores the shards' arrival fences must give wrong
+data that the check catches.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import threading
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness import InitSpec, Layout, RankFailure, RankPool
+from reference import REDUCE_OPS, all_ranks_reduced, assert_matches, rank_tensor
+
+# Gloo local steps (the emulated NCCL), slices of 16 KiB so that most ops are
+# several slices, staging for 4 of them.
+EMULATED_ENV = {
+    "FAIRRING_SHM_DISABLE": "1",
+    "FAIRRING_SLICE_SIZE": "16KiB",
+    "FAIRRING_MIN_SHARD_SIZE": "0",
+    "FAIRRING_SLICES_IN_FLIGHT": "4",
+}
+KINDS = [("float32", "sum"), ("float64", "max"), ("int32", "min"), ("bfloat16", "sum"), ("int64", "product")]
+SIZES = [(1, 64), (500, 5_000), (20_000, 120_000)]
+
+
+def emulated(device: str, timeout: float = 60, **rank_env: str) -> InitSpec:
+    return InitSpec(
+        extra_env={**EMULATED_ENV, "FAIRRING_TEST_EMULATED_DEVICE": device, **rank_env},
+        timeout=timedelta(seconds=timeout),
+    )
+
+
+def random_all_reduces(count: int, seed: int, in_flight: int, group: dist.ProcessGroup | None = None) -> int:
+    """`count` all-reduces of random sizes, dtypes and ops, `in_flight` at a time, each checked.
+
+    The sequence depends on `seed` only, so every rank issues the same one.
+    """
+    rank = dist.get_rank()
+    chooser = random.Random(seed)
+    pending: list[tuple[dist.Work, torch.Tensor, tuple[int, ...], str, str, int]] = []
+
+    def check_oldest() -> None:
+        work, tensor, shape, dtype, op, case = pending.pop(0)
+        work.wait()
+        assert_matches(tensor, all_ranks_reduced(shape, getattr(torch, dtype), op, case))
+
+    for index in range(count):
+        low, high = chooser.choice(SIZES)
+        shape = (chooser.randint(low, high),)
+        dtype, op = chooser.choice(KINDS)
+        case = seed * 100_000 + index
+        tensor = rank_tensor(rank, shape, getattr(torch, dtype), case, op)
+        work = dist.all_reduce(tensor, op=REDUCE_OPS[op], group=group, async_op=True)
+        pending.append((work, tensor, shape, dtype, op, case))
+        if len(pending) >= in_flight:
+            check_oldest()
+    while pending:
+        check_oldest()
+    return count
+
+
+def two_groups_at_once(count: int, seed: int) -> int:
+    """The world group from this thread and a second fairring group from another, both in flight."""
+    second = dist.new_group(backend="fairring")
+    # Each group's engine is made by its first all-reduce, a collective that
+    # makes Gloo groups while holding the GIL: from one thread, in one order.
+    for group in (None, second):
+        dist.all_reduce(torch.ones(8), group=group)
+    errors: list[BaseException] = []
+
+    def on_second() -> None:
+        try:
+            random_all_reduces(count, seed + 1, in_flight=4, group=second)
+        except BaseException as error:  # reported by the main thread
+            errors.append(error)
+
+    thread = threading.Thread(target=on_second, name="second-group")
+    thread.start()
+    try:
+        done = random_all_reduces(count, seed, in_flight=6)
+    finally:
+        thread.join()
+        dist.destroy_process_group(second)
+    if errors:
+        raise errors[0]
+    return done
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("layout", [Layout(2, 2), Layout(3, 2, interleaved=True)], ids=str)
+def test_random_all_reduces_from_two_groups(layout: Layout) -> None:
+    """~300 all-reduces per layout (150 on each of two groups), jittered streams, every result checked."""
+    with RankPool(layout, emulated(f"seed={layout.machines}")) as ranks:
+        assert ranks.run(two_groups_at_once, 150, 10 * layout.machines, timeout=360) == [150] * layout.world_size
+
+
+# `make stress` (outside CI): thousands of ops per layout, on larger layouts.
+STRESS_OPS = int(os.environ.get("FAIRRING_STRESS_OPS", "0"))
+
+
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("layout", [Layout(2, 3), Layout(4, 2)], ids=str)
+def test_stress(layout: Layout) -> None:
+    if not STRESS_OPS:
+        pytest.skip("the long run: make stress (sets FAIRRING_STRESS_OPS)")
+    per_group = STRESS_OPS // 2
+    with RankPool(layout, emulated(f"seed={STRESS_OPS}", timeout=120)) as ranks:
+        done = ranks.run(two_groups_at_once, per_group, 7 * layout.machines, timeout=3300)
+    assert done == [per_group] * layout.world_size
+
+
+def twice_in_flight(numel: int) -> None:
+    """NCCL's order on the emulated device: all_reduce(t) twice in flight, and a broadcast first."""
+    world = dist.get_world_size()
+    tensor = rank_tensor(dist.get_rank(), (numel,), torch.float32, 1)
+    works = [
+        dist.broadcast(tensor, src=world - 1, async_op=True),
+        dist.all_reduce(tensor, async_op=True),
+        dist.all_reduce(tensor, async_op=True),
+    ]
+    for work in reversed(works):
+        work.wait()
+    assert_matches(tensor, rank_tensor(world - 1, (numel,), torch.float32, 1) * world * world)
+
+
+@pytest.mark.timeout(180)
+def test_ops_on_the_same_tensor_run_in_issue_order() -> None:
+    with RankPool(Layout(2, 2), emulated("seed=3")) as ranks:
+        for numel in (1 << 12, 50_003):
+            ranks.run(twice_in_flight, numel)
+
+
+def few_multi_slice_ops() -> str:
+    """Two ops of 8 slices each; the error, if one fails."""
+    tensors = [rank_tensor(dist.get_rank(), (32_768,), torch.float32, seed) for seed in range(2)]
+    works = [dist.all_reduce(tensor, async_op=True) for tensor in tensors]
+    try:
+        for work in works:
+            work.wait()
+    except RuntimeError as error:
+        return str(error)
+    for seed, tensor in enumerate(tensors):
+        assert_matches(tensor, all_ranks_reduced((32_768,), torch.float32, seed=seed))
+    return ""
+
+
+def forced_env(layout: Layout, rank: int, base: str) -> dict[str, str]:
+    first_of_machine = rank == layout.ranks_of(layout.machine_of(rank))[0]
+    force = "force=rs_first" if first_of_machine else "force=ag_first"
+    return {"FAIRRING_TEST_EMULATED_DEVICE": f"{base},{force}"}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("design", ["stream_per_stage", "one_stream"])
+def test_forced_interleaving_deadlocks_only_the_old_design(design: str) -> None:
+    """On each machine, one rank enqueues the next slice's reduce-scatter before an all-gather,
+    the other the reverse. On one stream per stage this only slows the op; with all
+    stages on one stream (the old design) it is the cycle, which must be reported
+    within the group's timeout as a wait in a local step.
+    """
+    layout = Layout(2, 2)
+    base = "seed=5" + (",one_stream" if design == "one_stream" else "")
+    rank_env = {rank: forced_env(layout, rank, base) for rank in range(layout.world_size)}
+    with RankPool(layout, emulated(base, timeout=20), rank_env=rank_env) as ranks:
+        errors = ranks.run(few_multi_slice_ops, timeout=120)
+    if design == "stream_per_stage":
+        assert errors == [""] * layout.world_size, errors
+        return
+    assert all(errors), f"the old design completed under the deadlocking interleaving: {errors}"
+    # Each rank names where it waits: a stage of a slice, stuck behind the cycle.
+    for error in errors:
+        assert re.search(r"timed out after 20000 ms, .*slice \d+ of 8", error), error
+
+
+def reduce_without_arrival_fences() -> bool:
+    """Whether a few multi-slice all-reduces all matched."""
+    matched = True
+    for seed in range(3):
+        tensor = rank_tensor(dist.get_rank(), (40_000,), torch.float32, seed)
+        dist.all_reduce(tensor)
+        expected = all_ranks_reduced((40_000,), torch.float32, seed=seed)
+        matched = matched and torch.allclose(tensor, expected, rtol=1e-4, atol=1e-4)
+    return matched
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fenced", [True, False], ids=["fenced", "negative_control"])
+def test_reduce_waits_for_the_shards_arrival(fenced: bool) -> None:
+    """Receive copies that take 20 ms: with the arrival fences the result is right; without, the check fails."""
+    device = "seed=7,receive_delay_ms=20" + ("" if fenced else ",ignore_arrivals")
+    with RankPool(Layout(2, 2), emulated(device)) as ranks:
+        matched = ranks.run(reduce_without_arrival_fences)
+    if fenced:
+        assert all(matched)
+    else:
+        assert not all(matched), "a reduce that ignored the arrival fences still matched the reference"
+
+
+def test_emulated_device_settings_are_checked() -> None:
+    """A setting the emulator does not know fails the first all-reduce, naming it."""
+    with RankPool(Layout(2, 1), emulated("seed=1,bogus")) as ranks:
+        with pytest.raises(RankFailure, match="unknown item 'bogus'"):
+            ranks.run(few_multi_slice_ops)
