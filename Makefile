@@ -33,7 +33,7 @@ test: build
 OLDEST_VENV := .venv-oldest
 OLDEST_TESTS ?= tests/test_build.py tests/test_engine.py tests/test_collectives.py \
 	tests/test_rails_protocol.py tests/test_registration.py tests/test_cuda.py \
-	tests/test_drop_in.py tests/test_tracing.py
+	tests/test_drop_in.py tests/test_tracing.py tests/test_memory_order.py tests/test_emulated_device.py
 $(OLDEST_VENV)/.installed: requirements-oldest.txt
 	$(PYTHON) -m venv $(OLDEST_VENV)
 	$(OLDEST_VENV)/bin/python -m pip install --quiet --upgrade pip
@@ -51,7 +51,9 @@ test-oldest: $(OLDEST_VENV)/.installed
 # AddressSanitizer and UBSan: the extension built a second time, out of tree (build/sanitize),
 # with FAIRRING_SANITIZE (setup.py), and the tests that drive its parsing of peers' input
 # (hellos, notices, heartbeats' ledger reports, malformed handshakes over the wire), the rails
-# protocol, staging, the engine on CPU, shutdown and failures run against it, first
+# protocol, staging, the engine on CPU and on the emulated device (the CUDA engine's
+# ordering), the order of collectives on shared memory, shutdown and failures run against
+# it, first
 # .ci/sanitize_check.py, which fails unless the test process and a spawned rank import that
 # build. SANITIZE_DESELECT keeps it within CI's time: DDP models, the 1x4 and 2x3 pools (the
 # others cover their paths) and the namespace test (it runs iproute2's `ip` under ASan,
@@ -73,7 +75,7 @@ test-oldest: $(OLDEST_VENV)/.installed
 SANITIZE_TESTS ?= .ci/sanitize_check.py tests/test_untrusted_peers.py tests/test_wire_fuzz.py \
 	tests/test_mismatches.py tests/test_rails_protocol.py tests/test_staging.py tests/test_config.py \
 	tests/test_topology.py tests/test_engine.py tests/test_lifecycle.py tests/test_failures.py \
-	tests/test_shared_memory.py
+	tests/test_shared_memory.py tests/test_memory_order.py tests/test_emulated_device.py
 SANITIZE_DESELECT ?= not ddp_matches_gloo and not 1x4 and not (2x3 and not interleaved) and not link_goes_down
 SANITIZE_LOGS := build/sanitize-logs
 .PHONY: sanitize

@@ -8,6 +8,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from reference import assert_matches, rank_tensor
+
 
 def make_engine(device: str) -> None:
     """An all-reduce on every rank: the group's first one on `device` makes its engine."""
@@ -42,3 +44,17 @@ def timed_stop(work: dist.Work, stop: Callable[[], object]) -> tuple[float, str]
     except RuntimeError as error:
         return elapsed, str(error)
     return elapsed, "no error"
+
+
+def broadcast_then_two_all_reduces(device: str, numel: int) -> None:
+    """NCCL's order: a broadcast and two all-reduces of one tensor in flight run in issue order."""
+    world = dist.get_world_size()
+    tensor = rank_tensor(dist.get_rank(), (numel,), torch.float32, seed=4).to(device)
+    works = [
+        dist.broadcast(tensor, src=world - 1, async_op=True),
+        dist.all_reduce(tensor, async_op=True),
+        dist.all_reduce(tensor, async_op=True),
+    ]
+    for work in reversed(works):
+        work.wait()
+    assert_matches(tensor.cpu(), rank_tensor(world - 1, (numel,), torch.float32, seed=4) * world * world)

@@ -25,7 +25,7 @@ from reference import (
     assert_matches,
     rank_tensor,
 )
-from scenarios import shutdown_with_an_op_in_flight
+from scenarios import broadcast_then_two_all_reduces, shutdown_with_an_op_in_flight
 
 pytestmark = [
     pytest.mark.cuda,
@@ -125,21 +125,9 @@ def engine_premul_sum_and_non_contiguous(device_of_rank: str) -> None:
 
 
 def engine_orders_ops_on_one_tensor(device_of_rank: str) -> None:
-    """As NCCL: a broadcast and two all-reduces of one tensor in flight run in issue order."""
-    rank = dist.get_rank()
-    device = torch.device(device_of_rank.format(rank=rank))
+    device = torch.device(device_of_rank.format(rank=dist.get_rank()))
     torch.cuda.set_device(device)
-    world = dist.get_world_size()
-    tensor = rank_tensor(rank, (300_001,), torch.float32, seed=4).to(device)
-    works = [
-        dist.broadcast(tensor, src=world - 1, async_op=True),
-        dist.all_reduce(tensor, async_op=True),
-        dist.all_reduce(tensor, async_op=True),
-    ]
-    for work in reversed(works):
-        work.wait()
-    expected = rank_tensor(world - 1, (300_001,), torch.float32, seed=4) * world * world
-    assert_matches(tensor.cpu(), expected)
+    broadcast_then_two_all_reduces(str(device), 300_001)
 
 
 def engine_refuses_graph_capture(device_of_rank: str) -> str:

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from harness import InitSpec, Layout, RankFailure, RankPool
 from reference import REDUCE_OPS, all_ranks_reduced, assert_matches, rank_tensor
+from scenarios import broadcast_then_two_all_reduces
 
 # Gloo local steps (the emulated NCCL), slices of 16 KiB so that most ops are
 # several slices, staging for 4 of them.
@@ -128,25 +129,11 @@ def test_stress(layout: Layout) -> None:
     assert done == [per_group] * layout.world_size
 
 
-def twice_in_flight(numel: int) -> None:
-    """NCCL's order on the emulated device: all_reduce(t) twice in flight, and a broadcast first."""
-    world = dist.get_world_size()
-    tensor = rank_tensor(dist.get_rank(), (numel,), torch.float32, 1)
-    works = [
-        dist.broadcast(tensor, src=world - 1, async_op=True),
-        dist.all_reduce(tensor, async_op=True),
-        dist.all_reduce(tensor, async_op=True),
-    ]
-    for work in reversed(works):
-        work.wait()
-    assert_matches(tensor, rank_tensor(world - 1, (numel,), torch.float32, 1) * world * world)
-
-
 @pytest.mark.timeout(180)
 def test_ops_on_the_same_tensor_run_in_issue_order() -> None:
     with RankPool(Layout(2, 2), emulated("seed=3")) as ranks:
         for numel in (1 << 12, 50_003):
-            ranks.run(twice_in_flight, numel)
+            ranks.run(broadcast_then_two_all_reduces, "cpu", numel)
 
 
 def few_multi_slice_ops() -> str:

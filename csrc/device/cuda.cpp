@@ -1,4 +1,7 @@
 #include <array>
+#include <map>
+#include <mutex>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -24,30 +27,60 @@ const c10::Event& eventOf(const Fence& fence) {
   return static_cast<const CudaFence*>(fence.state())->event;
 }
 
-// One CUDA device's streams, created by the engine and owned by it: no
-// `torch.cuda.Stream()`, ProcessGroupNCCL stream or future callback of
-// anyone else's can share them (c10's pool hands its streams round-robin to
-// everyone), so each holds exactly the work StreamedContext puts there.
-class CudaStreams final : public StreamPolicy {
+// Streams that only fairring's engines use, kept for the process's life:
+// an engine takes five and gives them back when it goes, so no two live
+// engines share one. They are never destroyed, because the caching allocator
+// records an event on every stream a block was used on when that block is
+// freed, which may be long after the engine (a caller's tensor).
+class EngineStreams {
  public:
-  explicit CudaStreams(c10::Device device) : device_(device) {
-    TORCH_CHECK(
-        device.is_cuda() && device.has_index(),
-        "fairring: the CUDA engine needs an indexed CUDA device, not ",
-        device);
-    const c10::cuda::CUDAGuard onDevice(device);
-    for (int stream = 0; stream < kStreams; ++stream) {
-      C10_CUDA_CHECK(
-          cudaStreamCreateWithFlags(&raw_[stream], cudaStreamNonBlocking));
+  using Set = std::array<cudaStream_t, StreamPolicy::kStreams>;
+
+  static Set take(c10::Device device) {
+    std::lock_guard<std::mutex> lock(mutex());
+    auto& spare = spares()[device.index()];
+    Set set{};
+    for (auto& stream : set) {
+      if (!spare.empty()) {
+        stream = spare.back();
+        spare.pop_back();
+        continue;
+      }
+      const c10::cuda::CUDAGuard onDevice(device);
+      C10_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     }
+    return set;
   }
 
+  static void giveBack(c10::Device device, const Set& set) {
+    std::lock_guard<std::mutex> lock(mutex());
+    auto& spare = spares()[device.index()];
+    spare.insert(spare.end(), set.begin(), set.end());
+  }
+
+ private:
+  static std::mutex& mutex() {
+    static std::mutex guard;
+    return guard;
+  }
+  static std::map<c10::DeviceIndex, std::vector<cudaStream_t>>& spares() {
+    static std::map<c10::DeviceIndex, std::vector<cudaStream_t>> byDevice;
+    return byDevice;
+  }
+};
+
+// One CUDA device's streams, fairring's own: no `torch.cuda.Stream()`,
+// ProcessGroupNCCL stream or future callback of anyone else's can share them
+// (c10's pool hands its streams round-robin to everyone), so each holds
+// exactly the work StreamedContext puts there, and work an earlier engine
+// left on them, which waits for nothing of this one's.
+class CudaStreams final : public StreamPolicy {
+ public:
+  explicit CudaStreams(c10::Device device)
+      : device_(checked(device)), raw_(EngineStreams::take(device_)) {}
+
   ~CudaStreams() override {
-    // Work still queued completes first; the streams' resources go then.
-    const c10::cuda::CUDAGuard onDevice(device_);
-    for (cudaStream_t stream : raw_) {
-      C10_CUDA_CHECK_WARN(cudaStreamDestroy(stream));
-    }
+    EngineStreams::giveBack(device_, raw_);
   }
 
   c10::Device device() const override {
@@ -108,6 +141,14 @@ class CudaStreams final : public StreamPolicy {
     return record(kReceiveStream);
   }
 
+  static c10::Device checked(c10::Device device) {
+    TORCH_CHECK(
+        device.is_cuda() && device.has_index(),
+        "fairring: the CUDA engine needs an indexed CUDA device, not ",
+        device);
+    return device;
+  }
+
   static bool captured(const c10::cuda::CUDAStream& stream) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &status));
@@ -134,7 +175,7 @@ class CudaStreams final : public StreamPolicy {
   }
 
   const c10::Device device_;
-  std::array<cudaStream_t, kStreams> raw_{};
+  const EngineStreams::Set raw_;
 };
 
 } // namespace

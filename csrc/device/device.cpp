@@ -223,18 +223,17 @@ class CpuContext final : public DeviceContext {
   int64_t minShardBytes() const override {
     return 1;
   }
-
- private:
-  static rails::Buffer hostBuffer(const at::Tensor& tensor) {
-    return rails::Buffer{
-        tensor.data_ptr(),
-        static_cast<size_t>(tensor.numel() * tensor.element_size()),
-        c10::Device(c10::kCPU),
-        std::nullopt};
-  }
 };
 
 } // namespace
+
+rails::Buffer hostBuffer(const at::Tensor& tensor) {
+  return rails::Buffer{
+      tensor.data_ptr(),
+      static_cast<size_t>(tensor.numel() * tensor.element_size()),
+      c10::Device(c10::kCPU),
+      std::nullopt};
+}
 
 std::unique_ptr<DeviceContext> makeCpuContext(LocalGroups groups) {
   return std::make_unique<CpuContext>(std::move(groups));

@@ -209,6 +209,9 @@ class DeviceContext {
   std::thread aborting_; // runs the groups' abort(); joined by join()
 };
 
+// The rails' view of a CPU tensor's bytes.
+rails::Buffer hostBuffer(const at::Tensor& tensor);
+
 std::unique_ptr<DeviceContext> makeCpuContext(LocalGroups groups);
 // Throws where the CUDA path is not built (device/cuda_none.cpp).
 std::unique_ptr<DeviceContext> makeCudaContext(

@@ -261,14 +261,6 @@ class EmulatedStreams final : public StreamPolicy {
     at::Tensor target;
   };
 
-  static rails::Buffer hostBuffer(const at::Tensor& tensor) {
-    return rails::Buffer{
-        tensor.data_ptr(),
-        static_cast<size_t>(tensor.numel() * tensor.element_size()),
-        c10::Device(c10::kCPU),
-        std::nullopt};
-  }
-
   // The forced interleaving: `issuer`'s enqueue waits for the other stage's
   // next one, for at most 500 ms.
   void holdForForcedOrder(Stage issuer) {
