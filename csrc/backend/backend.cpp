@@ -678,10 +678,13 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
   Engine* engine = tensors.size() == 1 || premul
       ? engineFor(tensors, premul ? c10d::ReduceOp::SUM : opts.reduceOp.op_)
       : nullptr;
+  // Several tensors go to the delegate even where the engine would take
+  // their reduce op (PREMUL_SUM).
+  const bool onEngine = engine != nullptr && tensors.size() == 1;
   // Before premultiplied() writes the tensors.
   memoryOrder_.awaitOverlapping(
       tensors,
-      engine != nullptr      ? MemoryOrder::Executor::kEngine
+      onEngine                ? MemoryOrder::Executor::kEngine
           : type == c10::kCPU ? MemoryOrder::Executor::kGloo
                               : MemoryOrder::Executor::kNccl,
       timeout());
@@ -689,7 +692,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
       premul && (type == c10::kCPU || engine != nullptr)
       ? premultiplied(tensors, opts)
       : opts;
-  if (engine != nullptr && tensors.size() == 1) {
+  if (onEngine) {
     auto work = c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
         engine->allreduce(
             tensors[0], ownOpts.reduceOp, timeoutOf(opts.timeout), seq),

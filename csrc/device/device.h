@@ -97,8 +97,7 @@ class DeviceContext {
   // The engine will read `flat` (the caller's tensor, or its contiguous copy)
   // and write `flat` and `tensor` from its stages. Returns what the first
   // stage waits for before reading: the caller's work so far. Their memory is
-  // not reused before the engine's work on it is done. Throws where the
-  // engine cannot take the op (CUDA graph capture).
+  // not reused before the engine's work on it is done.
   virtual Fence adoptInput(const at::Tensor& flat, const at::Tensor& tensor) = 0;
   // The devices an op's future records its completion on; none on the CPU.
   virtual std::vector<c10::Device> futureDevices() const = 0;

@@ -177,8 +177,7 @@ class EmulatedStreams final : public StreamPolicy {
   }
 
   Fence record(int stream) override {
-    return Fence(std::make_shared<EmulatedFence>(
-        streams_[stream], stream, streams_[stream]->position()));
+    return fenceAt(stream, streams_[stream]->position());
   }
 
   void wait(int stream, const Fence& fence) override {
@@ -230,12 +229,12 @@ class EmulatedStreams final : public StreamPolicy {
       bounce = std::move(found->second);
       bounces_.erase(found);
     }
-    streams_[kReceiveStream]->push(
+    const uint64_t copied = streams_[kReceiveStream]->push(
         [bounce = std::move(bounce), delay = settings_.receiveDelay]() mutable {
           std::this_thread::sleep_for(delay);
           bounce.target.copy_(bounce.bytes);
         });
-    return record(kReceiveStream);
+    return fenceAt(kReceiveStream, copied);
   }
 
   void abort() override {
@@ -260,6 +259,11 @@ class EmulatedStreams final : public StreamPolicy {
     at::Tensor bytes; // what the rails received into
     at::Tensor target;
   };
+
+  Fence fenceAt(int stream, uint64_t position) const {
+    return Fence(
+        std::make_shared<EmulatedFence>(streams_[stream], stream, position));
+  }
 
   // The forced interleaving: `issuer`'s enqueue waits for the other stage's
   // next one, for at most 500 ms.

@@ -40,7 +40,7 @@ StreamedContext::~StreamedContext() {
 Fence StreamedContext::adoptInput(
     const at::Tensor& flat,
     const at::Tensor& tensor) {
-  Fence callerWork = policy_->recordCaller(); // throws under graph capture
+  Fence callerWork = policy_->recordCaller();
   // The reduce-scatter stage reads `flat`; the all-gather stage writes it
   // and, when it is a copy, `tensor`.
   policy_->recordUse(flat, streamOf(Stage::kReduceScatter));

@@ -35,7 +35,6 @@ class StreamPolicy {
   virtual int64_t minShardBytes() const = 0;
 
   // Caller's thread: the caller's work so far, on its current stream.
-  // Throws where the engine cannot take an op (CUDA graph capture).
   virtual Fence recordCaller() = 0;
   // `work` (which launches device work from the host) lands on `stream`,
   // after what was issued there before. It does not throw. `issuer`: the
