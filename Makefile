@@ -18,8 +18,15 @@ $(INSTALLED): requirements-dev.txt
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $@
 
+# The checkout, installed editable without compiling (setup.py's FAIRRING_WITH_EXTENSION):
+# its entry point lets init_process_group("fairring") work without `import fairring`.
+EDITABLE := $(VENV)/.fairring-editable
+$(EDITABLE): $(INSTALLED) setup.py
+	FAIRRING_WITH_EXTENSION=0 $(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
+	touch $@
+
 # FAIRRING_WITH_CUDA=auto|1|0 (see setup.py); CI sets 1 so a lost CUDA path fails.
-build: $(INSTALLED)
+build: $(EDITABLE)
 	CXX=$(BUILD_CXX) MAX_JOBS=$${MAX_JOBS:-2} $(PY) setup.py --quiet build_ext --inplace
 
 # pytest's exit code 5 (no test ran) is a failure here.

@@ -19,6 +19,11 @@ unchanged.
 
 Install with `pip install --no-build-isolation .`: the extension must be built
 against the torch it will run with.
+
+FAIRRING_WITH_EXTENSION=0 leaves the extension out: `make` installs the
+checkout editable that way (its metadata, so that torch finds the
+`torch.distributed.backends` entry point) and builds the extension in place
+itself, where a one-file change rebuilds one file.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ CSRC = ROOT / "csrc"
 COMMON_SOURCES = [
     "backend/backend.cpp",
     "backend/delegated.cpp",
+    "backend/hooks.cpp",
     "backend/ledger.cpp",
     "backend/memory_order.cpp",
     "backend/work.cpp",
@@ -216,6 +222,8 @@ setup(
     packages=find_packages(include=["fairring", "fairring.*"]),
     install_requires=[f"torch=={torch.__version__.split('+')[0]}"],
     python_requires=">=3.10",
-    ext_modules=[_extension()],
+    ext_modules=[_extension()] if os.environ.get("FAIRRING_WITH_EXTENSION", "1") != "0" else [],
+    # torch >= 2.15 loads this on init_process_group("fairring"): no import needed.
+    entry_points={"torch.distributed.backends": ["fairring = fairring._registration:register"]},
     cmdclass={"build_ext": BuildExtension},
 )

@@ -46,6 +46,8 @@ def create_backend(store: dist.Store, rank: int, size: int, timeout: timedelta, 
     if not _logged_config:
         logger.debug("effective configuration: %s", config.describe())
         _logged_config = True
+    if config.launcher_attempt is not None:
+        store = dist.PrefixStore(f"fairring-attempt{config.launcher_attempt}/", store)
 
     view = rendezvous(store, rank, size, identify_self(config), config.must_agree(), timeout)
     topology = _C.Topology(

@@ -40,6 +40,8 @@ CUDA_ENGINE = "FAIRRING_CUDA_ENGINE"
 IB_DISABLE = "FAIRRING_IB_DISABLE"
 SHM_DISABLE = "FAIRRING_SHM_DISABLE"
 TIMELINE = "FAIRRING_TIMELINE"
+# Set by torchrun in every worker: how many times it has restarted the job.
+RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 
 DEFAULT_TOTAL_MEMORY = 50 * MiB
 DEFAULT_SLICE_SIZE = 4 * MiB
@@ -141,6 +143,9 @@ class Config:
     shm_disable: bool = False
     # Folder where each engine writes a Chrome-trace timeline of its slices' stages.
     timeline_directory: str | None = None
+    # torchrun's restart count (None outside torchrun). Its store outlives a restart, keys and
+    # all, so each attempt's groups meet under their own prefix, never reading the last one's.
+    launcher_attempt: int | None = None
 
     @property
     def cpu_flat_threshold(self) -> int:
@@ -235,7 +240,18 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         ib_disable=parse_flag(IB_DISABLE, env.get(IB_DISABLE)),
         shm_disable=parse_flag(SHM_DISABLE, env.get(SHM_DISABLE)),
         timeline_directory=_timeline_directory(env.get(TIMELINE)),
+        launcher_attempt=_optional_count(env, RESTART_COUNT),
     )
+
+
+def _optional_count(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
 
 
 def _optional_size(env: Mapping[str, str], name: str) -> int | None:

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +12,27 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from harness import Layout, RankPool
+
+
+@pytest.fixture(scope="session", autouse=True)
+def flight_recorder_dumps() -> Iterator[Path]:
+    """Where ranks' flight-recorder dumps go: a directory removed after the run.
+
+    torch dumps each rank's trace when a collective fails (TORCH_FR_DUMP_ON_TIMEOUT
+    is on by default), to /tmp/nccl_trace_rank_<rank> unless told otherwise; the
+    failure tests would leave those behind. Every process the tests start
+    inherits this.
+    """
+    directory = Path(tempfile.mkdtemp(prefix="fairring-fr-"))
+    previous = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
+    os.environ["TORCH_FR_DUMP_TEMP_FILE"] = str(directory / "trace_rank_")
+    yield directory
+    if previous is None:
+        del os.environ["TORCH_FR_DUMP_TEMP_FILE"]
+    else:
+        os.environ["TORCH_FR_DUMP_TEMP_FILE"] = previous
+    shutil.rmtree(directory, ignore_errors=True)
+
 
 # Machine layouts every collective test runs on. The 3x2 layout interleaves
 # machines (rank r on machine r % 3), so nothing may assume machine-major order.

@@ -143,26 +143,60 @@ dist.destroy_process_group()
 
 @pytest.mark.timeout(180)
 def test_torchrun_three_processes_per_node(tmp_path: Path) -> None:
-    script = tmp_path / "job.py"
-    script.write_text(TORCHRUN_JOB)
     # The checkout's fairring, as the test process imports it.
     source = str(Path(fairring.__file__).parents[1])
     path = os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))
-    env = {
-        **os.environ,
-        "PYTHONPATH": path,
-        "TP_SOCKET_IFNAME": "lo",
-        "GLOO_SOCKET_IFNAME": "lo",
-        "OMP_NUM_THREADS": "1",
-    }
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=3",
-        "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(script),
-    ]  # fmt: skip
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=150)
+    done = run_torchrun(tmp_path, TORCHRUN_JOB, 3, PYTHONPATH=path)
     assert done.returncode == 0, done.stdout + done.stderr
     # The ranks share one pipe: their lines may interleave.
     assert sorted(re.findall(r"rank (\d) of 3 ok, backend fairring", done.stdout)) == ["0", "1", "2"], done.stdout
+
+
+# A job that only names the backend: torch loads fairring through its
+# `torch.distributed.backends` entry point (torch >= 2.15).
+NO_IMPORT_JOB = """
+import sys, torch, torch.distributed as dist
+assert "fairring" not in sys.modules
+dist.init_process_group("cpu:gloo,cuda:fairring")
+world = dist.group.WORLD
+names = [world._get_backend(torch.device(d)).name() for d in ("cpu", "cuda")]
+group = dist.new_group(backend="fairring")
+rank, size = dist.get_rank(), dist.get_world_size()
+tensor = torch.arange(7, dtype=torch.float64) * (rank + 1)
+dist.all_reduce(tensor, group=group)
+expected = torch.arange(7, dtype=torch.float64) * sum(r + 1 for r in range(size))
+assert torch.equal(tensor, expected), (tensor, expected)
+print(f"rank {rank}: {names[0]},{names[1]},{group._get_backend(torch.device('cpu')).name()}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def run_torchrun(tmp_path: Path, job: str, processes: int, **env: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "job.py"
+    script.write_text(job)
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={processes}",
+        "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(script),
+    ]  # fmt: skip
+    environment = {**os.environ, "TP_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", **env}
+    return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=150)
+
+
+@pytest.mark.timeout(180)
+def test_a_job_that_never_imports_fairring(tmp_path: Path) -> None:
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    if not hasattr(dist.Backend, "_ensure_backend_registered"):
+        pytest.skip(f"torch {torch.__version__} does not load backends from entry points (torch >= 2.15 does)")
+    try:
+        distribution("fairring")
+    except PackageNotFoundError:
+        pytest.skip("fairring is not installed in this environment (`make build` installs the checkout editable)")
+    # Only the installed distribution: not a checkout on PYTHONPATH.
+    done = run_torchrun(tmp_path, NO_IMPORT_JOB, 2, PYTHONPATH="")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = sorted(re.findall(r"rank \d: .*", done.stdout))
+    assert lines == [f"rank {r}: gloo,fairring,fairring" for r in range(2)], done.stdout
 
 
 # -- the c10d surface --------------------------------------------------------

@@ -46,6 +46,20 @@ std::vector<at::Tensor> tensorsOf(const Tensors&... tensors) {
   return all;
 }
 
+// Aliases of `tensors` that autograd does not see. fairring's own arithmetic
+// on a caller's tensors (PREMUL_SUM's scaling, packing, copies back, the
+// engine's steps) runs on threads in grad mode, and the tensors may require
+// grad (DDP's buckets under backward(create_graph=True)): through an alias it
+// stays arithmetic on memory, as Gloo's is, and records no graph.
+std::vector<at::Tensor> withoutAutograd(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> aliases;
+  aliases.reserve(tensors.size());
+  for (const auto& tensor : tensors) {
+    aliases.push_back(tensor.detach());
+  }
+  return aliases;
+}
+
 // Gloo, which serves CPU tensors, has no PREMUL_SUM and cannot average
 // integers; say so up front instead of failing inside Gloo. (all_reduce turns
 // PREMUL_SUM into SUM first: see premultiplied().)
@@ -409,6 +423,7 @@ c10::intrusive_ptr<c10d::Work> Backend::forwardTo(
   if (collective && isCpu(inner)) {
     work = delegated_.watch(work, work->retrieveOpType(), *collective, {});
   }
+  work = hooks_.report(std::move(work));
   // A native block (NCCL's group) launches nothing before it ends, so its
   // members' Works are not waited for; the block orders them itself.
   if (collective && !native) {
@@ -576,7 +591,10 @@ std::unique_ptr<Engine> Backend::makeEngine(c10::Device device) {
       [this](int neighbour, std::string_view status) {
         onPeerStatus(neighbour, status);
       },
-      [this](const std::string& cause) { delegated_.fail(cause); }};
+      [this](const std::string& cause) {
+        hooks_.runAbortHooks();
+        delegated_.fail(cause);
+      }};
   return std::make_unique<Engine>(
       topology_,
       config_,
@@ -688,18 +706,20 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
           : type == c10::kCPU ? MemoryOrder::Executor::kGloo
                               : MemoryOrder::Executor::kNccl,
       timeout());
+  std::vector<at::Tensor> aliases = withoutAutograd(tensors);
   const c10d::AllreduceOptions ownOpts =
       premul && (type == c10::kCPU || engine != nullptr)
-      ? premultiplied(tensors, opts)
+      ? premultiplied(aliases, opts)
       : opts;
   if (onEngine) {
     auto work = c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
         engine->allreduce(
-            tensors[0], ownOpts.reduceOp, timeoutOf(opts.timeout), seq),
+            aliases[0], ownOpts.reduceOp, timeoutOf(opts.timeout), seq),
         c10d::OpType::ALLREDUCE,
         "fairring:all_reduce",
         seq,
         tensors));
+    work = hooks_.report(std::move(work));
     joinBlock("allreduce", type, work);
     memoryOrder_.track(tensors, MemoryOrder::Executor::kEngine, work);
     return work;
@@ -717,7 +737,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
       [&](c10d::Backend& inner) {
         if (isCpu(inner)) {
           checkCpuReduction("allreduce", ownOpts.reduceOp, tensors);
-          return allreduceDense(inner, tensors, ownOpts, seq);
+          return allreduceDense(inner, aliases, ownOpts, seq);
         }
         return inner.allreduce(tensors, ownOpts);
       });
@@ -745,11 +765,16 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(
         tensors, MemoryOrder::Executor::kEngine, timeout());
     auto work = c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
         packedAllreduce(
-            *engine, tensors, opts.reduceOp, timeoutOf(opts.timeout), seq),
+            *engine,
+            withoutAutograd(tensors),
+            opts.reduceOp,
+            timeoutOf(opts.timeout),
+            seq),
         c10d::OpType::ALLREDUCE_COALESCED,
         "fairring:all_reduce_coalesced",
         seq,
         tensors));
+    work = hooks_.report(std::move(work));
     joinBlock("allreduce_coalesced", type, work);
     memoryOrder_.track(tensors, MemoryOrder::Executor::kEngine, work);
     return work;
@@ -962,7 +987,7 @@ c10::intrusive_ptr<c10d::Work> Backend::alltoallAsSingle(
         inputs[peer].scalar_type() == inputs[0].scalar_type() &&
             outputs[peer].scalar_type() == inputs[0].scalar_type(),
         "fairring: alltoall tensors must share one dtype");
-    flatInputs.push_back(inputs[peer].reshape({-1}));
+    flatInputs.push_back(inputs[peer].detach().reshape({-1}));
     inputSplits.push_back(inputs[peer].numel());
     outputSplits.push_back(outputs[peer].numel());
     outputElements += outputs[peer].numel();
@@ -973,7 +998,8 @@ c10::intrusive_ptr<c10d::Work> Backend::alltoallAsSingle(
       packedOutput, packedInput, outputSplits, inputSplits, opts);
   // Runs on Gloo's worker thread once the exchange is done: unpack.
   auto unpacked = work->getFuture()->then(
-      [outputs, packedOutput, packedInput](c10::ivalue::Future& done) {
+      [outputs = withoutAutograd(outputs), packedOutput, packedInput](
+          c10::ivalue::Future& done) {
         done.value(); // rethrows the exchange's error, if any
         unpackInto(packedOutput, outputs);
         return c10::IValue(outputs);
@@ -1026,8 +1052,8 @@ c10::intrusive_ptr<c10d::Work> Backend::barrier(
     const c10d::BarrierOptions& opts) {
   const uint64_t seq = nextCollective("barrier");
   checkNotFailed("barrier");
-  return delegated_.watch(
-      cpuBackend_->barrier(opts), c10d::OpType::BARRIER, seq, {});
+  return hooks_.report(delegated_.watch(
+      cpuBackend_->barrier(opts), c10d::OpType::BARRIER, seq, {}));
 }
 
 void Backend::monitoredBarrier(
@@ -1062,12 +1088,42 @@ c10::intrusive_ptr<c10d::Work> Backend::endCoalescing() {
       block.works.push_back(std::move(native));
     }
   }
-  if (block.works.size() == 1) {
+  // Each operation's own Work was reported when it was issued; NCCL's
+  // block Work was not.
+  if (block.works.size() == 1 && block.nativeBlock == nullptr) {
     return block.works.front();
   }
-  return c10::make_intrusive<AllOfWork>(
-      std::move(block.works), getSequenceNumberForGroup());
+  if (block.works.size() == 1) {
+    return hooks_.report(block.works.front());
+  }
+  return hooks_.report(c10::make_intrusive<AllOfWork>(
+      std::move(block.works), getSequenceNumberForGroup()));
 }
+
+#if FAIRRING_HAS_BACKEND_HOOKS
+void Backend::registerCompletionHook(int64_t id, c10d::CompletionHook hook) {
+  hooks_.addCompletionHook(
+      id,
+      [hook = std::move(hook)](uint64_t key, std::optional<float> durationMs) {
+        c10d::CompletionHookArgs args;
+        args.completionKey = key;
+        args.duration_ms = durationMs;
+        hook(args);
+      });
+}
+
+void Backend::unregisterCompletionHook(int64_t id) {
+  hooks_.removeCompletionHook(id);
+}
+
+void Backend::registerAbortHook(int64_t id, c10d::AbortHook hook) {
+  hooks_.addAbortHook(id, std::move(hook));
+}
+
+void Backend::unregisterAbortHook(int64_t id) {
+  hooks_.removeAbortHook(id);
+}
+#endif
 
 void Backend::setTimeout(std::chrono::milliseconds timeout) {
   timeout_ = timeout;
@@ -1113,6 +1169,7 @@ void Backend::stopEngines(const std::string& did) {
 }
 
 void Backend::abort() {
+  hooks_.quiet();
   stopEngines("aborted its process group");
   delegated_.fail(topology_.describeRank(getRank()) + " aborted its process group");
   if (auto cuda = cudaBackendIfCreated()) {
@@ -1122,6 +1179,7 @@ void Backend::abort() {
 }
 
 void Backend::shutdown() {
+  hooks_.quiet();
   stopEngines("shut down its process group");
   delegated_.fail(
       topology_.describeRank(getRank()) + " shut down its process group");

@@ -15,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "backend/delegated.h"
+#include "backend/hooks.h"
 #include "backend/inner_groups.h"
 #include "backend/ledger.h"
 #include "backend/memory_order.h"
@@ -212,6 +213,24 @@ class Backend final : public c10d::Backend {
   void abort() override;
   void shutdown() override;
 
+#if FAIRRING_HAS_BACKEND_HOOKS
+  // Completion hooks hear of every Work fairring hands out that succeeds
+  // (engine, delegated, point-to-point, barrier, coalesced), once, under a
+  // key never reused in the process. Abort hooks run where a failure settles:
+  // the engine's, or a handed-out Work that failed or timed out, before the
+  // error reaches its waiter.
+  bool supportsCompletionHooks() const override {
+    return true;
+  }
+  void registerCompletionHook(int64_t id, c10d::CompletionHook hook) override;
+  void unregisterCompletionHook(int64_t id) override;
+  bool supportsAbortHooks() const override {
+    return true;
+  }
+  void registerAbortHook(int64_t id, c10d::AbortHook hook) override;
+  void unregisterAbortHook(int64_t id) override;
+#endif
+
  private:
   // The device type shared by all the given tensors (checked), and its
   // delegate, made on first use.
@@ -306,6 +325,9 @@ class Backend final : public c10d::Backend {
   std::array<std::atomic<int64_t>, 2> flatAllreduces_{}; // CPU, CUDA
   CollectiveLedger ledger_;
   DelegatedWorks delegated_; // the CPU delegate's collectives
+  // Completion and abort hooks (torch's flight recorder): every Work handed
+  // out goes through hooks_.report().
+  BackendHooks hooks_;
   MemoryOrder memoryOrder_; // collectives in flight, by the memory they touch
 
   // Serialises the creation of CUDA groups, engines and splits, which calls

@@ -31,7 +31,14 @@ struct DelegatedWorks::Watched {
 };
 
 DelegatedWorks::~DelegatedWorks() {
-  if (failing_.joinable()) {
+  if (!failing_.joinable()) {
+    return;
+  }
+  // A callback of a work it failed may have dropped the last reference to
+  // the backend; the thread uses nothing of this object's.
+  if (failing_.get_id() == std::this_thread::get_id()) {
+    failing_.detach();
+  } else {
     failing_.join();
   }
 }
@@ -84,11 +91,10 @@ void DelegatedWorks::fail(const std::string& cause) {
     pending_.clear();
     // The first and only failure: a thread of this object's runs the
     // callbacks of the works it fails.
-    failing_ = std::thread([failing = std::move(failing), cause, this] {
+    failing_ = std::thread([failing = std::move(failing), cause, prefix = prefix_] {
       for (const auto& watched : failing) {
         watched->fail(
-            prefix_ + c10d::opTypeToString(watched->opType) +
-            " failed: " + cause);
+            prefix + c10d::opTypeToString(watched->opType) + " failed: " + cause);
       }
     });
   }

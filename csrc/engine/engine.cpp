@@ -255,6 +255,9 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
     c10d::ReduceOp::RedOpType reduceOp,
     std::chrono::milliseconds timeout,
     uint64_t collective) {
+  TORCH_CHECK(
+      !tensor.requires_grad(),
+      "fairring: the engine got a tensor that requires grad; pass tensor.detach()");
   auto op = std::make_shared<Op>();
   op->collective = collective;
   op->tensor = tensor;
@@ -783,12 +786,14 @@ void Engine::stop(Cause cause) {
     lanes_->close("stopped");
     device_->abort();
   }
+  // Before any op's failure reaches its waiter, who may then exit: the
+  // backend's abort hooks (the flight recorder's dump) run in onFailed.
+  if (settled && !cause.departure && hooks_.onFailed) {
+    hooks_.onFailed(cause.what);
+  }
   const std::string prefix = "fairring: rank " + std::to_string(topology_.rank()) + ": ";
   for (const auto& op : ops) {
     op->fail(prefix + op->describe() + " failed: " + cause.what);
-  }
-  if (settled && !cause.departure && hooks_.onFailed) {
-    hooks_.onFailed(cause.what);
   }
 }
 

@@ -88,7 +88,8 @@ class Engine {
     // A neighbour's status, from its heartbeat (transport thread).
     std::function<void(int neighbour, std::string_view status)> onPeerStatus;
     // The engine failed for good, for this reason; called once, by the
-    // thread that settled it (any thread). Not called for a departure.
+    // thread that settled it (any thread), before its ops fail. Not called
+    // for a departure.
     std::function<void(const std::string& cause)> onFailed;
   };
 
@@ -119,7 +120,8 @@ class Engine {
   // in the same order on every rank (c10d's rule). The future holds [tensor]
   // when done, or fails once `timeout` has passed; with CUDA, its events
   // follow the engine's last stage. `collective`: its number in the group,
-  // by which errors name it.
+  // by which errors name it. `tensor` must not require grad: the engine's
+  // threads run in grad mode (the Backend passes a detached alias).
   c10::intrusive_ptr<c10::ivalue::Future> allreduce(
       const at::Tensor& tensor,
       c10d::ReduceOp::RedOpType op,

@@ -1,0 +1,300 @@
+#include "backend/hooks.h"
+
+#include <atomic>
+#include <condition_variable>
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+
+namespace fairring {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How often the poller asks the Works that cannot push their completion.
+constexpr auto kPollInterval = std::chrono::milliseconds(2);
+
+// Process-wide, so that no two Works of any of the process's groups share a
+// key (the flight recorder of one backend name serves them all).
+std::atomic<uint64_t> nextCompletionKey{1};
+
+} // namespace
+
+struct BackendHooks::Registry {
+  mutable std::mutex mutex;
+  std::map<int64_t, Completion> completionHooks;
+  std::map<int64_t, Abort> abortHooks;
+  std::atomic<bool> quiet{false};
+
+  // Copies taken under the lock, called outside it: a hook may take its own
+  // locks, and one that unregisters waits for none of ours.
+  void completed(uint64_t key, float durationMs) const {
+    std::vector<Completion> hooks;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (const auto& [id, hook] : completionHooks) {
+        hooks.push_back(hook);
+      }
+    }
+    for (const auto& hook : hooks) {
+      hook(key, durationMs);
+    }
+  }
+
+  void aborting() const {
+    if (quiet) {
+      return;
+    }
+    std::vector<Abort> hooks;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (const auto& [id, hook] : abortHooks) {
+        hooks.push_back(hook);
+      }
+    }
+    for (const auto& hook : hooks) {
+      hook();
+    }
+  }
+};
+
+// One handed-out Work's report: made once, by whichever observer sees the
+// outcome first (its future's callback, the poller, or a wait that threw).
+struct BackendHooks::Pending {
+  const uint64_t key = nextCompletionKey.fetch_add(1);
+  const Clock::time_point issued = Clock::now();
+  std::shared_ptr<const Registry> registry;
+  std::atomic<bool> settled{false};
+  std::atomic<float> durationMs{-1};
+
+  void settle(bool success) {
+    if (settled.exchange(true)) {
+      return;
+    }
+    if (!success) {
+      registry->aborting();
+      return;
+    }
+    const float duration =
+        std::chrono::duration<float, std::milli>(Clock::now() - issued).count();
+    durationMs = duration;
+    registry->completed(key, duration);
+  }
+};
+
+#if FAIRRING_HAS_BACKEND_HOOKS
+
+namespace {
+
+// A Work that is `inner` in every respect but its completion key, and that
+// settles its report when a wait on it fails.
+class ReportedWork final : public c10d::Work {
+ public:
+  ReportedWork(
+      c10::intrusive_ptr<c10d::Work> inner,
+      std::shared_ptr<BackendHooks::Pending> pending)
+      : c10d::Work(-1, inner->retrieveOpType()),
+        inner_(std::move(inner)),
+        pending_(std::move(pending)) {}
+
+  uint64_t getCompletionKey() const override {
+    return pending_->key;
+  }
+  bool wait(std::chrono::milliseconds timeout) override {
+    try {
+      return inner_->wait(timeout);
+    } catch (...) {
+      pending_->settle(false); // the dump first, then the caller's error
+      throw;
+    }
+  }
+  float getDuration() const override {
+    const float duration = pending_->durationMs;
+    TORCH_CHECK(
+        duration >= 0, "fairring: this operation has not completed successfully");
+    return duration;
+  }
+
+  bool isCompleted() override {
+    return inner_->isCompleted();
+  }
+  bool isSuccess() const override {
+    return inner_->isSuccess();
+  }
+  std::exception_ptr exception() const override {
+    return inner_->exception();
+  }
+  int sourceRank() const override {
+    return inner_->sourceRank();
+  }
+  std::vector<at::Tensor> result() override {
+    return inner_->result();
+  }
+  void synchronize() override {
+    inner_->synchronize();
+  }
+  void blockCurrentStream() override {
+    inner_->blockCurrentStream();
+  }
+  void abort() override {
+    inner_->abort();
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    return inner_->getFuture();
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override {
+    return inner_->getFutureResult();
+  }
+  uint64_t getSequencenumber() const override {
+    return inner_->getSequencenumber();
+  }
+  std::chrono::milliseconds getTimeout() const override {
+    return inner_->getTimeout();
+  }
+
+ private:
+  const c10::intrusive_ptr<c10d::Work> inner_;
+  const std::shared_ptr<BackendHooks::Pending> pending_;
+};
+
+// The Work's future where its completion is a host event; null where it
+// completes on a device (its future completes at launch) or has none.
+c10::intrusive_ptr<c10::ivalue::Future> hostFuture(c10d::Work& work) {
+  try {
+    auto future = work.getFuture();
+    return future && future->devices().empty() ? future : nullptr;
+  } catch (const c10::Error&) {
+    return nullptr; // Gloo's point-to-point Works, AllOfWork
+  }
+}
+
+} // namespace
+
+#endif
+
+struct BackendHooks::Poller {
+  std::mutex mutex;
+  std::condition_variable wake;
+  // Index by index: a Work and its report.
+  std::vector<std::shared_ptr<Pending>> pending;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  bool stopping = false;
+
+  void loop();
+};
+
+void BackendHooks::Poller::loop() {
+  std::unique_lock<std::mutex> lock(mutex);
+  while (true) {
+    wake.wait(lock, [&] { return stopping || !pending.empty(); });
+    if (stopping) {
+      return;
+    }
+    // Asked without the lock: isCompleted() may take the Work's own locks.
+    auto asked = std::move(pending);
+    auto askedWorks = std::move(works);
+    pending.clear();
+    works.clear();
+    lock.unlock();
+    std::vector<std::shared_ptr<Pending>> stillPending;
+    std::vector<c10::intrusive_ptr<c10d::Work>> stillWorks;
+    for (size_t i = 0; i < asked.size(); ++i) {
+      if (asked[i]->settled) {
+        continue;
+      }
+      if (askedWorks[i]->isCompleted()) {
+        asked[i]->settle(askedWorks[i]->isSuccess());
+        continue;
+      }
+      stillPending.push_back(std::move(asked[i]));
+      stillWorks.push_back(std::move(askedWorks[i]));
+    }
+    askedWorks.clear(); // a Work's last reference goes here, not under the lock
+    lock.lock();
+    for (size_t i = 0; i < stillPending.size(); ++i) {
+      pending.push_back(std::move(stillPending[i]));
+      works.push_back(std::move(stillWorks[i]));
+    }
+    if (!stillPending.empty()) {
+      // A full interval before asking them again.
+      wake.wait_for(lock, kPollInterval, [&] { return stopping; });
+    }
+  }
+}
+
+BackendHooks::BackendHooks()
+    : registry_(std::make_shared<Registry>()),
+      poller_(std::make_shared<Poller>()) {}
+
+BackendHooks::~BackendHooks() {
+  {
+    std::lock_guard<std::mutex> lock(poller_->mutex);
+    poller_->stopping = true;
+  }
+  poller_->wake.notify_all();
+  if (!polling_.joinable()) {
+    return;
+  }
+  if (polling_.get_id() == std::this_thread::get_id()) {
+    polling_.detach(); // it touches only the Poller it co-owns, and returns
+  } else {
+    polling_.join();
+  }
+}
+
+void BackendHooks::addCompletionHook(int64_t id, Completion hook) {
+  std::lock_guard<std::mutex> lock(registry_->mutex);
+  registry_->completionHooks.insert_or_assign(id, std::move(hook));
+}
+
+void BackendHooks::removeCompletionHook(int64_t id) {
+  std::lock_guard<std::mutex> lock(registry_->mutex);
+  registry_->completionHooks.erase(id);
+}
+
+void BackendHooks::addAbortHook(int64_t id, Abort hook) {
+  std::lock_guard<std::mutex> lock(registry_->mutex);
+  registry_->abortHooks.insert_or_assign(id, std::move(hook));
+}
+
+void BackendHooks::removeAbortHook(int64_t id) {
+  std::lock_guard<std::mutex> lock(registry_->mutex);
+  registry_->abortHooks.erase(id);
+}
+
+void BackendHooks::runAbortHooks() const {
+  registry_->aborting();
+}
+
+void BackendHooks::quiet() {
+  registry_->quiet = true;
+}
+
+c10::intrusive_ptr<c10d::Work> BackendHooks::report(
+    c10::intrusive_ptr<c10d::Work> work) {
+#if FAIRRING_HAS_BACKEND_HOOKS
+  auto pending = std::make_shared<Pending>();
+  pending->registry = registry_;
+  if (auto future = hostFuture(*work)) {
+    // Runs here if already complete, else on the completing thread, before
+    // the callbacks of any waiter that comes later.
+    future->addCallback([pending](c10::ivalue::Future& done) {
+      pending->settle(!done.hasError());
+    });
+  } else {
+    std::lock_guard<std::mutex> lock(poller_->mutex);
+    poller_->pending.push_back(pending);
+    poller_->works.push_back(work);
+    if (!polling_.joinable()) {
+      polling_ = std::thread([poller = poller_] { poller->loop(); });
+    }
+    poller_->wake.notify_one();
+  }
+  return c10::make_intrusive<ReportedWork>(std::move(work), std::move(pending));
+#else
+  return work;
+#endif
+}
+
+} // namespace fairring
