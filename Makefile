@@ -59,8 +59,8 @@ test-oldest: $(OLDEST_VENV)/.installed
 # with FAIRRING_SANITIZE (setup.py), and the tests that drive its parsing of peers' input
 # (hellos, notices, heartbeats' ledger reports, malformed handshakes over the wire), the rails
 # protocol, staging, the engine on CPU and on the emulated device (the CUDA engine's
-# ordering), the order of collectives on shared memory, shutdown and failures run against
-# it, first
+# ordering), the order of collectives on shared memory, the flight recorder's hooks (every
+# Work handed out wrapped and reported), shutdown and failures run against it, first
 # .ci/sanitize_check.py, which fails unless the test process and a spawned rank import that
 # build. SANITIZE_DESELECT keeps it within CI's time: DDP models, the 1x4 and 2x3 pools (the
 # others cover their paths), the emulated device's 3x2 run (its 2x2 run stays) and the
@@ -83,7 +83,8 @@ test-oldest: $(OLDEST_VENV)/.installed
 SANITIZE_TESTS ?= .ci/sanitize_check.py tests/test_untrusted_peers.py tests/test_wire_fuzz.py \
 	tests/test_mismatches.py tests/test_rails_protocol.py tests/test_staging.py tests/test_config.py \
 	tests/test_topology.py tests/test_engine.py tests/test_lifecycle.py tests/test_failures.py \
-	tests/test_shared_memory.py tests/test_memory_order.py tests/test_emulated_device.py
+	tests/test_shared_memory.py tests/test_memory_order.py tests/test_emulated_device.py \
+	tests/test_flight_recorder.py
 SANITIZE_DESELECT ?= not ddp_matches_gloo and not 1x4 and not (2x3 and not interleaved) and not link_goes_down \
 	and not (random_all_reduces and interleaved)
 SANITIZE_LOGS := build/sanitize-logs

@@ -52,6 +52,23 @@ def test_bench_runs_and_checks_results(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
+def test_training_study_quick_losses_agree_with_gloo(tmp_path: Path) -> None:
+    """CI's share of the training study: tiny real models, DDP over fairring's engine and Gloo."""
+    run, records = run_bench(["--study", "training", "--quick", "--plots", str(tmp_path)], tmp_path / "t.json")
+    assert {(r["model"], r["backend"]) for r in records} == {
+        (model, backend) for model in ("cnn-tiny", "gpt-tiny") for backend in ("gloo", "fairring")
+    }
+    for record in records:
+        assert len(record["losses"]) == 5 and record["median_s"] > 0, record
+        if record["backend"] == "fairring":
+            assert record["engine_all_reduces"] > 0, record  # the buckets went to the engine
+            # fp32 to 1e-5 relative, bf16 autocast to 1e-2 (fairring.bench.training).
+            assert record["loss_gap"] < (1e-2 if record["autocast"] else 1e-5), record
+    assert (tmp_path / "training-losses.png").exists() and (tmp_path / "training-steps-real.png").exists()
+    assert run.stdout.splitlines()[-1].startswith("Reading: with real compute fairring trained at")
+
+
+@pytest.mark.timeout(300)
 def test_every_study_on_shaped_hosts(tmp_path: Path) -> None:
     available, reason = netns_available()
     if not available:

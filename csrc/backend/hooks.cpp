@@ -19,42 +19,51 @@ constexpr auto kPollInterval = std::chrono::milliseconds(2);
 // key (the flight recorder of one backend name serves them all).
 std::atomic<uint64_t> nextCompletionKey{1};
 
-} // namespace
-
-struct BackendHooks::Registry {
-  mutable std::mutex mutex;
-  std::map<int64_t, Completion> completionHooks;
-  std::map<int64_t, Abort> abortHooks;
-  std::atomic<bool> quiet{false};
-
-  // Copies taken under the lock, called outside it: a hook may take its own
-  // locks, and one that unregisters waits for none of ours.
-  void completed(uint64_t key, float durationMs) const {
-    std::vector<Completion> hooks;
+// Hooks of one kind, by id. Called from a copy taken under the lock: a hook
+// may take its own locks, and one that unregisters waits for none of ours.
+template <typename Hook>
+class HookTable {
+ public:
+  void add(int64_t id, Hook hook) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    hooks_.insert_or_assign(id, std::move(hook));
+  }
+  void remove(int64_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    hooks_.erase(id);
+  }
+  template <typename... Args>
+  void call(const Args&... args) const {
+    std::vector<Hook> hooks;
     {
-      std::lock_guard<std::mutex> lock(mutex);
-      for (const auto& [id, hook] : completionHooks) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& [id, hook] : hooks_) {
         hooks.push_back(hook);
       }
     }
     for (const auto& hook : hooks) {
-      hook(key, durationMs);
+      hook(args...);
     }
   }
 
+ private:
+  mutable std::mutex mutex_;
+  std::map<int64_t, Hook> hooks_;
+};
+
+} // namespace
+
+struct BackendHooks::Registry {
+  HookTable<Completion> completion;
+  HookTable<Abort> abort;
+  std::atomic<bool> quiet{false};
+
+  void completed(uint64_t key, float durationMs) const {
+    completion.call(key, std::optional<float>(durationMs));
+  }
   void aborting() const {
-    if (quiet) {
-      return;
-    }
-    std::vector<Abort> hooks;
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      for (const auto& [id, hook] : abortHooks) {
-        hooks.push_back(hook);
-      }
-    }
-    for (const auto& hook : hooks) {
-      hook();
+    if (!quiet) {
+      abort.call();
     }
   }
 };
@@ -244,23 +253,19 @@ BackendHooks::~BackendHooks() {
 }
 
 void BackendHooks::addCompletionHook(int64_t id, Completion hook) {
-  std::lock_guard<std::mutex> lock(registry_->mutex);
-  registry_->completionHooks.insert_or_assign(id, std::move(hook));
+  registry_->completion.add(id, std::move(hook));
 }
 
 void BackendHooks::removeCompletionHook(int64_t id) {
-  std::lock_guard<std::mutex> lock(registry_->mutex);
-  registry_->completionHooks.erase(id);
+  registry_->completion.remove(id);
 }
 
 void BackendHooks::addAbortHook(int64_t id, Abort hook) {
-  std::lock_guard<std::mutex> lock(registry_->mutex);
-  registry_->abortHooks.insert_or_assign(id, std::move(hook));
+  registry_->abort.add(id, std::move(hook));
 }
 
 void BackendHooks::removeAbortHook(int64_t id) {
-  std::lock_guard<std::mutex> lock(registry_->mutex);
-  registry_->abortHooks.erase(id);
+  registry_->abort.remove(id);
 }
 
 void BackendHooks::runAbortHooks() const {
@@ -274,6 +279,9 @@ void BackendHooks::quiet() {
 c10::intrusive_ptr<c10d::Work> BackendHooks::report(
     c10::intrusive_ptr<c10d::Work> work) {
 #if FAIRRING_HAS_BACKEND_HOOKS
+  if (!work) {
+    return work; // an operation inside NCCL's coalescing block may have none
+  }
   auto pending = std::make_shared<Pending>();
   pending->registry = registry_;
   if (auto future = hostFuture(*work)) {

@@ -15,10 +15,12 @@ bottleneck: that measures fairring's overhead, not what it is for.
     python -m fairring.bench --link 1gbit --study overlap      # 64 x 25 MiB, 1/2/4/8 slices in flight
     python -m fairring.bench --link 1gbit --study scaling --hosts 4
     python -m fairring.bench --timeline       # and draw the last all-reduce's stages, rank by rank
+    python -m fairring.bench --study training # real and emulated-compute DDP training, against Gloo
 
 Studies: single (one all-reduce per size), overlap (many buckets back to back,
 with staging sized for 1, 2, 4, 8 slices in flight), scaling (the same
-all-reduce over 1, 2, ... machines), all.
+all-reduce over 1, 2, ... machines), all (those three), training (DDP training
+end to end: fairring.bench.training).
 
 It prints a line per measurement as it goes, then writes the records (--json)
 and plots (--plots), and ends with a sentence read from the results.
@@ -32,20 +34,16 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from fairring.config import ConfigError, format_size, parse_size
 
-from . import free_port
-from .netns import Host, NetnsCluster, check_mtu, netns_available, rate_bytes_per_second
+from .launch import Run, hosts_for, run_agents
+from .netns import check_mtu, netns_available, rate_bytes_per_second
+from .training import add_training_arguments, run_training_study
 
-MASTER_PORT_IN_NAMESPACE = 29500
 # The default NIC of an emulated host: what the results in docs/benchmarks.md were measured with.
 DEFAULT_LINK = "1gbit"
 # -b, -e, -f by setting: on a shaped link, sizes whose transfer the link bounds (at 1 Gbit/s, 64 MiB
@@ -104,13 +102,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--study",
         default="single",
-        choices=("single", "overlap", "scaling", "all"),
+        choices=("single", "overlap", "scaling", "all", "training"),
         help="what to measure (default single; see below)",
     )
     parser.add_argument("--buckets", type=int, default=64, help="overlap: buckets per measurement (default 64)")
     parser.add_argument("--bucket-size", default="25MiB", help="overlap: bucket size (default 25MiB)")
     parser.add_argument("--inflight", default="1,2,4,8", help="overlap: slices in flight to try (default 1,2,4,8)")
     parser.add_argument("--scaling-size", default="64MiB", help="scaling: all-reduce size (default 64MiB)")
+    add_training_arguments(parser)
     parser.add_argument(
         "--json",
         type=Path,
@@ -178,22 +177,6 @@ def size_list(args: argparse.Namespace) -> list[int]:
     return sizes
 
 
-@dataclass(frozen=True)
-class Run:
-    """One launch of the ranks: a study's measurements under one set of settings."""
-
-    study: str
-    machines: int
-    sizes: list[int]
-    buckets: int = 1
-    inflight: int = 0
-    environment: dict[str, str] = field(default_factory=dict)
-
-    def describe(self) -> str:
-        extra = f", {self.inflight} slice(s) in flight" if self.inflight else ""
-        return f"{self.study}: {self.machines} machine(s){extra}"
-
-
 def runs_for(args: argparse.Namespace) -> list[Run]:
     user_env = dict(assignment.split("=", 1) for assignment in args.set)
     studies = ("single", "overlap", "scaling") if args.study == "all" else (args.study,)
@@ -228,95 +211,6 @@ def runs_for(args: argparse.Namespace) -> list[Run]:
         for machines in range(1, args.machines + 1):
             runs.append(Run("scaling", machines, [args.scaling_bytes], environment=user_env))
     return runs
-
-
-@contextlib.contextmanager
-def hosts_for(args: argparse.Namespace, machines: int) -> Iterator[list[Host] | None]:
-    if not args.netns:
-        yield None
-        return
-    with NetnsCluster(machines, rate=args.link, mtu=args.mtu) as cluster:
-        yield cluster.hosts
-
-
-def agent_command(args: argparse.Namespace, run: Run, node: int, master: str, port: int, output: Path) -> list[str]:
-    worker_args = ["--sizes", ",".join(str(s) for s in run.sizes), "--study", run.study]
-    worker_args += ["--buckets", str(run.buckets), "--inflight", str(run.inflight)]
-    worker_args += ["--iters", str(args.iters), "--warmup", str(args.warmup), "--json", str(output)]
-    if args.link:
-        worker_args += ["--link", args.link, "--link-bytes-per-s", str(rate_bytes_per_second(args.link))]
-    return [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nnodes={run.machines}", f"--node-rank={node}", f"--nproc-per-node={args.ranks_per_machine}",
-        f"--master-addr={master}", f"--master-port={port}",
-        "-m", "fairring.bench.worker", *worker_args,
-    ]  # fmt: skip
-
-
-def run_agents(
-    args: argparse.Namespace, run: Run, hosts: list[Host] | None, output: Path, extra: dict[str, str]
-) -> int:
-    environment = {**os.environ, **run.environment, **extra}
-    # torchrun sets 1 itself, with a banner, when it is unset; the ranks share this machine's cores anyway.
-    environment.setdefault("OMP_NUM_THREADS", "1")
-    if hosts is None:
-        master, port = "127.0.0.1", free_port()
-        # Emulated machines share this host: keep every path on loopback.
-        environment.setdefault("TP_SOCKET_IFNAME", "lo")
-        environment.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    else:
-        master, port = hosts[0].address, MASTER_PORT_IN_NAMESPACE
-        environment.update(TP_SOCKET_IFNAME="eth0", GLOO_SOCKET_IFNAME="eth0")
-    agents: list[subprocess.Popen[bytes]] = []
-    logs: list[tempfile._TemporaryFileWrapper[bytes] | None] = []
-    try:
-        for node in range(run.machines):
-            command = agent_command(args, run, node, master, port, output)
-            if hosts is not None:
-                command = ["ip", "netns", "exec", hosts[node].name, *command]
-            # Machine 0's rank 0 prints progress; the other agents log to files, shown on failure.
-            log = None if node == 0 else tempfile.TemporaryFile()
-            logs.append(log)
-            agents.append(subprocess.Popen(command, stdout=log, stderr=log, env=environment, start_new_session=True))
-        return wait_for(agents, logs, args.timeout)
-    finally:
-        stop_agents(agents)
-
-
-def stop_agents(agents: list[subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:
-    """SIGTERM first: torchrun then stops its ranks, which run in sessions of their own (and die with
-    their agent anyway, see worker.die_with_the_agent); SIGKILL to what is left after `grace_s`."""
-    running = [agent for agent in agents if agent.poll() is None]
-    for agent in running:
-        with contextlib.suppress(ProcessLookupError):  # it may have exited meanwhile
-            os.killpg(agent.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for agent in running:
-        try:
-            agent.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(agent.pid, signal.SIGKILL)
-            agent.wait()
-
-
-def wait_for(agents: list[subprocess.Popen[bytes]], logs: list, timeout: float) -> int:
-    deadline = time.monotonic() + timeout
-    while any(agent.poll() is None for agent in agents):
-        if any(agent.returncode not in (None, 0) for agent in agents) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    codes = [agent.poll() for agent in agents]
-    if all(code == 0 for code in codes):
-        return 0
-    failed = {node: code for node, code in enumerate(codes) if code not in (None, 0)}
-    reason = f"the agents of machines {failed} exited with those codes" if failed else f"timed out after {timeout:g} s"
-    print(f"fairring.bench: the run failed ({reason})", file=sys.stderr)
-    for node, log in enumerate(logs):
-        if log is not None:
-            log.seek(0)
-            print(f"--- machine {node} ---\n{log.read().decode(errors='replace')[-4000:]}", file=sys.stderr)
-    return 1
 
 
 def setup_line(args: argparse.Namespace) -> str | None:
@@ -424,6 +318,8 @@ def main(argv: list[str]) -> int:
     # hosts: SystemExit unwinds through run_agents' `finally` and the cluster's `with`.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     signal.signal(signal.SIGHUP, _exit_on_signal)
+    if args.study == "training":
+        return run_training_study(args, argv)
     line = setup_line(args)
     if line:
         print(line, flush=True)

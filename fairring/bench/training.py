@@ -1,0 +1,161 @@
+"""The training study: DDP training end to end, fairring against Gloo (NCCL with --cuda) in the same run.
+
+    python -m fairring.bench --study training               # both parts (below), about 25 minutes
+    python -m fairring.bench --study training --part real   # real compute only
+    python -m fairring.bench --study training --quick       # tiny models, a few steps, on loopback (CI)
+
+Real compute: a ResNet-18-like CNN (11M parameters, fp32, 4 images of 32x32
+per rank) and a GPT-shaped transformer (29M, bf16 autocast, 2 sequences of 64
+tokens) really trained by DDP on synthetic data, on
+2 hosts x 2 ranks at 1 Gbit/s and on loopback. Both backends start from the
+same weights and see the same data, so their losses must agree.
+
+Emulated compute at real model shapes: ResNet-50, BERT-base and GPT-2 small,
+their parameters layer by layer, trained by DDP with its real buckets, hooks
+and overlap, but with each layer's forward and backward a sleep as long as the
+stated GPU (--gpu-tflops at --mfu) would compute it, multiplied by how much
+slower the emulated 1 Gbit/s NICs are than --real-link. The ratio of compute to
+communication is then a real cluster's, while this machine's cores stay free
+for communication. On 2x2, 4x2 and 8x1 hosts.
+
+Rows print as each run ends; records go to --json (default
+bench-results/training.json), plots to --plots; a sentence of reading ends it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from .launch import Run, hosts_for, run_agents
+from .netns import netns_available, rate_bytes_per_second
+
+# --json's default in the microbenchmark, which the study replaces with its own file.
+MICROBENCHMARK_JSON = Path("bench-results/allreduce.json")
+STUDY_LINK = "1gbit"
+REAL_RUNS = (("cnn", False), ("gpt", True))  # model, bf16 autocast
+QUICK_RUNS = (("cnn-tiny", False), ("gpt-tiny", True))
+SHAPED = ("resnet50", "bert-base", "gpt2-small")
+LAYOUTS = ((2, 2), (4, 2), (8, 1))
+
+
+def add_training_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("training study (--study training)")
+    group.add_argument("--part", choices=("real", "emulated", "both"), default="both", help="default both")
+    group.add_argument("--quick", action="store_true", help="tiny real models, 5 steps, loopback: loss parity only")
+    group.add_argument("--cuda", action="store_true", help="CUDA tensors, the CUDA engine on, against NCCL")
+    group.add_argument("--gpu-tflops", type=float, default=989.0, help="emulated: GPU peak (default 989, H100 bf16)")
+    group.add_argument("--mfu", type=float, default=0.4, help="emulated: share of the peak achieved (default 0.4)")
+    group.add_argument(
+        "--real-link", default="100gbit", help="emulated: one real machine's network, as a tc rate (default 100gbit)"
+    )
+    group.add_argument("--models", help=f"emulated: comma-separated, of {', '.join(SHAPED)} (default all)")
+    layouts = ",".join(f"{m}x{r}" for m, r in LAYOUTS)
+    group.add_argument("--layouts", default=layouts, help="emulated: hosts x ranks (default %(default)s)")
+
+
+def _namespace(args: argparse.Namespace, link: str | None) -> argparse.Namespace:
+    """The launcher's view of one run: on hosts with `link` NICs, or on loopback (None)."""
+    return argparse.Namespace(**{**vars(args), "link": link, "netns": link is not None, "mtu": args.mtu})
+
+
+def plan(args: argparse.Namespace, hosts_possible: bool) -> list[tuple[str, Run, str | None]]:
+    """(what, run, link) for every run of the study, in order."""
+    runs: list[tuple[str, Run, str | None]] = []
+    user_env = dict(assignment.split("=", 1) for assignment in args.set)
+    if args.quick:
+        # The tiny models' buckets are below the flat threshold: send them to the engine anyway.
+        user_env.setdefault("FAIRRING_FLAT_THRESHOLD", "0")
+    if args.cuda:
+        user_env["FAIRRING_CUDA_ENGINE"] = "1"
+    if args.part in ("real", "both"):
+        steps, warmup = (4, 1) if args.quick else (18, 2)
+        links: list[str | None] = [None] if args.quick or not hosts_possible else [args.link or STUDY_LINK, None]
+        for link in links:
+            for model, autocast in QUICK_RUNS if args.quick else REAL_RUNS:
+                worker = ["fairring.bench.training_worker", "--part", "real", "--model", model]
+                worker += ["--steps", str(steps), "--warmup", str(warmup), "--link", link or ""]
+                worker += ["--autocast"] if autocast else []
+                where = f"{link} hosts" if link else "loopback"
+                run = Run("training", 2, [], environment=user_env, worker=tuple(worker), ranks_per_machine=2)
+                runs.append((f"real compute: {model} on 2x2, {where}", run, link))
+    if args.part in ("emulated", "both") and not args.quick and hosts_possible:
+        link = args.link or STUDY_LINK
+        scale = rate_bytes_per_second(args.real_link) / rate_bytes_per_second(link)
+        flops = args.gpu_tflops * 1e12 * args.mfu
+        layouts = [tuple(int(n) for n in layout.split("x")) for layout in args.layouts.split(",")]
+        for machines, ranks in layouts:
+            for model in args.models.split(",") if args.models else SHAPED:
+                worker = ["fairring.bench.training_worker", "--part", "emulated", "--model", model]
+                worker += ["--steps", "3", "--warmup", "1", "--link", link]
+                worker += ["--flops-per-s", str(flops), "--scale", str(scale)]
+                run = Run("training", machines, [], environment=user_env, worker=tuple(worker), ranks_per_machine=ranks)
+                runs.append((f"emulated compute: {model} on {machines}x{ranks}, {link} hosts", run, link))
+    return runs
+
+
+def run_training_study(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("fairring.bench: --cuda needs a GPU, and this machine has none; nothing was run.")
+            return 1
+    hosts_possible, reason = netns_available()
+    if args.loopback:
+        hosts_possible, reason = False, "--loopback"
+    if not hosts_possible and not args.quick:
+        print(f"note: network namespaces are unavailable ({reason}): real compute runs on loopback only, and the "
+              "emulated-compute part, which needs shaped NICs, is left out.")  # fmt: skip
+    if args.part == "emulated" and args.quick:
+        print("note: --quick runs the real-compute part only.")
+    records: list[dict] = []
+    environment: dict = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for index, (what, run, link) in enumerate(plan(args, hosts_possible)):
+            print(f"== {what}", flush=True)
+            output = Path(scratch) / f"run{index}.json"
+            view = _namespace(args, link)
+            with hosts_for(view, run.machines) as hosts:
+                status = run_agents(view, run, hosts, output, {})
+            if status != 0:
+                return status
+            result = json.loads(output.read_text())
+            environment = result["environment"]
+            records += result["records"]
+    path = MICROBENCHMARK_JSON.with_name("training.json") if args.json == MICROBENCHMARK_JSON else args.json
+    path.parent.mkdir(parents=True, exist_ok=True)
+    study = {"gpu_tflops": args.gpu_tflops, "mfu": args.mfu, "real_link": args.real_link}
+    payload = {"command": ["python", "-m", "fairring.bench", *argv], "environment": environment, "study": study}
+    path.write_text(json.dumps({**payload, "records": records}, indent=1))
+    print(f"records: {path}")
+    from .training_plots import plot_training
+
+    for picture in plot_training(records, args.plots):
+        print(f"plot: {picture}")
+    print(reading(records, args))
+    return 0
+
+
+def reading(records: list[dict], args: argparse.Namespace) -> str:
+    """One sentence: where fairring won and lost, and whether the losses agreed."""
+    ours = [r for r in records if r["backend"] == "fairring"]
+    parts = []
+    real = [r for r in ours if r["part"] == "real"]
+    if real:
+        gap = max(r["loss_gap"] for r in real)
+        speedups = ", ".join(f"{r['model']} {r['speedup_vs_baseline']:.2f}x ({r['link'] or 'loopback'})" for r in real)
+        parts.append(f"with real compute fairring trained at {speedups} Gloo's speed, losses within {gap:.1e}")
+    emulated = [r for r in ours if r["part"] == "emulated"]
+    if emulated:
+        best = max(emulated, key=lambda r: r["speedup_vs_baseline"])
+        worst = min(emulated, key=lambda r: r["speedup_vs_baseline"])
+        parts.append(
+            f"with emulated {args.gpu_tflops:g}-TFLOP/s GPUs at {args.mfu:.0%} over {args.real_link} per machine "
+            f"it ranged from {worst['speedup_vs_baseline']:.2f}x ({worst['model']}, "
+            f"{worst['machines']}x{worst['ranks_per_machine']}) to {best['speedup_vs_baseline']:.2f}x "
+            f"({best['model']}, {best['machines']}x{best['ranks_per_machine']})"
+        )
+    return ("Reading: " + "; ".join(parts) + ".") if parts else "Reading: nothing was measured."
