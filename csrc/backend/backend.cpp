@@ -50,12 +50,15 @@ std::vector<at::Tensor> tensorsOf(const Tensors&... tensors) {
 // on a caller's tensors (PREMUL_SUM's scaling, packing, copies back, the
 // engine's steps) runs on threads in grad mode, and the tensors may require
 // grad (DDP's buckets under backward(create_graph=True)): through an alias it
-// stays arithmetic on memory, as Gloo's is, and records no graph.
+// stays arithmetic on memory, as Gloo's is, and records no graph. Sparse
+// tensors stay themselves: Gloo writes a sparse result by giving the tensor
+// object new indices and values, which an alias would take instead.
 std::vector<at::Tensor> withoutAutograd(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> aliases;
   aliases.reserve(tensors.size());
   for (const auto& tensor : tensors) {
-    aliases.push_back(tensor.detach());
+    aliases.push_back(
+        tensor.layout() == at::kStrided ? tensor.detach() : tensor);
   }
   return aliases;
 }
