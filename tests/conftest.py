@@ -24,13 +24,17 @@ def flight_recorder_dumps() -> Iterator[Path]:
     inherits this.
     """
     directory = Path(tempfile.mkdtemp(prefix="fairring-fr-"))
-    previous = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
-    os.environ["TORCH_FR_DUMP_TEMP_FILE"] = str(directory / "trace_rank_")
+    # Without stack traces: symbolizing them makes each dump (which runs before a failure
+    # reaches the waiter) take seconds under the sanitizers, where failure tests time it.
+    settings = {"TORCH_FR_DUMP_TEMP_FILE": str(directory / "trace_rank_"), "TORCH_INCLUDE_STACK_TRACE": "0"}
+    previous = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
     yield directory
-    if previous is None:
-        del os.environ["TORCH_FR_DUMP_TEMP_FILE"]
-    else:
-        os.environ["TORCH_FR_DUMP_TEMP_FILE"] = previous
+    for name, value in previous.items():
+        if value is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = value
     shutil.rmtree(directory, ignore_errors=True)
 
 
