@@ -46,15 +46,21 @@ def timed_stop(work: dist.Work, stop: Callable[[], object]) -> tuple[float, str]
     return elapsed, "no error"
 
 
-def broadcast_then_two_all_reduces(device: str, numel: int) -> None:
-    """NCCL's order: a broadcast and two all-reduces of one tensor in flight run in issue order."""
+def broadcast_then_two_all_reduces(device: str, numel: int, broadcast: bool = True) -> None:
+    """NCCL's order: a broadcast and two all-reduces of one tensor in flight run in issue order.
+
+    Without `broadcast` (ranks sharing one GPU, where NCCL refuses a delegated collective), the
+    two all-reduces alone, which still read what the one before wrote.
+    """
     world = dist.get_world_size()
     tensor = rank_tensor(dist.get_rank(), (numel,), torch.float32, seed=4).to(device)
-    works = [
-        dist.broadcast(tensor, src=world - 1, async_op=True),
-        dist.all_reduce(tensor, async_op=True),
-        dist.all_reduce(tensor, async_op=True),
-    ]
+    works = [dist.broadcast(tensor, src=world - 1, async_op=True)] if broadcast else []
+    works += [dist.all_reduce(tensor, async_op=True), dist.all_reduce(tensor, async_op=True)]
     for work in reversed(works):
         work.wait()
-    assert_matches(tensor.cpu(), rank_tensor(world - 1, (numel,), torch.float32, seed=4) * world * world)
+    if broadcast:
+        expected = rank_tensor(world - 1, (numel,), torch.float32, seed=4) * world * world
+    else:
+        inputs = [rank_tensor(r, (numel,), torch.float32, seed=4).double() for r in range(world)]
+        expected = (torch.stack(inputs).sum(0) * world).float()
+    assert_matches(tensor.cpu(), expected)
