@@ -334,7 +334,10 @@ PYBIND11_MODULE(_C, module) {
                       std::vector<std::string> cpuChannels,
                       std::vector<std::string> cudaChannels,
                       std::vector<std::string> gpuDirectNics,
-                      std::vector<std::string> required) {
+                      std::vector<std::string> required,
+                      std::string transport,
+                      std::string nixlBackend,
+                      std::string nixlLibrary) {
             return fairring::RailsNetwork{
                 std::move(listenAddress),
                 std::move(interfaceName),
@@ -342,7 +345,10 @@ PYBIND11_MODULE(_C, module) {
                 std::move(cpuChannels),
                 std::move(cudaChannels),
                 std::move(gpuDirectNics),
-                std::move(required)};
+                std::move(required),
+                std::move(transport),
+                std::move(nixlBackend),
+                std::move(nixlLibrary)};
           }),
           py::arg("listen_address") = "127.0.0.1",
           py::arg("interface_name") = "lo",
@@ -351,6 +357,9 @@ PYBIND11_MODULE(_C, module) {
           py::arg("cuda_channels") = std::vector<std::string>{"cuda_basic"},
           py::arg("gpu_direct_nics") = std::vector<std::string>{},
           py::arg("required") = std::vector<std::string>{},
+          py::arg("transport") = "tensorpipe",
+          py::arg("nixl_backend") = "UCX",
+          py::arg("nixl_library") = "",
           "How the rails reach their peers (chosen by fairring.interfaces "
           "and fairring.transports); the default is loopback TCP.")
       .def_readonly("listen_address", &fairring::RailsNetwork::listenAddress)
@@ -359,7 +368,10 @@ PYBIND11_MODULE(_C, module) {
       .def_readonly("cpu_channels", &fairring::RailsNetwork::cpuChannels)
       .def_readonly("cuda_channels", &fairring::RailsNetwork::cudaChannels)
       .def_readonly("gpu_direct_nics", &fairring::RailsNetwork::gpuDirectNics)
-      .def_readonly("required", &fairring::RailsNetwork::required);
+      .def_readonly("required", &fairring::RailsNetwork::required)
+      .def_readonly("transport", &fairring::RailsNetwork::transport)
+      .def_readonly("nixl_backend", &fairring::RailsNetwork::nixlBackend)
+      .def_readonly("nixl_library", &fairring::RailsNetwork::nixlLibrary);
 
   py::class_<fairring::Config>(module, "Config")
       .def(

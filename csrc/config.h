@@ -27,6 +27,12 @@ struct RailsNetwork {
   // Those of the above the user asked for by name: the mesh fails if
   // TensorPipe finds one not viable, where it would skip an automatic one.
   std::vector<std::string> required;
+  // Which transport carries the rails (FAIRRING_RAILS_TRANSPORT):
+  // "tensorpipe" or "nixl"; for NIXL, its backend (FAIRRING_NIXL_BACKEND:
+  // "UCX" or "LIBFABRIC") and the path of its C API library (fairring/nixl.py).
+  std::string transport = "tensorpipe";
+  std::string nixlBackend = "UCX";
+  std::string nixlLibrary;
 
   bool isRequired(std::string_view name) const {
     return std::find(required.begin(), required.end(), name) != required.end();

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
@@ -40,6 +40,8 @@ CUDA_ENGINE = "FAIRRING_CUDA_ENGINE"
 IB_DISABLE = "FAIRRING_IB_DISABLE"
 SHM_DISABLE = "FAIRRING_SHM_DISABLE"
 TIMELINE = "FAIRRING_TIMELINE"
+RAILS_TRANSPORT = "FAIRRING_RAILS_TRANSPORT"
+NIXL_BACKEND = "FAIRRING_NIXL_BACKEND"
 # Set by torchrun in every worker: how many times it has restarted the job.
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 
@@ -80,6 +82,8 @@ _SIZE_HELP = (
     "G/GiB, T/TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000), e.g. 25MiB"
 )
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+RAILS_TRANSPORTS = ("tensorpipe", "nixl")
+NIXL_BACKENDS = ("UCX", "LIBFABRIC")
 _FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
@@ -146,6 +150,9 @@ class Config:
     # torchrun's restart count (None outside torchrun). Its store outlives a restart, keys and
     # all, so each attempt's groups meet under their own prefix, never reading the last one's.
     launcher_attempt: int | None = None
+    # What carries the rails between machines: TensorPipe, or NIXL with one of its backends.
+    rails_transport: str = "tensorpipe"
+    nixl_backend: str = "UCX"
 
     @property
     def cpu_flat_threshold(self) -> int:
@@ -163,6 +170,8 @@ class Config:
             MIN_SHARD_SIZE: self.min_shard,
             FLAT_THRESHOLD: "unset" if self.flat_threshold is None else self.flat_threshold,
             CUDA_ENGINE: int(self.cuda_engine),
+            RAILS_TRANSPORT: self.rails_transport,
+            NIXL_BACKEND: self.nixl_backend if self.rails_transport == "nixl" else "unused",
         }
 
     def describe(self) -> str:
@@ -180,7 +189,9 @@ class Config:
             f"{CUDA_ENGINE}={int(self.cuda_engine)} "
             f"{IB_DISABLE}={int(self.ib_disable)} "
             f"{SHM_DISABLE}={int(self.shm_disable)} "
-            f"{TIMELINE}={self.timeline_directory or '(off)'}"
+            f"{TIMELINE}={self.timeline_directory or '(off)'} "
+            f"{RAILS_TRANSPORT}={self.rails_transport}"
+            + (f" {NIXL_BACKEND}={self.nixl_backend}" if self.rails_transport == "nixl" else "")
         )
 
     def _flat_threshold_text(self) -> str:
@@ -241,7 +252,20 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         shm_disable=parse_flag(SHM_DISABLE, env.get(SHM_DISABLE)),
         timeline_directory=_timeline_directory(env.get(TIMELINE)),
         launcher_attempt=_optional_count(env, RESTART_COUNT),
+        rails_transport=_choice(env, RAILS_TRANSPORT, RAILS_TRANSPORTS, str.lower),
+        nixl_backend=_choice(env, NIXL_BACKEND, NIXL_BACKENDS, str.upper),
     )
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], normalize: Callable[[str], str]) -> str:
+    """One of `choices` (the first where `name` is unset), compared after `normalize`."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return choices[0]
+    value = normalize(raw.strip())
+    if value not in choices:
+        raise ConfigError(f"{name}={raw!r} is not one of {', '.join(choices)} (the default is {choices[0]})")
+    return value
 
 
 def _optional_count(env: Mapping[str, str], name: str) -> int | None:

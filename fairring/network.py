@@ -15,6 +15,7 @@ import torch
 from . import _C
 from .config import Config
 from .interfaces import choose_rail_interface
+from .nixl import choose_ucx_settings, nixl_library
 from .transports import rails_transports
 
 logger = logging.getLogger("fairring")
@@ -26,11 +27,17 @@ def rails_network(config: Config, topology: _C.Topology) -> _C.RailsNetwork:
     interface = choose_rail_interface(config, topology.local_rank)
     # The rails move CUDA buffers only for the CUDA engine; otherwise NCCL takes CUDA tensors.
     transports = rails_transports(cuda=config.cuda_engine and torch.cuda.is_available())
+    library = ""
+    if config.rails_transport == "nixl":
+        library = nixl_library()
+        carried = f"NIXL {config.nixl_backend} ({library}); {choose_ucx_settings(interface.name, config.ib_disable)}"
+    else:
+        carried = transports.describe()
     if topology.serves_engine:
         line = (
             f"rank {topology.rank} (machine {topology.machine} of {topology.num_machines}, rail "
             f"{topology.local_rank}): rails on {interface.name} {interface.address} ({interface.reason}); "
-            f"{transports.describe()}"
+            f"{carried}"
         )
         # Every group of a process chooses alike: say it once, not once per group.
         logger.log(logging.DEBUG if line in _logged else logging.INFO, line)
@@ -43,4 +50,7 @@ def rails_network(config: Config, topology: _C.Topology) -> _C.RailsNetwork:
         cuda_channels=list(transports.cuda_channels),
         gpu_direct_nics=list(transports.gdr_nics or ()),
         required=sorted(transports.required),
+        transport=config.rails_transport,
+        nixl_backend=config.nixl_backend,
+        nixl_library=library,
     )

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from reference import assert_matches, rank_tensor
+from reference import all_ranks_reduced, assert_matches, rank_tensor
 
 
 def make_engine(device: str) -> None:
@@ -64,3 +64,11 @@ def broadcast_then_two_all_reduces(device: str, numel: int, broadcast: bool = Tr
         inputs = [rank_tensor(r, (numel,), torch.float32, seed=4).double() for r in range(world)]
         expected = (torch.stack(inputs).sum(0) * world).float()
     assert_matches(tensor.cpu(), expected)
+
+
+def checked_all_reduces(seed: int) -> None:
+    """All-reduces of a few dtypes, ops and sizes (one of several slices), each checked against the reference."""
+    for dtype, op, numel in [(torch.float32, "sum", 4096), (torch.int64, "max", 1000), (torch.float64, "sum", 1 << 19)]:
+        tensor = rank_tensor(dist.get_rank(), (numel,), dtype, seed, op)
+        dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+        assert_matches(tensor, all_ranks_reduced((numel,), dtype, op, seed))

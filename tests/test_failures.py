@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from fairring.bench.netns import Host, NetnsCluster, netns_available
 from harness import InitSpec, Layout, RankFailure, RankPool
+from nixl_support import RAILS_TRANSPORTS, needs_nixl, rails_env
 from scenarios import make_engine
 
 # Engine::kSettleGrace: how long a rank that saw only the effect of a failure
@@ -82,13 +83,18 @@ def stream_until_failure(victim: int, fault: str, scratch: str) -> dict[str, obj
     return outcome
 
 
-def inject(backend: str, fault: str, tmp_path: Path, hosts: list[Host] | None = None) -> dict[int, dict[str, object]]:
+def inject(
+    backend: str, fault: str, tmp_path: Path, hosts: list[Host] | None = None, transport: str = "tensorpipe"
+) -> dict[int, dict[str, object]]:
     """Runs stream_until_failure on 2 machines x 2 ranks with the last rank as the victim."""
     layout = Layout(2, 2)
     victim = layout.world_size - 1
-    spec = InitSpec(backend=backend, timeout=FAULT_TIMEOUT)
+    env = rails_env(transport)
+    spec = InitSpec(backend=backend, timeout=FAULT_TIMEOUT, extra_env=env)
     if hosts is not None:
-        spec = InitSpec(method="tcp", host=hosts[0].address, port=29500, backend=backend, timeout=FAULT_TIMEOUT)
+        spec = InitSpec(
+            method="tcp", host=hosts[0].address, port=29500, backend=backend, timeout=FAULT_TIMEOUT, extra_env=env
+        )
     scratch = tmp_path / backend
     scratch.mkdir()
     ranks = RankPool(layout, spec, hosts=hosts).start()
@@ -111,10 +117,19 @@ def report(title: str, outcomes: dict[str, dict[int, dict[str, object]]]) -> Non
             print(f"  {backend:8} rank {rank}: after {outcome['seconds']:.2f} s: {str(outcome['first'])[:300]}")
 
 
+def with_gloo(fault: str, tmp_path: Path, transport: str) -> dict[str, dict[int, dict[str, object]]]:
+    """fairring's outcomes over `transport`, and Gloo's beside them once (on the default transport's run)."""
+    outcomes = {"fairring": inject("fairring", fault, tmp_path, transport=transport)}
+    if transport == "tensorpipe":
+        outcomes["gloo"] = inject("gloo", fault, tmp_path)
+    return outcomes
+
+
 @pytest.mark.timeout(300)
-def test_a_killed_rank_is_named_by_every_survivor(tmp_path: Path) -> None:
-    outcomes = {backend: inject(backend, "kill", tmp_path) for backend in ("fairring", "gloo")}
-    report("rank 3 of 2x2 is killed (SIGKILL) mid-stream:", outcomes)
+@pytest.mark.parametrize("transport", RAILS_TRANSPORTS)
+def test_a_killed_rank_is_named_by_every_survivor(tmp_path: Path, transport: str) -> None:
+    outcomes = with_gloo("kill", tmp_path, transport)
+    report(f"rank 3 of 2x2 is killed (SIGKILL) mid-stream; rails over {transport}:", outcomes)
     for rank, outcome in outcomes["fairring"].items():
         first = str(outcome["first"])
         assert "rank 3 (machine 1 of 2) exited, crashed or lost its network" in first, (rank, first)
@@ -126,9 +141,10 @@ def test_a_killed_rank_is_named_by_every_survivor(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_a_frozen_rank_fails_every_survivor_within_the_timeout(tmp_path: Path) -> None:
-    outcomes = {backend: inject(backend, "stop", tmp_path) for backend in ("fairring", "gloo")}
-    report("rank 3 of 2x2 freezes (SIGSTOP) mid-stream; group timeout 10 s:", outcomes)
+@pytest.mark.parametrize("transport", RAILS_TRANSPORTS)
+def test_a_frozen_rank_fails_every_survivor_within_the_timeout(tmp_path: Path, transport: str) -> None:
+    outcomes = with_gloo("stop", tmp_path, transport)
+    report(f"rank 3 of 2x2 freezes (SIGSTOP) mid-stream; group timeout 10 s; rails over {transport}:", outcomes)
     limit = FAULT_TIMEOUT.total_seconds() + 2 * Engine_SETTLE_GRACE_S + 1
     for rank, outcome in outcomes["fairring"].items():
         first = str(outcome["first"])
@@ -181,9 +197,17 @@ def mismatched_all_reduce(difference: str) -> str:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("difference", ["size", "dtype", "op"])
-def test_ranks_issuing_different_all_reduces_fail_instead_of_mixing_data(difference: str) -> None:
-    with RankPool(Layout(2, 1)) as ranks:
+@pytest.mark.parametrize(
+    ("difference", "transport"),
+    [
+        ("size", "tensorpipe"),
+        ("dtype", "tensorpipe"),
+        ("op", "tensorpipe"),
+        pytest.param("size", "nixl", marks=needs_nixl),
+    ],
+)
+def test_ranks_issuing_different_all_reduces_fail_instead_of_mixing_data(difference: str, transport: str) -> None:
+    with RankPool(Layout(2, 1), InitSpec(extra_env=rails_env(transport))) as ranks:
         messages = ranks.run(mismatched_all_reduce, difference, timeout=90)
     # Found by whichever check comes first: the rails' tags, or a heartbeat's report (test_mismatches.py).
     for message in messages:

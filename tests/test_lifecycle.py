@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import Layout, RankPool
+from harness import InitSpec, Layout, RankPool
+from nixl_support import RAILS_TRANSPORTS, rails_env
 from reference import all_ranks_reduced, assert_matches, rank_tensor
 from scenarios import make_engine, timed_stop
 
@@ -69,10 +70,16 @@ def churn_groups(cycles: int) -> list[tuple[int, int, int]]:
     return after
 
 
+# CI churns NIXL groups 5 times; `make test-nixl` 20 times, as for TensorPipe.
+NIXL_CYCLES = 20 if os.environ.get("FAIRRING_TEST_NIXL_FULL") == "1" else 5
+
+
 @pytest.mark.timeout(240)
-def test_making_and_destroying_groups_leaves_threads_descriptors_and_memory_where_they_were() -> None:
-    with RankPool(Layout(2, 2)) as ranks:
-        by_rank = ranks.run(churn_groups, 20, timeout=200)
+@pytest.mark.parametrize("transport", RAILS_TRANSPORTS)
+def test_making_and_destroying_groups_leaves_threads_descriptors_and_memory_where_they_were(transport: str) -> None:
+    cycles = 20 if transport == "tensorpipe" else NIXL_CYCLES
+    with RankPool(Layout(2, 2), InitSpec(extra_env=rails_env(transport))) as ranks:
+        by_rank = ranks.run(churn_groups, cycles, timeout=200)
     for rank, after in enumerate(by_rank):
         warm = after[2]  # the allocator and torch's pools have settled
         last = after[-1]

@@ -9,20 +9,30 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.soak import MiB, Plan, growth_problems, run_rank, summary
-from harness import Layout, RankPool
+from harness import InitSpec, Layout, RankPool
+from nixl_support import needs_nixl, rails_env
 
 PLAN = Plan(ops=2000, seed=11, warmup_ops=300, max_bytes=4 * MiB)
 
 
+# On NIXL rails in CI: 500 operations, the growth checks from a warm-up at 100.
+NIXL_PLAN = Plan(ops=500, seed=12, warmup_ops=100, max_bytes=4 * MiB)
+
+
 @pytest.mark.timeout(300)
-def test_thousands_of_random_collectives_are_correct_and_leave_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("transport", "plan"), [("tensorpipe", PLAN), pytest.param("nixl", NIXL_PLAN, marks=needs_nixl)]
+)
+def test_thousands_of_random_collectives_are_correct_and_leave_nothing_behind(
+    monkeypatch: pytest.MonkeyPatch, transport: str, plan: Plan
+) -> None:
     # The ranks inherit it: with OpenMP's usual team per thread, threads would grow whenever
     # another long-lived thread first reduces a large tensor (see benchmarks/soak.py's main).
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    with RankPool(Layout(2, 2)) as ranks:
-        reports = ranks.run(run_rank, PLAN, timeout=240)
-    print(summary(PLAN, reports))
-    assert all(report.ops >= PLAN.ops for report in reports)
+    with RankPool(Layout(2, 2), InitSpec(extra_env=rails_env(transport))) as ranks:
+        reports = ranks.run(run_rank, plan, timeout=240)
+    print(summary(plan, reports))
+    assert all(report.ops >= plan.ops for report in reports)
     assert [failure for report in reports for failure in report.failures] == []
     # Threads and descriptors must not grow at all once idle completion workers have left; RSS,
     # read after malloc_trim, by at most RSS_GROWTH_LIMIT (see benchmarks/soak.py for what was measured).

@@ -31,7 +31,9 @@ import torch.distributed as dist
 import fairring
 from fairring import _C
 from harness import InitSpec, Layout, RankPool
-from reference import all_ranks_reduced, assert_matches, rank_tensor
+from nixl_support import rails_env
+from reference import rank_tensor
+from scenarios import checked_all_reduces
 
 LAYOUT = Layout(machines=2, ranks_per_machine=2)
 MACHINES = [LAYOUT.ranks_of(machine) for machine in range(LAYOUT.machines)]
@@ -61,14 +63,6 @@ def message(metadata: bytes, payloads: list[int] | None = None, tensors: list[in
 
 
 # --- on every rank ---
-
-
-def checked_all_reduces(seed: int) -> None:
-    """All-reduces of a few dtypes, ops and sizes (one of several slices), each checked against the reference."""
-    for dtype, op, numel in [(torch.float32, "sum", 4096), (torch.int64, "max", 1000), (torch.float64, "sum", 1 << 19)]:
-        tensor = rank_tensor(dist.get_rank(), (numel,), dtype, seed, op)
-        dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
-        assert_matches(tensor, all_ranks_reduced((numel,), dtype, op, seed))
 
 
 def engine_state() -> dict[str, object]:
@@ -127,7 +121,8 @@ def assert_refused(outcome: dict[str, object], what: object) -> None:
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[RankPool]:
-    with RankPool(LAYOUT, InitSpec(timeout=timedelta(seconds=20))) as ranks:
+    # TensorPipe's listener, also when the suite runs on NIXL (tests/test_nixl_untrusted.py is NIXL's).
+    with RankPool(LAYOUT, InitSpec(timeout=timedelta(seconds=20), extra_env=rails_env("tensorpipe"))) as ranks:
         yield ranks
 
 

@@ -11,7 +11,7 @@
 #include "backend/work.h"
 #include "device/emulated.h"
 #include "engine/reduction.h"
-#include "rails/tensorpipe_mesh.h"
+#include "rails/mesh_factory.h"
 
 namespace fairring {
 
@@ -576,7 +576,7 @@ std::unique_ptr<Engine> Backend::makeEngine(c10::Device device) {
   } else {
     context = makeCpuContext(std::move(groups));
   }
-  auto mesh = std::make_unique<rails::TensorpipeMesh>(
+  auto mesh = rails::makeMesh(
       store_,
       "fairring/rails/" + c10::DeviceTypeName(device.type(), true) + "/",
       topology_,

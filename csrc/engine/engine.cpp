@@ -181,6 +181,12 @@ Engine::Engine(
       topology_.servesEngine(),
       "fairring: the engine needs 2+ machines with equally many ranks");
   device_->adoptStaging(staging_.memory());
+  const at::Tensor& staging = staging_.memory();
+  mesh_->registerStaging(rails::Buffer{
+      staging.data_ptr(),
+      static_cast<size_t>(staging.nbytes()),
+      staging.device(),
+      std::nullopt});
   lanes_ = std::make_unique<rails::Lanes>(
       *mesh_,
       [this](int peerRank, bool mismatch, const std::string& message) {

@@ -69,55 +69,45 @@ void Lanes::readNext(int machine, Lane lane) {
     // Copied, not popped: it stays first until it has arrived.
     next = queue.front();
   }
-  Connection& connection = mesh_.connection(machine, lane);
-  connection.readHeader([this, &connection, machine, lane, next](
-                            const std::string& error,
-                            std::string tag,
-                            size_t bytes) {
-    if (stopped()) {
-      return;
-    }
-    if (!error.empty()) {
-      fail(
-          mesh_.peerRank(machine),
-          "receiving " + fromPeer(next, machine, lane) + " failed: " + error);
-      return;
-    }
-    if (tag != next.tag || bytes != next.target.bytes) {
-      fail(
-          mesh_.peerRank(machine),
-          "receiving " + fromPeer(next, machine, lane) + ": expected '" +
-          next.tag + "' (" + std::to_string(next.target.bytes) +
-          " bytes) but got '" + printable(tag, 120) + "' (" + std::to_string(bytes) +
-          " bytes); the ranks issued different all-reduces (sizes, dtypes, "
-          "ops or order differ)",
-          /*mismatch=*/true);
-      return;
-    }
-    connection.readPayload(
-        next.target, [this, machine, lane, next](const std::string& error) {
-          if (stopped()) {
-            return;
-          }
-          if (!error.empty()) {
-            fail(
-                mesh_.peerRank(machine),
-                "receiving " + fromPeer(next, machine, lane) +
-                    " failed: " + error);
-            return;
-          }
-          bytesReceived_ += static_cast<int64_t>(next.target.bytes);
-          {
-            std::lock_guard<std::mutex> lock(mutex_);
-            if (failed_) {
+  mesh_.connection(machine, lane)
+      .read(
+          next.tag,
+          next.target,
+          [this, machine, lane, next](
+              const std::string& error, std::string tag, size_t bytes) {
+            if (stopped()) {
               return;
             }
-            expected_[machine][lane].pop_front();
-          }
-          next.onArrival();
-          readNext(machine, lane);
-        });
-  });
+            if (!error.empty()) {
+              fail(
+                  mesh_.peerRank(machine),
+                  "receiving " + fromPeer(next, machine, lane) +
+                      " failed: " + error);
+              return;
+            }
+            if (tag != next.tag || bytes != next.target.bytes) {
+              fail(
+                  mesh_.peerRank(machine),
+                  "receiving " + fromPeer(next, machine, lane) +
+                      ": expected '" + next.tag + "' (" +
+                      std::to_string(next.target.bytes) + " bytes) but got '" +
+                      printable(tag, 120) + "' (" + std::to_string(bytes) +
+                      " bytes); the ranks issued different all-reduces "
+                      "(sizes, dtypes, ops or order differ)",
+                  /*mismatch=*/true);
+              return;
+            }
+            bytesReceived_ += static_cast<int64_t>(bytes);
+            {
+              std::lock_guard<std::mutex> lock(mutex_);
+              if (failed_) {
+                return;
+              }
+              expected_[machine][lane].pop_front();
+            }
+            next.onArrival();
+            readNext(machine, lane);
+          });
 }
 
 void Lanes::send(

@@ -239,16 +239,19 @@ class TensorpipeConnection final : public Connection {
         });
   }
 
-  void readHeader(Header header) override {
-    pipe_->readDescriptor([this, header = std::move(header)](
+  void read(std::string tag, const Buffer& target, Received received) override {
+    pipe_->readDescriptor([this,
+                           tag = std::move(tag),
+                           target,
+                           received = std::move(received)](
                               const tensorpipe::Error& error,
                               tensorpipe::Descriptor descriptor) {
       if (error) {
-        header(errorText(error), "", 0);
+        received(errorText(error), "", 0);
         return;
       }
       if (descriptor.tensors.size() != 1 || !descriptor.payloads.empty()) {
-        header(
+        received(
             "a message with " + std::to_string(descriptor.tensors.size()) +
                 " tensors and " + std::to_string(descriptor.payloads.size()) +
                 " payloads arrived where one tensor was expected",
@@ -259,7 +262,7 @@ class TensorpipeConnection final : public Connection {
       const auto& tensor = descriptor.tensors[0];
       if (tensor.sourceDevice.type != own_.type || !tensor.targetDevice ||
           !(*tensor.targetDevice == own_)) {
-        header(
+        received(
             "a message from " + tensor.sourceDevice.toString() + " for " +
                 (tensor.targetDevice ? tensor.targetDevice->toString()
                                      : std::string("no named device")) +
@@ -268,18 +271,21 @@ class TensorpipeConnection final : public Connection {
             0);
         return;
       }
-      header("", std::move(descriptor.metadata), tensor.length);
+      const size_t bytes = tensor.length;
+      if (descriptor.metadata != tag || bytes != target.bytes) {
+        // Its payload stays unread: the reader fails the protocol.
+        received("", std::move(descriptor.metadata), bytes);
+        return;
+      }
+      tensorpipe::Allocation allocation;
+      allocation.tensors.push_back({tensorpipeBuffer(target)});
+      pipe_->read(
+          std::move(allocation),
+          [tag = std::move(descriptor.metadata), bytes, received](
+              const tensorpipe::Error& error) mutable {
+            received(errorText(error), std::move(tag), bytes);
+          });
     });
-  }
-
-  void readPayload(const Buffer& buffer, Done done) override {
-    tensorpipe::Allocation allocation;
-    allocation.tensors.push_back({tensorpipeBuffer(buffer)});
-    pipe_->read(
-        std::move(allocation),
-        [done = std::move(done)](const tensorpipe::Error& error) {
-          done(errorText(error));
-        });
   }
 
   void writeNote(std::string text, Done done) override {

@@ -2,9 +2,9 @@
 
 // What the rails protocols need from a transport: one ordered, reliable
 // message connection per (rail peer, lane) for the data (lanes.h), and one
-// per neighbour for control (watch.h). TensorPipe provides them today
-// (tensorpipe_mesh.h); another transport replaces it by implementing these two
-// classes, without touching the protocols or the engine.
+// per neighbour for control (watch.h). TensorPipe (tensorpipe_mesh.h) and NIXL
+// (nixl/mesh.h) implement these two classes; the protocols and the engine do
+// not know which one runs (rails/mesh_factory.h chooses).
 
 #include <cstddef>
 #include <functional>
@@ -42,15 +42,18 @@ class Connection {
 
   // An empty string means success; otherwise, why the operation failed.
   using Done = std::function<void(const std::string& error)>;
-  using Header =
+  // The tag and length of the message a read found.
+  using Received =
       std::function<void(const std::string& error, std::string tag, size_t bytes)>;
 
   // Sends `tag` and the bytes of `buffer`; `done` once the buffer may be reused.
   virtual void write(std::string tag, const Buffer& buffer, Done done) = 0;
-  // Reads the tag and length of the next message.
-  virtual void readHeader(Header header) = 0;
-  // Reads the payload of the message whose header was just read.
-  virtual void readPayload(const Buffer& buffer, Done done) = 0;
+  // Receives the next message. Its payload lands in `target` only if it is
+  // tagged `tag` and exactly `target.bytes` long; any other message is
+  // reported with its tag and length, and `target` is left untouched. The
+  // target is the reader's until `received` runs: a one-sided transport grants
+  // it to the sender for this one message (docs/design.md, "NIXL rails").
+  virtual void read(std::string tag, const Buffer& target, Received received) = 0;
 
   // Control connections carry notes: short texts with no payload.
   using Note = std::function<void(const std::string& error, std::string text)>;
@@ -105,6 +108,10 @@ class Mesh {
   virtual const std::vector<int>& neighbours() const = 0;
   // The control connection to neighbours()[index].
   virtual Connection& control(size_t index) = 0;
+  // The memory every buffer the data connections carry lies in, given once,
+  // before the first transfer. Collective over the neighbours: a one-sided
+  // transport registers it and learns where its peers' lies.
+  virtual void registerStaging(const Buffer& /*staging*/) {}
   // Closes every data connection: pending and later transfers fail, here and
   // at the peers, which so learn of a failure without waiting for a timeout.
   // Control connections stay open, so that a failure notice sent just before

@@ -38,7 +38,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fairring.config import ConfigError, format_size, parse_size
+from fairring.config import RAILS_TRANSPORT, RAILS_TRANSPORTS, ConfigError, format_size, parse_size
 
 from .launch import Run, hosts_for, run_agents
 from .netns import check_mtu, netns_available, rate_bytes_per_second
@@ -102,7 +102,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--study",
         default="single",
-        choices=("single", "overlap", "scaling", "all", "training"),
+        choices=("single", "overlap", "scaling", "transports", "all", "training"),
         help="what to measure (default single; see below)",
     )
     parser.add_argument("--buckets", type=int, default=64, help="overlap: buckets per measurement (default 64)")
@@ -183,6 +183,10 @@ def runs_for(args: argparse.Namespace) -> list[Run]:
     runs = []
     if "single" in studies:
         runs.append(Run("single", args.machines, args.size_list, environment=user_env))
+    if "transports" in studies:
+        for transport in RAILS_TRANSPORTS:
+            environment = {**user_env, RAILS_TRANSPORT: transport}
+            runs.append(Run("transports", args.machines, args.size_list, environment=environment))
     if "overlap" in studies:
         from fairring import _C
         from fairring.config import load_config
@@ -305,7 +309,26 @@ def reading(records: list[dict], args: argparse.Namespace) -> list[str]:
                 f"On loopback, where the CPUs and not a network are the bottleneck, {took}, {speed}, "
                 "which measures fairring's overhead rather than what it is for."
             )
+    sentences += transports_reading(records)
     return sentences
+
+
+def transports_reading(records: list[dict]) -> list[str]:
+    """The transports study's largest all-reduce, over each transport, against the baseline of its run."""
+    ours = [r for r in records if r["study"] == "transports" and r["backend"].startswith("fairring")]
+    if not ours:
+        return []
+    largest = max(r["bytes"] for r in ours)
+    parts = []
+    for record in sorted((r for r in ours if r["bytes"] == largest), key=lambda r: r["backend"]):
+        bound = record["fraction_of_bound_speed"]
+        of_bound = f", {bound:.0%} of the bound" if bound else ""
+        parts.append(
+            f"over {record['rails']} {_duration(record['median_s'])} ({record['speedup_vs_baseline']:.2f}x "
+            f"{record['baseline']}{of_bound}, cores {record['cpu_busy']:.0%} busy)"
+        )
+    size = re.sub(r"(\d)([A-Z])", r"\1 \2", format_size(largest))
+    return [f"A {size} all_reduce took " + "; ".join(parts) + "."]
 
 
 def _exit_on_signal(signum: int, _frame: object) -> None:

@@ -28,7 +28,7 @@ from fairring.config import FLAT_THRESHOLD, SLICES_IN_FLIGHT, format_size, load_
 
 COLUMNS = (
     ("size", 10),
-    ("backend", 9),
+    ("backend", 13),
     ("median ms", 10),
     ("algbw GB/s", 11),
     ("busbw GB/s", 11),
@@ -148,6 +148,13 @@ def die_with_the_agent() -> None:
         sys.exit("fairring.bench.worker: the torchrun agent is gone")
 
 
+def rails_description(config: object) -> str:
+    """What carried the rails, for the records: "TensorPipe" or "NIXL/UCX"."""
+    if config.rails_transport == "nixl":
+        return f"NIXL/{config.nixl_backend}"
+    return "TensorPipe"
+
+
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
     die_with_the_agent()
@@ -158,7 +165,10 @@ def main(argv: list[str]) -> None:
         torch.cuda.set_device(device)
     baseline_name = "nccl" if device is not None else "gloo"
     gloo = dist.new_group(backend="gloo")
-    groups = {baseline_name: dist.new_group(backend=baseline_name) if device else gloo, "fairring": dist.group.WORLD}
+    config = load_config(os.environ)
+    # Named by transport where it is not the default, so one table can hold both.
+    fairring_name = "fairring" if config.rails_transport == "tensorpipe" else f"fairring-{config.rails_transport}"
+    groups = {baseline_name: dist.new_group(backend=baseline_name) if device else gloo, fairring_name: dist.group.WORLD}
     topology = dist.group.WORLD._get_backend(torch.device("cpu")).topology
     # The cores the ranks share: one machine's for emulated hosts (one kernel, one hostname),
     # every machine's on a real cluster.
@@ -204,6 +214,7 @@ def main(argv: list[str]) -> None:
             record = {
                 "study": args.study,
                 "backend": name,
+                "rails": rails_description(config) if name == fairring_name else None,
                 "baseline": baseline_name,
                 "bytes": nbytes,
                 "buckets": args.buckets,

@@ -1,0 +1,30 @@
+#include "rails/mesh_factory.h"
+
+#include <c10/util/Exception.h>
+
+#include "rails/nixl/mesh.h"
+#include "rails/tensorpipe_mesh.h"
+
+namespace fairring::rails {
+
+std::unique_ptr<Mesh> makeMesh(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    const std::string& storePrefix,
+    const Topology& topology,
+    const RailsNetwork& network,
+    c10::Device device,
+    std::chrono::milliseconds timeout) {
+  if (network.transport == "nixl") {
+    return std::make_unique<nixl::NixlMesh>(
+        store, storePrefix, topology, network, device, timeout);
+  }
+  TORCH_CHECK(
+      network.transport == "tensorpipe",
+      "fairring: no rails transport '",
+      network.transport,
+      "'; FAIRRING_RAILS_TRANSPORT takes tensorpipe or nixl");
+  return std::make_unique<TensorpipeMesh>(
+      store, storePrefix, topology, network, device, timeout);
+}
+
+} // namespace fairring::rails

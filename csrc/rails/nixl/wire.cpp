@@ -1,0 +1,131 @@
+#include "rails/nixl/wire.h"
+
+#include <charconv>
+
+namespace fairring::rails::nixl {
+
+namespace {
+
+constexpr std::string_view kPrefix = "fairring-nixl ";
+
+// Splits the next space-ended word off `rest`; nullopt if there is none.
+std::optional<std::string_view> word(std::string_view& rest) {
+  const size_t space = rest.find(' ');
+  if (space == std::string_view::npos || space == 0) {
+    return std::nullopt;
+  }
+  const std::string_view found = rest.substr(0, space);
+  rest.remove_prefix(space + 1);
+  return found;
+}
+
+// The whole of `text` as a decimal number, or nothing.
+std::optional<uint64_t> number(std::optional<std::string_view> text) {
+  if (!text) {
+    return std::nullopt;
+  }
+  uint64_t value = 0;
+  const auto [end, error] =
+      std::from_chars(text->data(), text->data() + text->size(), value);
+  if (error != std::errc() || end != text->data() + text->size()) {
+    return std::nullopt;
+  }
+  return value;
+}
+
+bool dataKind(Kind kind) {
+  return kind == Kind::kGrant || kind == Kind::kData || kind == Kind::kHeader;
+}
+
+} // namespace
+
+std::string encode(const Message& message) {
+  std::string out(kPrefix);
+  out += static_cast<char>(message.kind);
+  out += ' ';
+  if (dataKind(message.kind)) {
+    out += std::to_string(message.lane) + ' ';
+  }
+  if (message.kind != Kind::kClosed) {
+    out += std::to_string(message.seq) + ' ';
+  }
+  if (message.kind == Kind::kGrant) {
+    out += std::to_string(message.address) + ' ';
+  }
+  if (dataKind(message.kind)) {
+    out += std::to_string(message.bytes) + ' ';
+  }
+  out += message.text;
+  return out;
+}
+
+std::optional<Message> parse(
+    std::string_view bytes,
+    int lanes,
+    size_t maxNoteBytes,
+    std::string& error) {
+  const auto fail = [&](std::string why) -> std::optional<Message> {
+    error = std::move(why);
+    return std::nullopt;
+  };
+  if (bytes.size() > kPrefix.size() + 96 + maxNoteBytes) {
+    return fail("a notification of " + std::to_string(bytes.size()) + " bytes");
+  }
+  if (bytes.substr(0, kPrefix.size()) != kPrefix) {
+    return fail("a notification that is not fairring's");
+  }
+  std::string_view rest = bytes.substr(kPrefix.size());
+  const auto kindWord = word(rest);
+  if (!kindWord || kindWord->size() != 1) {
+    return fail("a notification of no known kind");
+  }
+  Message message;
+  message.kind = static_cast<Kind>((*kindWord)[0]);
+  switch (message.kind) {
+    case Kind::kGrant:
+    case Kind::kData:
+    case Kind::kHeader:
+    case Kind::kNote:
+    case Kind::kClosed:
+      break;
+    default:
+      return fail("a notification of no known kind");
+  }
+  if (dataKind(message.kind)) {
+    const auto lane = number(word(rest));
+    if (!lane || *lane >= static_cast<uint64_t>(lanes)) {
+      return fail("a data notification with no valid lane");
+    }
+    message.lane = static_cast<int>(*lane);
+  }
+  if (message.kind != Kind::kClosed) {
+    const auto seq = number(word(rest));
+    if (!seq) {
+      return fail("a notification with no sequence number");
+    }
+    message.seq = *seq;
+  }
+  if (message.kind == Kind::kGrant) {
+    const auto address = number(word(rest));
+    if (!address || *address == 0) {
+      return fail("a grant with no valid address");
+    }
+    message.address = *address;
+  }
+  if (dataKind(message.kind)) {
+    const auto length = number(word(rest));
+    if (!length) {
+      return fail("a data notification with no valid length");
+    }
+    message.bytes = *length;
+    if (rest.empty() || rest.size() > kMaxTagBytes) {
+      return fail("a data notification with a tag of " + std::to_string(rest.size()) + " bytes");
+    }
+  } else if (rest.size() > maxNoteBytes) {
+    return fail("a note of " + std::to_string(rest.size()) + " bytes");
+  }
+  message.text = std::string(rest);
+  return message;
+}
+
+} // namespace fairring::rails::nixl
