@@ -34,6 +34,15 @@ test: build
 	$(PY) -m pytest tests; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: no test ran" >&2; exit 1; fi; exit $$status
 
+# The whole suite with the rails on NIXL (FAIRRING_RAILS_TRANSPORT=nixl), the group churn at 20
+# cycles: outside CI, which runs tests/test_nixl_*.py and the kill, freeze, mismatch, churn (5
+# cycles) and soak (500 operations) tests on NIXL inside `make test`. Tests that exercise
+# TensorPipe itself (its listener, the emulated device's channel) pin it, and still run on it.
+.PHONY: test-nixl
+test-nixl: build
+	FAIRRING_RAILS_TRANSPORT=nixl FAIRRING_TEST_NIXL_FULL=1 MALLOC_ARENA_MAX=2 $(PY) -m pytest tests; status=$$?; \
+	if [ $$status -eq 5 ]; then echo "make test-nixl: no test ran" >&2; exit 1; fi; exit $$status
+
 # The oldest supported torch (requirements-oldest.txt): its own venv, the
 # extension built out of tree (build/oldest), and the tests that do not
 # depend on timing or namespaces run against it.

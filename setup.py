@@ -225,6 +225,8 @@ setup(
     license="BSD-3-Clause",
     packages=find_packages(include=["fairring", "fairring.*"]),
     install_requires=[f"torch=={torch.__version__.split('+')[0]}"],
+    # The NIXL rails (FAIRRING_RAILS_TRANSPORT=nixl), loaded at run time: docs/networking.md.
+    extras_require={"nixl": ["nixl-cu13>=1.4"]},
     python_requires=">=3.10",
     ext_modules=[_extension()] if os.environ.get("FAIRRING_WITH_EXTENSION", "1") != "0" else [],
     # torch >= 2.15 loads this on init_process_group("fairring"): no import needed.

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from fairring import nixl
 from fairring.config import (
     DEFAULT_CPU_FLAT_THRESHOLD,
     DEFAULT_CUDA_FLAT_THRESHOLD,
@@ -63,6 +66,19 @@ def test_defaults() -> None:
     assert "FAIRRING_FLAT_THRESHOLD=(CPU 0B, CUDA 4MiB)" in config.describe()
     assert config.machine_id is None and config.log_level is None
     assert config.cuda_engine is False and config.ib_disable is False
+    assert config.rails_transport == "tensorpipe" and config.nixl_backend == "UCX"
+    assert "FAIRRING_RAILS_TRANSPORT=tensorpipe" in config.describe() and "NIXL" not in config.describe()
+
+
+def test_rails_transport_and_nixl_backend_are_case_insensitive_and_must_agree() -> None:
+    config = load_config({"FAIRRING_RAILS_TRANSPORT": " NIXL ", "FAIRRING_NIXL_BACKEND": "libfabric"})
+    assert (config.rails_transport, config.nixl_backend) == ("nixl", "LIBFABRIC")
+    assert "FAIRRING_NIXL_BACKEND=LIBFABRIC" in config.describe()
+    agreed = config.must_agree()
+    assert agreed["FAIRRING_RAILS_TRANSPORT"] == "nixl" and agreed["FAIRRING_NIXL_BACKEND"] == "LIBFABRIC"
+    # The backend only matters on NIXL: ranks on TensorPipe need not agree on it.
+    tensorpipe = load_config({"FAIRRING_NIXL_BACKEND": "LIBFABRIC"}).must_agree()
+    assert tensorpipe["FAIRRING_NIXL_BACKEND"] == load_config({}).must_agree()["FAIRRING_NIXL_BACKEND"]
 
 
 def test_values_from_environment() -> None:
@@ -89,6 +105,8 @@ def test_values_from_environment() -> None:
         "FAIRRING_MIN_SHARD_SIZE": 64 * 2**10,
         "FAIRRING_FLAT_THRESHOLD": 2**20,
         "FAIRRING_CUDA_ENGINE": 1,
+        "FAIRRING_RAILS_TRANSPORT": "tensorpipe",
+        "FAIRRING_NIXL_BACKEND": "unused",
     }
     assert "FAIRRING_SLICE_SIZE=4MiB" in config.describe()
     assert "FAIRRING_CUDA_ENGINE=1" in config.describe()
@@ -149,6 +167,8 @@ def test_empty_size_variable_means_default() -> None:
         ({"FAIRRING_SOCKET_FAMILY": "AF_UNIX"}, "FAIRRING_SOCKET_FAMILY='AF_UNIX' is not an address family"),
         ({"FAIRRING_RAIL_INTERFACES": "^eth0"}, "list the interface of each rail in order"),
         ({"FAIRRING_TIMELINE": "/proc/fairring-timeline"}, "FAIRRING_TIMELINE='/proc/fairring-timeline': cannot"),
+        ({"FAIRRING_RAILS_TRANSPORT": "ucx"}, "FAIRRING_RAILS_TRANSPORT='ucx' is not one of tensorpipe, nixl"),
+        ({"FAIRRING_NIXL_BACKEND": "EFA"}, "FAIRRING_NIXL_BACKEND='EFA' is not one of UCX, LIBFABRIC"),
     ],
 )
 def test_invalid_environment(env: dict[str, str], expected: str) -> None:
@@ -161,3 +181,30 @@ def test_invalid_environment(env: dict[str, str], expected: str) -> None:
 )
 def test_format_size(size: int, text: str) -> None:
     assert format_size(size) == text
+
+
+def test_ucx_keeps_to_network_transports_on_the_rails_interface_unless_told(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(nixl, "INFINIBAND_CLASS", tmp_path / "absent")
+    env: dict[str, str] = {}
+    chosen = nixl.choose_ucx_settings("eth1", ib_disable=False, env=env)
+    assert env == {"UCX_TLS": "^sm,cma,cuda_ipc", "UCX_NET_DEVICES": "eth1"}, chosen
+    # The user's own settings stay, and are said to be theirs.
+    env = {"UCX_TLS": "rc,cuda_copy", "UCX_NET_DEVICES": "mlx5_0:1"}
+    chosen = nixl.choose_ucx_settings("eth1", ib_disable=False, env=env)
+    assert env == {"UCX_TLS": "rc,cuda_copy", "UCX_NET_DEVICES": "mlx5_0:1"} and chosen.count("(yours)") == 2
+    # With an InfiniBand device, UCX chooses among devices, unless InfiniBand is off.
+    (tmp_path / "ib" / "mlx5_0").mkdir(parents=True)
+    monkeypatch.setattr(nixl, "INFINIBAND_CLASS", tmp_path / "ib")
+    env = {}
+    nixl.choose_ucx_settings("eth1", ib_disable=False, env=env)
+    assert "UCX_NET_DEVICES" not in env
+    nixl.choose_ucx_settings("eth1", ib_disable=True, env=env)
+    assert env["UCX_NET_DEVICES"] == "eth1"
+
+
+def test_nixl_rails_without_nixl_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nixl, "NIXL_MODULES", ("no_such_nixl_module",))
+    with pytest.raises(ConfigError, match=r"pip install 'fairring\[nixl\]'"):
+        nixl.nixl_library()

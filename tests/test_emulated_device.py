@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from harness import InitSpec, Layout, RankFailure, RankPool
+from nixl_support import rails_env
 from reference import REDUCE_OPS, all_ranks_reduced, assert_matches, rank_tensor
 from scenarios import broadcast_then_two_all_reduces
 
@@ -45,7 +46,8 @@ SIZES = [(1, 64), (500, 5_000), (20_000, 120_000)]
 
 def emulated(device: str, timeout: float = 60, **rank_env: str) -> InitSpec:
     return InitSpec(
-        extra_env={**EMULATED_ENV, "FAIRRING_TEST_EMULATED_DEVICE": device, **rank_env},
+        # TensorPipe's: the emulated device copies through bounce buffers, as its cuda_basic channel does.
+        extra_env={**EMULATED_ENV, "FAIRRING_TEST_EMULATED_DEVICE": device, **rails_env("tensorpipe"), **rank_env},
         timeout=timedelta(seconds=timeout),
     )
 

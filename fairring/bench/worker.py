@@ -48,7 +48,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--link-bytes-per-s", type=float, default=0.0, help="shaped NIC rate; 0: unshaped")
     parser.add_argument("--link", default="", help="the NIC rate as given, for the records")
     parser.add_argument("--json", type=Path, required=True)
-    parser.add_argument("--study", default="single", choices=("single", "overlap", "scaling"))
+    parser.add_argument("--study", default="single", choices=("single", "overlap", "scaling", "transports"))
     parser.add_argument("--buckets", type=int, default=1, help="all-reduces issued back to back per measurement")
     parser.add_argument(
         "--inflight", type=int, default=0, help="slices the staging memory allows in flight, for records"

@@ -35,7 +35,7 @@ Api resolveAll(void* library, const std::string& path) {
   const auto get = [&](const char* symbol, auto& function) {
     resolve(library, path, symbol, function);
   };
-  get("nixl_capi_create_agent", api.createAgent);
+  get("nixl_capi_create_configured_agent", api.createAgent);
   get("nixl_capi_destroy_agent", api.destroyAgent);
   get("nixl_capi_get_available_plugins", api.availablePlugins);
   get("nixl_capi_string_list_size", api.stringListSize);

@@ -21,11 +21,23 @@ enum Operation : int { kRead = 0, kWrite = 1 };
 
 using Handle = void*;
 
+// How an agent runs (the C API's agent configuration, field for field).
+struct AgentConfig {
+  bool progressThread;
+  bool listenThread;
+  int listenPort;
+  int threadSync; // 0: none, 1: strict, 2: read-write
+  unsigned int workers; // 0: the backend's default
+  uint64_t progressDelayUs;
+  uint64_t listenDelayUs;
+  bool telemetry;
+};
+
 struct Api {
   using Create = int (*)(Handle*);
   using Destroy = int (*)(Handle);
 
-  int (*createAgent)(const char* name, Handle* agent);
+  int (*createAgent)(const char* name, const AgentConfig* config, Handle* agent);
   Destroy destroyAgent;
   int (*availablePlugins)(Handle agent, Handle* list);
   int (*stringListSize)(Handle list, size_t* size);

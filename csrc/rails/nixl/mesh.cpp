@@ -179,7 +179,10 @@ NixlMesh::NixlMesh(
   }
   name_ = "fairring-rank" + std::to_string(rank) + "-" + randomHex();
   try {
-    int status = api_.createAgent(name_.c_str(), &agent_);
+    // No progress thread of NIXL's: the mesh's own thread drives UCX when
+    // it polls (NIXL's spins without a delay, a core per rank).
+    const AgentConfig config{false, false, 0, /*strict*/ 1, 0, 0, 0, false};
+    int status = api_.createAgent(name_.c_str(), &config, &agent_);
     TORCH_CHECK(status == kSuccess, "fairring: NIXL could not create an agent: ", statusText(status));
     std::string plugins;
     Handle list = nullptr;
