@@ -169,6 +169,10 @@ def test_empty_size_variable_means_default() -> None:
         ({"FAIRRING_TIMELINE": "/proc/fairring-timeline"}, "FAIRRING_TIMELINE='/proc/fairring-timeline': cannot"),
         ({"FAIRRING_RAILS_TRANSPORT": "ucx"}, "FAIRRING_RAILS_TRANSPORT='ucx' is not one of tensorpipe, nixl"),
         ({"FAIRRING_NIXL_BACKEND": "EFA"}, "FAIRRING_NIXL_BACKEND='EFA' is not one of UCX, LIBFABRIC"),
+        (
+            {"FAIRRING_RAILS_TRANSPORT": "nixl", "FAIRRING_CUDA_ENGINE": "1"},
+            "FAIRRING_RAILS_TRANSPORT=nixl with FAIRRING_CUDA_ENGINE=1 is not available yet",
+        ),
     ],
 )
 def test_invalid_environment(env: dict[str, str], expected: str) -> None:

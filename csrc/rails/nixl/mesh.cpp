@@ -1,7 +1,6 @@
 #include "rails/nixl/mesh.h"
 
 #include <cctype>
-#include <charconv>
 #include <cstdlib>
 #include <random>
 #include <sstream>
@@ -41,17 +40,6 @@ uint64_t deviceIdOf(c10::Device device) {
 
 uint64_t addressOf(const void* data) {
   return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(data));
-}
-
-// The whole of `text` as a decimal number, or nothing.
-std::optional<uint64_t> number(std::string_view text) {
-  uint64_t value = 0;
-  const auto [end, error] =
-      std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc() || end != text.data() + text.size()) {
-    return std::nullopt;
-  }
-  return value;
 }
 
 std::vector<std::string_view> words(std::string_view text) {
@@ -320,96 +308,91 @@ void NixlMesh::registerStaging(const Buffer& staging) {
       storePrefix_ + std::to_string(topology_.rank()),
       std::vector<uint8_t>(published.begin(), published.end()));
 
-  // Every neighbour's, checked before NIXL sees it.
+  // Every neighbour's, in one store round trip once all are published, and
+  // checked before NIXL sees it.
+  std::vector<std::string> keys;
+  for (const int peer : neighbours_) {
+    keys.push_back(storePrefix_ + std::to_string(peer));
+  }
+  try {
+    if (!keys.empty()) {
+      store_->wait(keys, timeout_);
+    }
+  } catch (const std::exception&) {
+    std::string missing;
+    for (size_t index = 0; index < keys.size(); ++index) {
+      if (!store_->check({keys[index]})) {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(neighbours_[index]);
+      }
+    }
+    TORCH_CHECK(
+        false,
+        "fairring: timed out after ",
+        timeout_.count(),
+        " ms on rank ",
+        topology_.rank(),
+        " waiting for the NIXL agent metadata of ranks ",
+        missing.empty() ? std::string("(all arrived at the end)") : missing,
+        " (store keys ",
+        storePrefix_,
+        "<rank>): they have not made their engine. Check that every rank "
+        "issued the same all-reduce, with FAIRRING_RAILS_TRANSPORT=nixl");
+  }
+  const auto values = keys.empty() ? std::vector<std::vector<uint8_t>>{} : store_->multiGet(keys);
   peers_.resize(neighbours_.size());
-  std::vector<bool> loaded(neighbours_.size(), false);
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  size_t left = neighbours_.size();
-  while (left > 0) {
-    for (size_t index = 0; index < neighbours_.size(); ++index) {
-      const int peer = neighbours_[index];
-      const std::string key = storePrefix_ + std::to_string(peer);
-      if (loaded[index] || !store_->check({key})) {
-        continue;
-      }
-      const auto value = store_->get(key);
-      const std::string text(value.begin(), value.end());
-      const size_t newline = text.find('\n');
-      const auto fields = words(std::string_view(text).substr(0, std::min(newline, size_t{512})));
-      std::string why;
-      if (newline == std::string::npos || fields.size() != 8 ||
-          std::string(fields[0]) + " " + std::string(fields[1]) != kMetadataMagic) {
-        why = "it is not fairring's NIXL metadata";
-      } else if (number(fields[2]) != std::optional<uint64_t>(static_cast<uint64_t>(peer))) {
-        why = "it names another rank";
-      } else if (!plausibleAgentName(fields[3])) {
-        why = "its agent name is not one fairring makes";
-      } else if (number(fields[4]) != std::optional<uint64_t>(static_cast<uint64_t>(type))) {
-        why = "its staging is on another device type";
-      } else if (!number(fields[5]) || !number(fields[6]) || !number(fields[7]) ||
-                 *number(fields[6]) == 0 || *number(fields[7]) == 0) {
-        why = "its staging is not described";
-      }
-      Peer found;
-      if (why.empty()) {
-        found = Peer{peer, std::string(fields[3]), *number(fields[6]), *number(fields[7]), *number(fields[5])};
-        char* name = nullptr;
-        const int loadStatus = api_.loadRemoteMetadata(
-            agent_, text.data() + newline + 1, text.size() - newline - 1, &name);
-        if (loadStatus != kSuccess) {
-          why = "NIXL refused it (" + statusText(loadStatus) + ")";
-        } else {
-          const std::string loadedName = name ? name : "";
-          std::free(name);
-          if (loadedName != found.agent) {
-            api_.invalidateRemoteMetadata(agent_, loadedName.c_str());
-            why = "it describes agent '" + printable(loadedName, 128) +
-                "', not the one it names";
-          }
+  for (size_t index = 0; index < neighbours_.size(); ++index) {
+    const int peer = neighbours_[index];
+    const std::string& key = keys[index];
+    const std::string text(values[index].begin(), values[index].end());
+    const size_t newline = text.find('\n');
+    const auto fields = words(std::string_view(text).substr(0, std::min(newline, size_t{512})));
+    std::string why;
+    if (newline == std::string::npos || fields.size() != 8 ||
+        std::string(fields[0]) + " " + std::string(fields[1]) != kMetadataMagic) {
+      why = "it is not fairring's NIXL metadata";
+    } else if (parseNumber(fields[2]) != std::optional<uint64_t>(static_cast<uint64_t>(peer))) {
+      why = "it names another rank";
+    } else if (!plausibleAgentName(fields[3])) {
+      why = "its agent name is not one fairring makes";
+    } else if (parseNumber(fields[4]) != std::optional<uint64_t>(static_cast<uint64_t>(type))) {
+      why = "its staging is on another device type";
+    } else if (!parseNumber(fields[5]) || !parseNumber(fields[6]) || !parseNumber(fields[7]) ||
+               *parseNumber(fields[6]) == 0 || *parseNumber(fields[7]) == 0) {
+      why = "its staging is not described";
+    }
+    Peer found;
+    if (why.empty()) {
+      found = Peer{peer, std::string(fields[3]), *parseNumber(fields[6]), *parseNumber(fields[7]), *parseNumber(fields[5])};
+      char* name = nullptr;
+      const int loadStatus = api_.loadRemoteMetadata(
+          agent_, text.data() + newline + 1, text.size() - newline - 1, &name);
+      if (loadStatus != kSuccess) {
+        why = "NIXL refused it (" + statusText(loadStatus) + ")";
+      } else {
+        const std::string loadedName = name ? name : "";
+        std::free(name);
+        if (loadedName != found.agent) {
+          api_.invalidateRemoteMetadata(agent_, loadedName.c_str());
+          why = "it describes agent '" + printable(loadedName, 128) +
+              "', not the one it names";
         }
       }
-      TORCH_CHECK(
-          why.empty(),
-          "fairring: the NIXL agent metadata rank ",
-          peer,
-          " published (store key ",
-          key,
-          ") was refused on rank ",
-          topology_.rank(),
-          ": ",
-          why,
-          ". Check that every rank runs the same fairring and NIXL, with "
-          "FAIRRING_RAILS_TRANSPORT=nixl, and that nothing else writes to the "
-          "group's store");
-      peers_[index] = std::move(found);
-      byAgent_[peers_[index].agent] = index;
-      loaded[index] = true;
-      --left;
     }
-    if (left == 0) {
-      break;
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      std::string missing;
-      for (size_t index = 0; index < neighbours_.size(); ++index) {
-        if (!loaded[index]) {
-          missing += (missing.empty() ? "" : ", ") + std::to_string(neighbours_[index]);
-        }
-      }
-      TORCH_CHECK(
-          false,
-          "fairring: timed out after ",
-          timeout_.count(),
-          " ms on rank ",
-          topology_.rank(),
-          " waiting for the NIXL agent metadata of ranks ",
-          missing,
-          " (store keys ",
-          storePrefix_,
-          "<rank>): they have not made their engine. Check that every rank "
-          "issued the same all-reduce, with FAIRRING_RAILS_TRANSPORT=nixl");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    TORCH_CHECK(
+        why.empty(),
+        "fairring: the NIXL agent metadata rank ",
+        peer,
+        " published (store key ",
+        key,
+        ") was refused on rank ",
+        topology_.rank(),
+        ": ",
+        why,
+        ". Check that every rank runs the same fairring and NIXL, with "
+        "FAIRRING_RAILS_TRANSPORT=nixl, and that nothing else writes to the "
+        "group's store");
+    peers_[index] = std::move(found);
+    byAgent_[peers_[index].agent] = index;
   }
   thread_ = std::thread([this] { progressLoop(); });
 }

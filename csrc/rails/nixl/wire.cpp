@@ -19,18 +19,8 @@ std::optional<std::string_view> word(std::string_view& rest) {
   return found;
 }
 
-// The whole of `text` as a decimal number, or nothing.
 std::optional<uint64_t> number(std::optional<std::string_view> text) {
-  if (!text) {
-    return std::nullopt;
-  }
-  uint64_t value = 0;
-  const auto [end, error] =
-      std::from_chars(text->data(), text->data() + text->size(), value);
-  if (error != std::errc() || end != text->data() + text->size()) {
-    return std::nullopt;
-  }
-  return value;
+  return text ? parseNumber(*text) : std::nullopt;
 }
 
 bool dataKind(Kind kind) {
@@ -38,6 +28,16 @@ bool dataKind(Kind kind) {
 }
 
 } // namespace
+
+std::optional<uint64_t> parseNumber(std::string_view text) {
+  uint64_t value = 0;
+  const auto [end, error] =
+      std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size()) {
+    return std::nullopt;
+  }
+  return value;
+}
 
 std::string encode(const Message& message) {
   std::string out(kPrefix);
