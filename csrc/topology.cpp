@@ -132,6 +132,22 @@ Topology::Topology(
   }
 }
 
+std::vector<int> Topology::neighbours() const {
+  TORCH_CHECK(regular(), "fairring: rails need every machine to hold equally many ranks");
+  std::vector<int> found;
+  for (int machine = 0; machine < numMachines(); ++machine) {
+    if (machine != machine_) {
+      found.push_back(railPeers_[machine]);
+    }
+  }
+  for (int local : localRanks_) {
+    if (local != rank_) {
+      found.push_back(local);
+    }
+  }
+  return found;
+}
+
 int Topology::machineOf(int rank) const {
   const auto place = known_.find(rank);
   return place == known_.end() ? -1 : place->second.machine;

@@ -71,6 +71,10 @@ class Topology {
   const std::vector<int>& railPeers() const {
     return railPeers_;
   }
+  // The ranks a rails mesh connects this rank to for control: its rail peers
+  // by machine, then the other ranks of its machine by local index. Throws
+  // unless regular().
+  std::vector<int> neighbours() const;
   // How many ranks each machine holds, by machine.
   const std::vector<int>& machineSizes() const {
     return machineSizes_;

@@ -404,21 +404,9 @@ TensorpipeMesh::TensorpipeMesh(
     : topology_(topology),
       listenHost_(network.listenAddress),
       connections_(topology.numMachines()) {
-  TORCH_CHECK(
-      topology_.regular(),
-      "fairring: rails need every machine to hold equally many ranks");
+  neighbours_ = topology_.neighbours();
   const int rank = topology_.rank();
   const tensorpipe::Device ownDevice = tensorpipeDevice(device);
-  for (int machine = 0; machine < numMachines(); ++machine) {
-    if (machine != topology_.machine()) {
-      neighbours_.push_back(peerRank(machine));
-    }
-  }
-  for (int local : topology_.localRanks()) {
-    if (local != rank) {
-      neighbours_.push_back(local);
-    }
-  }
   controls_.resize(neighbours_.size());
   const auto neighbourIndex = [&](int peer) {
     return static_cast<size_t>(

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 import fairring
-from fairring.config import FLAT_THRESHOLD, SLICES_IN_FLIGHT, format_size, load_config, parse_size
+from fairring.config import FLAT_THRESHOLD, SLICES_IN_FLIGHT, Config, format_size, load_config, parse_size
 
 COLUMNS = (
     ("size", 10),
@@ -148,7 +148,7 @@ def die_with_the_agent() -> None:
         sys.exit("fairring.bench.worker: the torchrun agent is gone")
 
 
-def rails_description(config: object) -> str:
+def rails_description(config: Config) -> str:
     """What carried the rails, for the records: "TensorPipe" or "NIXL/UCX"."""
     if config.rails_transport == "nixl":
         return f"NIXL/{config.nixl_backend}"

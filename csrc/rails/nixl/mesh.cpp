@@ -56,6 +56,13 @@ std::vector<std::string_view> words(std::string_view text) {
   return found;
 }
 
+// Callbacks gathered under the mesh's lock, run after it is released.
+void runAll(std::vector<std::function<void()>>& callbacks) {
+  for (auto& callback : callbacks) {
+    callback();
+  }
+}
+
 bool plausibleAgentName(std::string_view name) {
   if (name.empty() || name.size() > 128 || name.substr(0, 9) != "fairring-") {
     return false;
@@ -133,16 +140,7 @@ NixlMesh::NixlMesh(
       "fairring: the NIXL rails carry CPU or indexed CUDA buffers, not ",
       device);
   const int rank = topology_.rank();
-  for (int machine = 0; machine < numMachines(); ++machine) {
-    if (machine != topology_.machine()) {
-      neighbours_.push_back(peerRank(machine));
-    }
-  }
-  for (int local : topology_.localRanks()) {
-    if (local != rank) {
-      neighbours_.push_back(local);
-    }
-  }
+  neighbours_ = topology_.neighbours();
   links_.resize(static_cast<size_t>(numMachines()) * kLanes);
   controlLinks_.resize(neighbours_.size());
   connections_.resize(links_.size());
@@ -247,8 +245,19 @@ void NixlMesh::releaseNixl() {
   }
 }
 
+// Rail peers come first among the neighbours, by machine, this rank's own
+// machine left out (Topology::neighbours).
 size_t NixlMesh::neighbourOfMachine(int machine) const {
   return static_cast<size_t>(machine < topology_.machine() ? machine : machine - 1);
+}
+
+int NixlMesh::machineOfNeighbour(size_t neighbour) const {
+  const int index = static_cast<int>(neighbour);
+  return index < topology_.machine() ? index : index + 1;
+}
+
+bool NixlMesh::isRailPeer(size_t neighbour) const {
+  return neighbour + 1 < static_cast<size_t>(numMachines());
 }
 
 NixlMesh::DataLink& NixlMesh::linkLocked(int machine, Lane lane) {
@@ -256,8 +265,7 @@ NixlMesh::DataLink& NixlMesh::linkLocked(int machine, Lane lane) {
 }
 
 std::string NixlMesh::describePeer(size_t neighbour) const {
-  const bool rail = neighbour + 1 < static_cast<size_t>(numMachines());
-  return std::string(rail ? "rail peer" : "rank") + " " +
+  return std::string(isRailPeer(neighbour) ? "rail peer" : "rank") + " " +
       std::to_string(neighbours_[neighbour]);
 }
 
@@ -452,15 +460,11 @@ void NixlMesh::read(
               std::lock_guard<std::mutex> lock(mutex_);
               closeLinkLocked(linkLocked(machine, lane), error, failed);
             }
-            for (auto& callback : failed) {
-              callback();
-            }
+            runAll(failed);
           }});
     }
   }
-  for (auto& callback : later) {
-    callback();
-  }
+  runAll(later);
 }
 
 void NixlMesh::write(
@@ -488,9 +492,7 @@ void NixlMesh::write(
       writesWaited_ += link.writes.empty() ? 0 : 1;
     }
   }
-  for (auto& callback : later) {
-    callback();
-  }
+  runAll(later);
 }
 
 void NixlMesh::matchLocked(int machine, Lane lane, std::vector<Callback>& later) {
@@ -562,8 +564,8 @@ void NixlMesh::misbehavedLocked(size_t neighbour, const std::string& why, std::v
 }
 
 void NixlMesh::lostLocked(size_t neighbour, const std::string& text, std::vector<Callback>& later) {
-  if (neighbour + 1 < static_cast<size_t>(numMachines())) {
-    const int machine = static_cast<int>(neighbour < static_cast<size_t>(topology_.machine()) ? neighbour : neighbour + 1);
+  if (isRailPeer(neighbour)) {
+    const int machine = machineOfNeighbour(neighbour);
     for (int lane = 0; lane < kLanes; ++lane) {
       closeLinkLocked(linkLocked(machine, static_cast<Lane>(lane)), text, later);
     }
@@ -610,9 +612,7 @@ void NixlMesh::readNote(size_t neighbour, Connection::Note note) {
       deliverNotesLocked(link, later);
     }
   }
-  for (auto& callback : later) {
-    callback();
-  }
+  runAll(later);
 }
 
 void NixlMesh::deliverNotesLocked(ControlLink& link, std::vector<Callback>& later) {
@@ -646,9 +646,7 @@ void NixlMesh::close() {
       }
     }
   }
-  for (auto& callback : later) {
-    callback();
-  }
+  runAll(later);
 }
 
 bool NixlMesh::waitingForPeersLocked() const {
@@ -721,9 +719,7 @@ bool NixlMesh::sendOutgoing() {
             std::lock_guard<std::mutex> lock(mutex_);
             lostLocked(notify->neighbour, error, later);
           }
-          for (auto& callback : later) {
-            callback();
-          }
+          runAll(later);
         }
       }
       if (notify->done) {
@@ -862,9 +858,7 @@ bool NixlMesh::pollNotifications(Handle map) {
   for (auto& [agent, bytes] : received) {
     onNotification(agent, std::move(bytes), later);
   }
-  for (auto& callback : later) {
-    callback();
-  }
+  runAll(later);
   return !received.empty();
 }
 
@@ -879,7 +873,6 @@ void NixlMesh::onNotification(const std::string& agent, std::string bytes, std::
     return;
   }
   const size_t neighbour = found->second;
-  const bool rail = neighbour + 1 < static_cast<size_t>(numMachines());
   std::string error;
   const auto message = parse(bytes, kLanes, kMaxNoteBytes, error);
   if (!message) {
@@ -904,11 +897,11 @@ void NixlMesh::onNotification(const std::string& agent, std::string bytes, std::
     deliverNotesLocked(link, later);
     return;
   }
-  if (!rail) {
+  if (!isRailPeer(neighbour)) {
     misbehavedLocked(neighbour, "data traffic on a control connection", later);
     return;
   }
-  const int machine = static_cast<int>(neighbour < static_cast<size_t>(topology_.machine()) ? neighbour : neighbour + 1);
+  const int machine = machineOfNeighbour(neighbour);
   const Lane lane = static_cast<Lane>(message->lane);
   DataLink& link = linkLocked(machine, lane);
   if (message->kind == Kind::kClosed) {
@@ -968,9 +961,7 @@ bool NixlMesh::releaseHeldBack() {
       heldBack_.pop_front();
     }
   }
-  for (auto& callback : due) {
-    callback();
-  }
+  runAll(due);
   return !due.empty();
 }
 
@@ -1026,9 +1017,7 @@ void NixlMesh::shutdown() {
       link.readers.clear();
     }
   }
-  for (auto& callback : later) {
-    callback();
-  }
+  runAll(later);
   releaseNixl();
 }
 

@@ -172,6 +172,8 @@ class NixlMesh final : public Mesh {
   // connection fails, now and for later calls.
   void lostLocked(size_t neighbour, const std::string& why, std::vector<Callback>& later);
   size_t neighbourOfMachine(int machine) const;
+  int machineOfNeighbour(size_t neighbour) const;
+  bool isRailPeer(size_t neighbour) const;
   DataLink& linkLocked(int machine, Lane lane);
   bool waitingForPeersLocked() const;
   void releaseNixl();
