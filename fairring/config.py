@@ -42,8 +42,6 @@ SHM_DISABLE = "FAIRRING_SHM_DISABLE"
 TIMELINE = "FAIRRING_TIMELINE"
 RAILS_TRANSPORT = "FAIRRING_RAILS_TRANSPORT"
 NIXL_BACKEND = "FAIRRING_NIXL_BACKEND"
-# Lets the NIXL rails carry the CUDA engine's staging anyway: for the GPU check that investigates it.
-NIXL_CUDA_TEST = "FAIRRING_TEST_NIXL_CUDA"
 # Set by torchrun in every worker: how many times it has restarted the job.
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 
@@ -242,15 +240,6 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
             raise ConfigError(f"{LOG_LEVEL}={env[LOG_LEVEL]!r} is not a log level; use one of {', '.join(_LOG_LEVELS)}")
     rails_transport = _choice(env, RAILS_TRANSPORT, RAILS_TRANSPORTS, str.lower)
     cuda_engine = parse_flag(CUDA_ENGINE, env.get(CUDA_ENGINE))
-    if rails_transport == "nixl" and cuda_engine and not parse_flag(NIXL_CUDA_TEST, env.get(NIXL_CUDA_TEST)):
-        # Seen on an H200 (NIXL 1.5.1, torch 2.11): both ranks crashed (SIGSEGV) making their first
-        # CUDA engine, right after NIXL's agent started, where NIXL's Python API had registered and
-        # written GPU memory in a fresh process. Refused until a GPU run passes (docs/networking.md).
-        raise ConfigError(
-            f"{RAILS_TRANSPORT}=nixl with {CUDA_ENGINE}=1 is not available yet: the one GPU run of it crashed "
-            f"making the engine. Use {RAILS_TRANSPORT}=tensorpipe for the CUDA engine, or leave {CUDA_ENGINE} "
-            "unset (CUDA all-reduces then go to NCCL)"
-        )
     return Config(
         total_memory=total_memory,
         slice_size=slice_size,

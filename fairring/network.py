@@ -16,22 +16,36 @@ from . import _C
 from .config import Config
 from .interfaces import choose_rail_interface
 from .nixl import choose_ucx_settings, nixl_library
-from .transports import rails_transports
+from .transports import RailsTransports, host_facts, load_transport_settings, rails_transports
 
 logger = logging.getLogger("fairring")
 _logged: set[str] = set()
+
+# The NIXL rails register no TensorPipe transport or channel: UCX or libfabric choose theirs.
+NIXL_RAILS = RailsTransports((), (), (), None, None, frozenset(), ())
+
+
+def nixl_settings(config: Config, interface: str, topology: _C.Topology, cuda: bool) -> str:
+    """Sets the NIXL backend's device variables for this rail where the user did not; what it will use."""
+    if config.nixl_backend == "LIBFABRIC":
+        return "libfabric: NIXL maps each GPU to its nearest EFA devices (hwloc); FI_PROVIDER picks the provider"
+    settings = load_transport_settings(tensorpipe=False)
+    gpu = torch.cuda.current_device() if cuda else None
+    return choose_ucx_settings(interface, settings, host_facts(verbs=False, cuda=cuda), topology.local_rank, gpu)
 
 
 def rails_network(config: Config, topology: _C.Topology) -> _C.RailsNetwork:
     """The rails' network for this rank of `topology`, logged at INFO the first time it is chosen."""
     interface = choose_rail_interface(config, topology.local_rank)
     # The rails move CUDA buffers only for the CUDA engine; otherwise NCCL takes CUDA tensors.
-    transports = rails_transports(cuda=config.cuda_engine and torch.cuda.is_available())
+    cuda = config.cuda_engine and torch.cuda.is_available()
     library = ""
     if config.rails_transport == "nixl":
+        transports = NIXL_RAILS
         library = nixl_library()
-        carried = f"NIXL {config.nixl_backend} ({library}); {choose_ucx_settings(interface.name, config.ib_disable)}"
+        carried = f"NIXL {config.nixl_backend} ({library}); {nixl_settings(config, interface.name, topology, cuda)}"
     else:
+        transports = rails_transports(cuda=cuda)
         carried = transports.describe()
     if topology.serves_engine:
         line = (

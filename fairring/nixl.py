@@ -5,8 +5,9 @@ libnixl_capi.so, sits beside the wheel's package, and the C++ mesh loads it by p
 (csrc/rails/nixl/library.h), so nothing here imports NIXL.
 
 UCX reads its settings from the environment when the first agent is made; where the user set
-none, the rails get what TensorPipe's get: network transports only (rail peers are on other
-machines by definition) on the interface fairring chose, unless InfiniBand may carry them.
+none, the rails get network transports only (rail peers are on other machines by definition), on
+one InfiniBand or RoCE port per rail (FAIRRING_IB_HCA, FAIRRING_IB_GID_INDEX), else on the
+interface fairring chose. NIXL's libfabric plugin maps each GPU to its nearest EFA devices itself.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import os
 from collections.abc import MutableMapping
 from pathlib import Path
 
-from .config import RAILS_TRANSPORT, ConfigError
+from .config import IB_DISABLE, RAILS_TRANSPORT, ConfigError
+from .infiniband import HostFacts
+from .transports import IB_GID_INDEX, TransportSettings, map_gpus_to_nics
 
 logger = logging.getLogger("fairring")
 
@@ -26,7 +29,13 @@ NIXL_MODULES = ("nixl_cu13", "nixl_cu12")
 C_API = "libnixl_capi.so"
 # Same-host transports: never between rail peers.
 UCX_SAME_HOST_EXCLUDED = "^sm,cma,cuda_ipc"
-INFINIBAND_CLASS = Path("/sys/class/infiniband")
+# UCX's TCP segments (8 KiB by default) bound each copy out of GPU memory: one
+# MiB each measured 15x faster for GPU staging (docs/benchmarks.md), and TCP's
+# zero-copy path for host memory does not use them.
+UCX_TCP_SEGMENTS = ("UCX_TCP_TX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE")
+UCX_TCP_SEGMENT = "1m"
+# What choose_ucx_settings set in this process's environment.
+_ours: dict[str, str] = {}
 
 
 def nixl_library() -> str:
@@ -45,21 +54,67 @@ def nixl_library() -> str:
     )
 
 
-def choose_ucx_settings(interface: str, ib_disable: bool, env: MutableMapping[str, str] | None = None) -> str:
-    """Sets UCX_TLS and UCX_NET_DEVICES in `env` (default os.environ) where unset; what UCX will use, as text."""
+def rail_ib_device(settings: TransportSettings, facts: HostFacts, rail: int, gpu: int | None) -> tuple[str | None, str]:
+    """The InfiniBand or RoCE port (`mlx5_0:1`) this rail's UCX uses, or None; and why.
+
+    One device per rail, as NCCL gives each GPU its nearest NIC: the device nearest this rank's GPU by PCI
+    path where `gpu` is known, else the rail's turn among the devices, each on its first usable port.
+    """
+    if settings.ib_disable:
+        return None, f"{IB_DISABLE}=1"
+    hca = settings.ib_hca
+    ports = {}
+    for device in facts.devices:
+        usable = [p for p in device.ports if p.active and (hca is None or hca.selects(device.name, p.number))]
+        if usable:
+            ports[device.name] = usable[0].number
+    if not ports:
+        if hca is not None:
+            raise ConfigError(
+                f"{hca.setting()} selects no active InfiniBand or RoCE port of this machine; its devices: "
+                f"{facts.describe_devices()}"
+            )
+        return None, "no active InfiniBand or RoCE port" if facts.devices else "no InfiniBand device"
+    devices = [device for device in facts.devices if device.name in ports]
+    if gpu is not None and gpu < len(facts.gpus):
+        nics, rule = map_gpus_to_nics(facts.gpus, devices)
+        name, why = nics[gpu], f"GPU {gpu}'s device, {rule}"
+    else:
+        name, why = devices[rail % len(devices)].name, f"rail {rail}'s turn among {len(devices)} device(s)"
+    return f"{name}:{ports[name]}", why + (f", as {hca.setting()} selects" if hca is not None else "")
+
+
+def choose_ucx_settings(
+    interface: str,
+    settings: TransportSettings,
+    facts: HostFacts,
+    rail: int,
+    gpu: int | None,
+    env: MutableMapping[str, str] | None = None,
+) -> str:
+    """Sets UCX's variables in `env` (default os.environ) where the user left them unset; what UCX will use, as text."""
     env = os.environ if env is None else env
     chosen: list[str] = []
-    if not env.get("UCX_TLS"):
-        env["UCX_TLS"] = UCX_SAME_HOST_EXCLUDED
-        chosen.append(f"UCX_TLS={UCX_SAME_HOST_EXCLUDED} (fairring's: network transports only)")
+
+    def choose(variable: str, value: str, why: str) -> None:
+        # A value fairring set for an earlier group of this process is still fairring's.
+        ours = env is os.environ and _ours.get(variable) == env.get(variable)
+        if env.get(variable) and not ours:
+            chosen.append(f"{variable}={env[variable]} (yours)")
+        else:
+            env[variable] = value
+            if env is os.environ:
+                _ours[variable] = value
+            chosen.append(f"{variable}={value} (fairring's: {why})")
+
+    choose("UCX_TLS", UCX_SAME_HOST_EXCLUDED, "network transports only")
+    device, why = rail_ib_device(settings, facts, rail, gpu)
+    if device is None:
+        choose("UCX_NET_DEVICES", interface, f"the rails' interface; no InfiniBand: {why}")
     else:
-        chosen.append(f"UCX_TLS={env['UCX_TLS']} (yours)")
-    infiniband = INFINIBAND_CLASS.is_dir() and any(INFINIBAND_CLASS.iterdir())
-    if env.get("UCX_NET_DEVICES"):
-        chosen.append(f"UCX_NET_DEVICES={env['UCX_NET_DEVICES']} (yours)")
-    elif ib_disable or not infiniband:
-        env["UCX_NET_DEVICES"] = interface
-        chosen.append(f"UCX_NET_DEVICES={interface} (fairring's: the rails' interface)")
-    else:
-        chosen.append("UCX_NET_DEVICES unset (UCX chooses among InfiniBand devices and interfaces)")
+        choose("UCX_NET_DEVICES", device, why)
+        if settings.gid_index is not None:
+            choose("UCX_IB_GID_INDEX", str(settings.gid_index), IB_GID_INDEX)
+    for variable in UCX_TCP_SEGMENTS:
+        choose(variable, UCX_TCP_SEGMENT, "UCX's 8 KiB segments made GPU memory over TCP 15x slower")
     return ", ".join(chosen)

@@ -141,6 +141,7 @@ class TransportSettings:
     channels: NameList | None = None
     ib_hca: HcaSelection | None = None
     ib_disable: bool = False
+    gid_index: int | None = None
 
 
 @dataclass(frozen=True)
@@ -224,8 +225,11 @@ def parse_channels(raw: str | None) -> NameList | None:
     return channels
 
 
-def parse_ib_hca(raw: str | None) -> HcaSelection | None:
-    """FAIRRING_IB_HCA: as NCCL_IB_HCA, ^ (exclude) then = (exact names) apply to the whole list."""
+def parse_ib_hca(raw: str | None, tensorpipe: bool = True) -> HcaSelection | None:
+    """FAIRRING_IB_HCA: as NCCL_IB_HCA, ^ (exclude) then = (exact names) apply to the whole list.
+
+    Any port may be selected for the NIXL rails (`tensorpipe` false); TensorPipe's use only port 1.
+    """
     if raw is None or raw.strip() == "":
         return None
     exclude, exact, listed = split_list(raw)
@@ -250,36 +254,46 @@ def parse_ib_hca(raw: str | None) -> HcaSelection | None:
                 raise ConfigError(f"{IB_HCA}={raw!r}: {port_text!r} is not a port number; expected {help_text}")
             port = int(port_text)
         # Leaving another port out is what TensorPipe does anyway; using one it cannot.
-        if port not in (None, TENSORPIPE_PORT) and not exclude:
+        if tensorpipe and port not in (None, TENSORPIPE_PORT) and not exclude:
             raise ConfigError(
                 f"{IB_HCA}={raw!r}: port {port} of {name} cannot be used: torch's TensorPipe always uses port "
-                f"{TENSORPIPE_PORT} (tensorpipe/transport/ibv/constants.h kPortNum); select {name}:1 or {name}"
+                f"{TENSORPIPE_PORT} (tensorpipe/transport/ibv/constants.h kPortNum); select {name}:1 or {name}, "
+                "or use the NIXL rails (FAIRRING_RAILS_TRANSPORT=nixl), which can use any port"
             )
         entries.append((name, port))
     return HcaSelection(raw, tuple(entries), exclude, exact)
 
 
-def parse_gid_index(raw: str | None) -> None:
-    """FAIRRING_IB_GID_INDEX: only TensorPipe's own, 0, can be honoured."""
+def parse_gid_index(raw: str | None, tensorpipe: bool = True) -> int | None:
+    """FAIRRING_IB_GID_INDEX; None where unset. The TensorPipe rails can honour only their own, 0."""
     if raw is None or raw.strip() == "":
-        return
+        return None
+    if not tensorpipe:
+        if not raw.strip().isdigit():
+            raise ConfigError(f"{IB_GID_INDEX}={raw!r} is not a GID index; expected a number such as 3")
+        return int(raw)
     if raw.strip() != str(TENSORPIPE_GID_INDEX):
         raise ConfigError(
             f"{IB_GID_INDEX}={raw!r} cannot be honoured: torch's TensorPipe always uses GID index "
             f"{TENSORPIPE_GID_INDEX} (tensorpipe/transport/ibv/constants.h kGlobalIdentifierIndex); unset it "
-            f"or use 0. Where GID 0 does not reach the peers (e.g. RoCE v2 routed fabrics) use TCP: {TRANSPORTS}=uv"
+            f"or use 0. Where GID 0 does not reach the peers (e.g. RoCE v2 routed fabrics) use the NIXL rails "
+            f"(FAIRRING_RAILS_TRANSPORT=nixl), which honour it, or TCP: {TRANSPORTS}=uv"
         )
+    return TENSORPIPE_GID_INDEX
 
 
-def load_transport_settings(env: Mapping[str, str] | None = None) -> TransportSettings:
-    """Reads and validates the rails' transport variables from `env` (default os.environ)."""
+def load_transport_settings(env: Mapping[str, str] | None = None, tensorpipe: bool = True) -> TransportSettings:
+    """Reads and validates the rails' transport variables from `env` (default os.environ).
+
+    `tensorpipe`: for the TensorPipe rails, which use only port 1 and GID index 0 of a device.
+    """
     env = os.environ if env is None else env
-    parse_gid_index(env.get(IB_GID_INDEX))
     return TransportSettings(
         transports=parse_transports(env.get(TRANSPORTS)),
         channels=parse_channels(env.get(CHANNELS)),
-        ib_hca=parse_ib_hca(env.get(IB_HCA)),
+        ib_hca=parse_ib_hca(env.get(IB_HCA), tensorpipe),
         ib_disable=parse_flag(IB_DISABLE, env.get(IB_DISABLE)),
+        gid_index=parse_gid_index(env.get(IB_GID_INDEX), tensorpipe),
     )
 
 
@@ -557,12 +571,17 @@ def rails_transports(env: Mapping[str, str] | None = None, cuda: bool | None = N
         import torch
 
         cuda = torch.cuda.is_available()
-    key = (needs_infiniband(settings, cuda), cuda)
+    return decide(settings, host_facts(needs_infiniband(settings, cuda), cuda), cuda)
+
+
+def host_facts(verbs: bool, cuda: bool) -> HostFacts:
+    """This host's facts, once per process; libibverbs is loaded only if `verbs`, GPUs read only if `cuda`."""
+    key = (verbs, cuda)
     if key not in _facts:
         _facts[key] = probe_host(
-            gpu_bus_ids=visible_gpu_bus_ids() if cuda else (), verbs=probe_verbs if key[0] else None
+            gpu_bus_ids=visible_gpu_bus_ids() if cuda else (), verbs=probe_verbs if verbs else None
         )
-    return decide(settings, _facts[key], cuda)
+    return _facts[key]
 
 
 def log_decision(decision: RailsTransports) -> None:

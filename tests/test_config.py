@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from fairring import nixl
@@ -169,10 +167,6 @@ def test_empty_size_variable_means_default() -> None:
         ({"FAIRRING_TIMELINE": "/proc/fairring-timeline"}, "FAIRRING_TIMELINE='/proc/fairring-timeline': cannot"),
         ({"FAIRRING_RAILS_TRANSPORT": "ucx"}, "FAIRRING_RAILS_TRANSPORT='ucx' is not one of tensorpipe, nixl"),
         ({"FAIRRING_NIXL_BACKEND": "EFA"}, "FAIRRING_NIXL_BACKEND='EFA' is not one of UCX, LIBFABRIC"),
-        (
-            {"FAIRRING_RAILS_TRANSPORT": "nixl", "FAIRRING_CUDA_ENGINE": "1"},
-            "FAIRRING_RAILS_TRANSPORT=nixl with FAIRRING_CUDA_ENGINE=1 is not available yet",
-        ),
     ],
 )
 def test_invalid_environment(env: dict[str, str], expected: str) -> None:
@@ -185,27 +179,6 @@ def test_invalid_environment(env: dict[str, str], expected: str) -> None:
 )
 def test_format_size(size: int, text: str) -> None:
     assert format_size(size) == text
-
-
-def test_ucx_keeps_to_network_transports_on_the_rails_interface_unless_told(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    monkeypatch.setattr(nixl, "INFINIBAND_CLASS", tmp_path / "absent")
-    env: dict[str, str] = {}
-    chosen = nixl.choose_ucx_settings("eth1", ib_disable=False, env=env)
-    assert env == {"UCX_TLS": "^sm,cma,cuda_ipc", "UCX_NET_DEVICES": "eth1"}, chosen
-    # The user's own settings stay, and are said to be theirs.
-    env = {"UCX_TLS": "rc,cuda_copy", "UCX_NET_DEVICES": "mlx5_0:1"}
-    chosen = nixl.choose_ucx_settings("eth1", ib_disable=False, env=env)
-    assert env == {"UCX_TLS": "rc,cuda_copy", "UCX_NET_DEVICES": "mlx5_0:1"} and chosen.count("(yours)") == 2
-    # With an InfiniBand device, UCX chooses among devices, unless InfiniBand is off.
-    (tmp_path / "ib" / "mlx5_0").mkdir(parents=True)
-    monkeypatch.setattr(nixl, "INFINIBAND_CLASS", tmp_path / "ib")
-    env = {}
-    nixl.choose_ucx_settings("eth1", ib_disable=False, env=env)
-    assert "UCX_NET_DEVICES" not in env
-    nixl.choose_ucx_settings("eth1", ib_disable=True, env=env)
-    assert env["UCX_NET_DEVICES"] == "eth1"
 
 
 def test_nixl_rails_without_nixl_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

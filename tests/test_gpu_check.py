@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from nixl_support import NIXL_MISSING
+
 ROOT = Path(__file__).parents[1]
 MiB = 1024 * 1024
 
@@ -33,7 +35,14 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
         "correctness: 3 processes as 3 machines": "ok",
         "correctness: 4 processes as 4 machines": "ok",
         "stress: cuda_basic, large slices": "ok",
+        # Where NIXL cannot load, the stage says why and is skipped; that is no pass of it.
+        "nixl: 2 processes as 2 machines on the NIXL rails": "skipped" if NIXL_MISSING else "ok",
     }
+    if not NIXL_MISSING:
+        nixl = data["nixl"]
+        assert nixl["correctness"]["all_passed"] is True and nixl["correctness"]["failed"] == []
+        assert [row["bytes"] for row in nixl["throughput"]] == [MiB] and nixl["throughput"][0]["algbw_GBps"] > 0
+        assert all("nixl" in str(rails) for rails in [nixl["engine_rails"]]), nixl["engine_rails"]
     correctness = data["bench"]["correctness"]
     assert correctness["all_passed"] is True and correctness["failed"] == []
     assert correctness["sizes"] == [1, 1000, 65537] and correctness["planned_per_rank"] == 40 * 3

@@ -17,7 +17,10 @@ each with its own time limit inside --budget, so the whole check ends in time:
    --stress-bytes in flight at once for --stress-rounds rounds, each result checked
    exactly. It shows whether cuda_basic's shared pool of pinned chunks (16 x 1 MiB
    per TensorPipe context) can starve the reduced-shard writes (docs/design.md);
-   a hang ends at the stage's time limit, reported with the ranks' output.
+   a hang ends at the stage's time limit, reported with the ranks' output;
+6. nixl: the bench's two processes on the NIXL rails (FAIRRING_RAILS_TRANSPORT=nixl),
+   the GPU staging registered with UCX; skipped, saying why, where NIXL is not
+   installed (carry the nixl-cu13 wheel and put it on PYTHONPATH).
 
 Each stage runs for at most its limit less the later stages' reserves, and at
 least its own reserve while the budget lasts (earlier stages first); one that
@@ -59,6 +62,7 @@ from fairring import _C
 from fairring.config import (
     CUDA_ENGINE,
     FLAT_THRESHOLD,
+    RAILS_TRANSPORT,
     SLICE_SIZE,
     TOTAL_MEMORY,
     ConfigError,
@@ -66,6 +70,7 @@ from fairring.config import (
     load_config,
     parse_size,
 )
+from fairring.nixl import nixl_library
 from fairring.transports import CHANNELS
 
 from . import free_port
@@ -103,6 +108,9 @@ TAIL_CHARS = 12_000
 TESTS_STAGE = "tests: tests/test_cuda.py"
 BENCH_STAGE = f"bench: {BENCH_WORLD} processes as {BENCH_WORLD} machines"
 STRESS_STAGE = "stress: cuda_basic, large slices"
+NIXL_STAGE = f"nixl: {BENCH_WORLD} processes as {BENCH_WORLD} machines on the NIXL rails"
+NIXL_SIZES = {"cuda": "16MiB,64MiB", "cpu": "1MiB"}
+NIXL_MINIMUM_S = 45.0
 
 
 def world_stage(world: int) -> str:
@@ -161,6 +169,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--stress-ops", type=int, default=4, help="stress: all-reduces in flight at once (default 4)")
     parser.add_argument("--stress-rounds", type=int, default=4, help="stress: rounds (default 4; 0: no stress)")
     parser.add_argument("--stress-timeout", type=float, default=120.0, help="seconds for the stress (default 120)")
+    parser.add_argument("--nixl-timeout", type=float, default=120.0, help="seconds for the NIXL stage (default 120)")
     parser.add_argument("--op-timeout", type=float, default=60.0, help="seconds any one wait in the bench may take")
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for every stage together (default 540)")
     parser.add_argument(
@@ -439,6 +448,27 @@ def run_bench(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str
     ]  # fmt: skip
     ranks, problems = run_ranks(args, stage, BENCH_WORLD, phases, {}, timeout)
     return conclude(stage, summarize(ranks, args, args.size_list), problems, "all results correct")
+
+
+def run_nixl(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
+    """The engine over the NIXL rails (GPU staging registered with UCX where --device cuda)."""
+    stage = Stage(NIXL_STAGE)
+    sizes = [parse_size("--sizes", text) for text in NIXL_SIZES[args.device].split(",")]
+    phases = [
+        "--sizes", ",".join(str(s) for s in sizes), *check_phases(args),
+        "--iters", str(args.iters), "--warmup", str(args.warmup),
+    ]  # fmt: skip
+    ranks, problems = run_ranks(args, stage, BENCH_WORLD, phases, {RAILS_TRANSPORT: "nixl"}, timeout)
+    return conclude(stage, summarize(ranks, args, sizes), problems, "all results correct")
+
+
+def why_no_nixl() -> str:
+    """Why the NIXL stage cannot run here; "" where it can."""
+    try:
+        nixl_library()
+    except ConfigError as error:
+        return f"skipped: {error}"
+    return ""
 
 
 def run_world(args: argparse.Namespace, world: int, timeout: float) -> tuple[Stage, dict[str, Any]]:
@@ -728,13 +758,24 @@ def render(report: dict[str, Any], stages: list[Stage]) -> str:
         lines += ["", f"{world} processes as {world} machines:", ""]
         lines += correctness_lines(summary.get("correctness", {}), report["device"])
     lines += ["", "## Stress", "", *stress_lines(report["stress"])]
+    nixl = report["nixl"]
+    lines += [
+        "",
+        "## NIXL rails",
+        "",
+        "The engine with FAIRRING_RAILS_TRANSPORT=nixl; the rails reference is TensorPipe's.",
+        "",
+    ]
+    lines += throughput_lines(nixl.get("throughput", [])) if nixl else ["Not run."]
+    if nixl:
+        lines += ["", *correctness_lines(nixl.get("correctness", {}), report["device"])]
     lines += ["", "## Engine", "", f"engine_stats per rank: `{json.dumps(bench.get('engine_stats'))}`", ""]
     lines += [
         f"engine rails: `{bench.get('engine_rails')}`",
         "",
         f"reference endpoint: `{bench.get('reference_endpoint')}`",
     ]
-    by_stage = {BENCH_STAGE: bench, STRESS_STAGE: report["stress"]}
+    by_stage = {BENCH_STAGE: bench, STRESS_STAGE: report["stress"], NIXL_STAGE: nixl}
     by_stage.update({world_stage(world): summary for world, summary in report["worlds"].items()})
     problems = [f"{name}: {problem}" for name, summary in by_stage.items() for problem in summary.get("problems", [])]
     if problems:
@@ -768,6 +809,7 @@ def steps(args: argparse.Namespace) -> list[Step]:
             functools.partial(run_stress, args),
             "" if args.stress_rounds else "skipped (--stress-rounds 0)",
         ),
+        Step(NIXL_STAGE, args.nixl_timeout, NIXL_MINIMUM_S, functools.partial(run_nixl, args), why_no_nixl()),
     ]
 
 
@@ -825,6 +867,7 @@ def main(argv: list[str]) -> int:
         "bench": summaries.get(BENCH_STAGE, {}),
         "worlds": {world: summaries.get(world_stage(world), {}) for world in args.world_list},
         "stress": summaries.get(STRESS_STAGE, {}),
+        "nixl": summaries.get(NIXL_STAGE, {}),
     }
     text = render(report, stages)
     args.report.parent.mkdir(parents=True, exist_ok=True)
