@@ -7,6 +7,10 @@ GPU. NCCL headers are not needed: NCCL groups are made in Python.
 FAIRRING_WITH_CUDA selects it: "auto" (default), "1" (required: the build
 fails, saying what is missing, if it cannot be built) or "0" (CPU only).
 
+FAIRRING_WITH_TENSORPIPE selects the TensorPipe rails the same way: "auto"
+(default: where torch ships TensorPipe's headers), "1" or "0" (the rails then
+run only over NIXL, FAIRRING_RAILS_TRANSPORT=nixl).
+
 FAIRRING_SANITIZE builds an instrumented extension, for tests only (`make
 sanitize` builds it out of tree and runs tests against it): the sanitizers to
 compile in, as -fsanitize= takes them, e.g. "address,undefined". It adds
@@ -64,21 +68,28 @@ COMMON_SOURCES = [
     "engine/reduction.cpp",
     "engine/staging.cpp",
     "engine/trace.cpp",
-    "rails/endpoint.cpp",
     "rails/interfaces.cpp",
     "rails/lanes.cpp",
     "rails/mesh_factory.cpp",
     "rails/nixl/library.cpp",
     "rails/nixl/mesh.cpp",
     "rails/nixl/wire.cpp",
-    "rails/tensorpipe_mesh.cpp",
     "rails/watch.cpp",
-    "rails/wire_probe.cpp",
     "topology.cpp",
 ]
-# The only sources that see CUDA headers, and their CPU-only twins.
-CUDA_SOURCES = ["device/cuda.cpp", "rails/tensorpipe_cuda.cpp"]
-CPU_ONLY_SOURCES = ["device/cuda_none.cpp", "rails/tensorpipe_cuda_none.cpp"]
+# The sources that see CUDA headers, and their CPU-only twins.
+CUDA_SOURCES = ["device/cuda.cpp"]
+CPU_ONLY_SOURCES = ["device/cuda_none.cpp"]
+# The TensorPipe rails and their harnesses; without TensorPipe, what stands in for them.
+TENSORPIPE_SOURCES = [
+    "rails/endpoint.cpp",
+    "rails/tensorpipe_bindings.cpp",
+    "rails/tensorpipe_factory.cpp",
+    "rails/tensorpipe_mesh.cpp",
+    "rails/wire_probe.cpp",
+]
+TENSORPIPE_CUDA_SOURCES = {True: ["rails/tensorpipe_cuda.cpp"], False: ["rails/tensorpipe_cuda_none.cpp"]}
+NO_TENSORPIPE_SOURCES = ["rails/tensorpipe_none.cpp"]
 
 
 @dataclass
@@ -168,6 +179,23 @@ def _cuda_build() -> CudaBuild | None:
     return build
 
 
+def _with_tensorpipe() -> bool:
+    """Whether to build the TensorPipe rails: FAIRRING_WITH_TENSORPIPE, by default where torch ships its headers."""
+    mode = os.environ.get("FAIRRING_WITH_TENSORPIPE", "auto").strip().lower()
+    if mode not in {"auto", "0", "1"}:
+        sys.exit(f"fairring: FAIRRING_WITH_TENSORPIPE={mode!r}; use auto, 1 or 0")
+    headers = Path(torch.utils.cpp_extension.include_paths()[0]) / "tensorpipe" / "tensorpipe.h"
+    if mode == "0":
+        print("fairring: building without the TensorPipe rails (FAIRRING_WITH_TENSORPIPE=0): NIXL carries them")
+        return False
+    if not headers.is_file():
+        if mode == "1":
+            sys.exit(f"fairring: FAIRRING_WITH_TENSORPIPE=1, but torch {torch.__version__} has no {headers}")
+        print(f"fairring: torch {torch.__version__} ships no TensorPipe ({headers}): the rails will use NIXL")
+        return False
+    return True
+
+
 def _sanitizer_flags() -> tuple[list[str], list[str]]:
     """Compile and link flags for FAIRRING_SANITIZE (empty when unset)."""
     value = os.environ.get("FAIRRING_SANITIZE", "").strip()
@@ -191,6 +219,10 @@ def _sanitizer_flags() -> tuple[list[str], list[str]]:
 def _extension() -> CppExtension:
     cuda = _cuda_build()
     sources = [*COMMON_SOURCES, *(CUDA_SOURCES if cuda else CPU_ONLY_SOURCES)]
+    if _with_tensorpipe():
+        sources += [*TENSORPIPE_SOURCES, *TENSORPIPE_CUDA_SOURCES[cuda is not None]]
+    else:
+        sources += NO_TENSORPIPE_SOURCES
     sanitize_compile, sanitize_link = _sanitizer_flags()
     return CppExtension(
         name="fairring._C",

@@ -1,4 +1,4 @@
-// Python bindings: the only translation unit that includes torch/extension.h.
+// Python bindings (the TensorPipe rails' harnesses: rails/tensorpipe_bindings.cpp).
 
 #include <type_traits>
 
@@ -12,11 +12,9 @@
 #include "engine/plan.h"
 #include "engine/reduction.h"
 #include "engine/staging.h"
-#include "rails/endpoint.h"
 #include "rails/interfaces.h"
-#include "rails/tensorpipe_mesh.h"
+#include "rails/tensorpipe.h"
 #include "rails/watch.h"
-#include "rails/wire_probe.h"
 #include "topology.h"
 
 namespace py = pybind11;
@@ -68,6 +66,7 @@ py::dict buildInfo() {
   info["cuda"] = fairring::cudaPathBuilt()
       ? py::object(py::str(fairring::cudaRuntimeVersion()))
       : py::object(py::none());
+  info["tensorpipe"] = fairring::rails::tensorpipeBuilt();
   info["cxx_standard"] = static_cast<long>(__cplusplus);
   return info;
 }
@@ -169,27 +168,6 @@ py::dict stagingDict(const fairring::StagingStats& stats) {
   result["peak_leases_in_use"] = stats.peakLeasesInUse;
   result["leases_granted"] = stats.leasesGranted;
   return result;
-}
-
-fairring::rails::Lane laneOf(int lane) {
-  TORCH_CHECK(
-      lane >= 0 && lane < fairring::rails::kLanes,
-      "fairring: lane must be 0 (shards) or 1 (reduced), not ",
-      lane);
-  return static_cast<fairring::rails::Lane>(lane);
-}
-
-// Endpoint::send or Endpoint::expect, taking the lane as Python's int.
-template <typename Method>
-auto transferMethod(Method method) {
-  return [method](
-             fairring::rails::Endpoint& endpoint,
-             int machine,
-             int lane,
-             std::string tag,
-             const at::Tensor& tensor) {
-    return (endpoint.*method)(machine, laneOf(lane), std::move(tag), tensor);
-  };
 }
 
 // A local step's op by the name Python gives it ("sum", "max", ...).
@@ -512,21 +490,6 @@ PYBIND11_MODULE(_C, module) {
   // What a rank accepts from peers, exposed so tests can throw malformed
   // input at the checks without a network.
   module.def(
-      "check_hello",
-      [](const std::string& hello, const fairring::Topology& topology, bool cuda) {
-        int rank = -1;
-        int lane = -1;
-        int deviceIndex = -1;
-        std::string why = fairring::rails::checkHello(
-            hello, topology, cuda, rank, lane, deviceIndex);
-        return std::make_tuple(why, rank, lane, deviceIndex);
-      },
-      py::arg("hello"),
-      py::arg("topology"),
-      py::arg("cuda") = false,
-      "A rails hello as the accepting rank (topology.rank) checks it: "
-      "(why it is refused, or '', rank, lane, device index).");
-  module.def(
       "parse_notice",
       [](const std::string& text, int worldSize) -> py::object {
         fairring::rails::Watch::Notice notice;
@@ -722,118 +685,5 @@ PYBIND11_MODULE(_C, module) {
       .def_property_readonly("config", &fairring::Backend::config)
       .def_property_readonly("timeout", &fairring::Backend::timeout);
 
-  using fairring::rails::Endpoint;
-  using fairring::rails::Transfer;
-  py::class_<Transfer, std::shared_ptr<Transfer>>(module, "Transfer")
-      .def(
-          "wait",
-          [](Transfer& transfer, double timeoutSeconds) {
-            transfer.wait(std::chrono::milliseconds(
-                static_cast<int64_t>(timeoutSeconds * 1000)));
-          },
-          py::arg("timeout") = 60.0,
-          py::call_guard<py::gil_scoped_release>(),
-          "Blocks until the transfer is done; raises its failure, or on "
-          "timeout (seconds).");
-  py::class_<Endpoint>(module, "RailsEndpoint")
-      .def(
-          py::init([](c10::intrusive_ptr<c10d::Store> store,
-                      const std::string& prefix,
-                      int rank,
-                      std::vector<std::vector<int>> machines,
-                      c10::Device device,
-                      const fairring::RailsNetwork& network,
-                      std::chrono::milliseconds timeout) {
-            return std::make_unique<Endpoint>(
-                store,
-                prefix,
-                fairring::Topology(rank, std::move(machines)),
-                device,
-                network,
-                timeout);
-          }),
-          py::arg("store"),
-          py::arg("prefix"),
-          py::arg("rank"),
-          py::arg("machines"),
-          py::arg("device"),
-          py::arg("network") = fairring::RailsNetwork{},
-          py::arg("timeout") = std::chrono::milliseconds(60000),
-          py::call_guard<py::gil_scoped_release>(),
-          "The rails protocol between this rank and its rail peers, over "
-          "TensorPipe (collective over them): for tests and benchmarks.")
-      .def(
-          "send",
-          transferMethod(&Endpoint::send),
-          py::arg("machine"),
-          py::arg("lane"),
-          py::arg("tag"),
-          py::arg("tensor"),
-          py::call_guard<py::gil_scoped_release>())
-      .def(
-          "expect",
-          transferMethod(&Endpoint::expect),
-          py::arg("machine"),
-          py::arg("lane"),
-          py::arg("tag"),
-          py::arg("tensor"),
-          py::call_guard<py::gil_scoped_release>())
-      .def(
-          "close",
-          &Endpoint::close,
-          py::call_guard<py::gil_scoped_release>())
-      .def("describe", &Endpoint::describe);
-
-  using fairring::rails::WireProbe;
-  py::class_<WireProbe>(module, "WireProbe")
-      .def(
-          py::init<>(),
-          "For tests: a bare TensorPipe client that throws scripted messages "
-          "at a rank's rails listener.")
-      .def(
-          "exchange",
-          [](WireProbe& probe,
-             const std::string& url,
-             const std::vector<std::tuple<
-                 std::string,
-                 std::vector<size_t>,
-                 std::vector<size_t>,
-                 bool>>& specs,
-             bool readReply,
-             double timeoutSeconds) {
-            std::vector<WireProbe::Message> messages;
-            for (const auto& [metadata, payloads, tensors, targetCpu] : specs) {
-              messages.push_back({metadata, payloads, tensors, targetCpu});
-            }
-            WireProbe::Outcome outcome;
-            {
-              py::gil_scoped_release noGil;
-              outcome = probe.exchange(
-                  url,
-                  messages,
-                  readReply,
-                  std::chrono::milliseconds(
-                      static_cast<int64_t>(timeoutSeconds * 1000)));
-            }
-            py::dict result;
-            result["written"] = outcome.written;
-            result["write_error"] = outcome.writeError;
-            result["reply"] = outcome.reply
-                ? py::object(py::bytes(*outcome.reply))
-                : py::object(py::none());
-            result["read_error"] = outcome.readError;
-            result["timed_out"] = outcome.timedOut;
-            result["seconds"] = outcome.seconds;
-            return result;
-          },
-          py::arg("url"),
-          py::arg("messages"),
-          py::arg("read_reply") = true,
-          py::arg("timeout") = 2.0,
-          "Opens a pipe to `url` (uv://host:port), writes `messages`, each "
-          "(metadata: bytes, payload lengths, tensor lengths, whether tensors "
-          "name the CPU as target), then, if read_reply, waits for a message "
-          "back; each step waits at most `timeout` seconds, then the pipe is "
-          "closed. Returns {written, write_error, reply (metadata or None), "
-          "read_error, timed_out ('', 'write' or 'read'), seconds}.");
+  fairring::rails::bindTensorpipe(module);
 }

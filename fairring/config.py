@@ -204,8 +204,12 @@ class Config:
         return mapping if isinstance(mapping, str) else ",".join(mapping)
 
 
-def load_config(env: Mapping[str, str] | None = None) -> Config:
-    """Reads and validates fairring's variables from `env` (default os.environ)."""
+def load_config(env: Mapping[str, str] | None = None, tensorpipe_built: bool | None = None) -> Config:
+    """Reads and validates fairring's variables from `env` (default os.environ).
+
+    `tensorpipe_built`: whether this build has the TensorPipe rails (default: the extension says);
+    without them the rails default to NIXL, and asking for TensorPipe fails saying why.
+    """
     env = os.environ if env is None else env
 
     def size(name: str, default: int, allow_zero: bool = False) -> int:
@@ -238,7 +242,17 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         log_level = log_level.strip().upper()
         if log_level not in _LOG_LEVELS:
             raise ConfigError(f"{LOG_LEVEL}={env[LOG_LEVEL]!r} is not a log level; use one of {', '.join(_LOG_LEVELS)}")
-    rails_transport = _choice(env, RAILS_TRANSPORT, RAILS_TRANSPORTS, str.lower)
+    if tensorpipe_built is None:
+        from . import _C
+
+        tensorpipe_built = bool(_C.build_info()["tensorpipe"])
+    transports = RAILS_TRANSPORTS if tensorpipe_built else RAILS_TRANSPORTS[::-1]
+    rails_transport = _choice(env, RAILS_TRANSPORT, transports, str.lower)
+    if rails_transport == "tensorpipe" and not tensorpipe_built:
+        raise ConfigError(
+            f"{RAILS_TRANSPORT}=tensorpipe, but this fairring was built without TensorPipe (its torch ships "
+            f"none, or FAIRRING_WITH_TENSORPIPE=0): unset it or use {RAILS_TRANSPORT}=nixl"
+        )
     cuda_engine = parse_flag(CUDA_ENGINE, env.get(CUDA_ENGINE))
     return Config(
         total_memory=total_memory,

@@ -3,7 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include "rails/nixl/mesh.h"
-#include "rails/tensorpipe_mesh.h"
+#include "rails/tensorpipe.h"
 
 namespace fairring::rails {
 
@@ -23,7 +23,7 @@ std::unique_ptr<Mesh> makeMesh(
       "fairring: no rails transport '",
       network.transport,
       "'; FAIRRING_RAILS_TRANSPORT takes tensorpipe or nixl");
-  return std::make_unique<TensorpipeMesh>(
+  return makeTensorpipeMesh(
       store, storePrefix, topology, network, device, timeout);
 }
 

@@ -1,0 +1,30 @@
+// What a build without TensorPipe has in place of the TensorPipe rails.
+
+#include "rails/tensorpipe.h"
+
+#include <c10/util/Exception.h>
+#include <pybind11/pybind11.h>
+
+namespace fairring::rails {
+
+bool tensorpipeBuilt() {
+  return false;
+}
+
+std::unique_ptr<Mesh> makeTensorpipeMesh(
+    const c10::intrusive_ptr<c10d::Store>& /*store*/,
+    const std::string& /*storePrefix*/,
+    const Topology& /*topology*/,
+    const RailsNetwork& /*network*/,
+    c10::Device /*device*/,
+    std::chrono::milliseconds /*timeout*/) {
+  TORCH_CHECK(
+      false,
+      "fairring was built without TensorPipe (FAIRRING_WITH_TENSORPIPE=0, or "
+      "a torch without it), so its rails cannot use it; set "
+      "FAIRRING_RAILS_TRANSPORT=nixl");
+}
+
+void bindTensorpipe(pybind11::module_& /*module*/) {}
+
+} // namespace fairring::rails
