@@ -160,7 +160,8 @@ wheel-check: wheel
 # it found (python, torch and its CUDA, the CUDA headers, the compiler, nvcc, cores), builds
 # fairring against $(PYTHON)'s torch, runs tests/test_cuda.py, a CUDA bench (2 processes on one
 # GPU as 2 machines), every dtype and op with 3 and 4 processes as machines, and a stress of
-# large slices over TensorPipe's cuda_basic channel, and writes one report: FAIRRING_GPU_REPORT
+# large slices over TensorPipe's cuda_basic channel, the bench's two processes on the NIXL rails
+# (where the nixl-cu13 wheel is importable, e.g. on PYTHONPATH), and writes one report: FAIRRING_GPU_REPORT
 # (default gpu-check-report.md). GPU_CHECK_ARGS go to `python -m fairring.bench.gpu_check` (see
 # its --help), e.g. --quick or "--device cpu" (with FAIRRING_WITH_CUDA=auto, where there is no
 # CUDA). A failed build writes the report too. Whole check: GPU_CHECK_SECONDS (the build's time

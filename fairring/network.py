@@ -31,7 +31,9 @@ def nixl_settings(config: Config, interface: str, topology: _C.Topology, cuda: b
         return "libfabric: NIXL maps each GPU to its nearest EFA devices (hwloc); FI_PROVIDER picks the provider"
     settings = load_transport_settings(tensorpipe=False)
     gpu = torch.cuda.current_device() if cuda else None
-    return choose_ucx_settings(interface, settings, host_facts(verbs=False, cuda=cuda), topology.local_rank, gpu)
+    others = (choose_rail_interface(config, rail).name for rail in range(topology.local_size))
+    interfaces = list(dict.fromkeys([interface, *others]))
+    return choose_ucx_settings(interfaces, settings, host_facts(verbs=False, cuda=cuda), topology.local_rank, gpu)
 
 
 def rails_network(config: Config, topology: _C.Topology) -> _C.RailsNetwork:

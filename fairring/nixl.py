@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 
 from .config import IB_DISABLE, RAILS_TRANSPORT, ConfigError
@@ -85,14 +85,20 @@ def rail_ib_device(settings: TransportSettings, facts: HostFacts, rail: int, gpu
 
 
 def choose_ucx_settings(
-    interface: str,
+    interfaces: Sequence[str],
     settings: TransportSettings,
     facts: HostFacts,
     rail: int,
     gpu: int | None,
     env: MutableMapping[str, str] | None = None,
 ) -> str:
-    """Sets UCX's variables in `env` (default os.environ) where the user left them unset; what UCX will use, as text."""
+    """Sets UCX's variables in `env` (default os.environ) where the user left them unset; what UCX will use, as text.
+
+    `interfaces`: this rail's interface, then those of its machine's other rails. Without InfiniBand
+    UCX gets them all: a rank's control connections reach the other ranks of its machine, whose rails
+    may be on other NICs, and UCX sends to a peer only through an interface that routes to it, so the
+    rails' data stays on each rail's own NIC where each rail is its own network.
+    """
     env = os.environ if env is None else env
     chosen: list[str] = []
 
@@ -110,7 +116,10 @@ def choose_ucx_settings(
     choose("UCX_TLS", UCX_SAME_HOST_EXCLUDED, "network transports only")
     device, why = rail_ib_device(settings, facts, rail, gpu)
     if device is None:
-        choose("UCX_NET_DEVICES", interface, f"the rails' interface; no InfiniBand: {why}")
+        own = (
+            "this rail's interface, then its machine's other rails'" if len(interfaces) > 1 else "the rails' interface"
+        )
+        choose("UCX_NET_DEVICES", ",".join(interfaces), f"{own}; no InfiniBand: {why}")
     else:
         choose("UCX_NET_DEVICES", device, why)
         if settings.gid_index is not None:

@@ -16,8 +16,12 @@ from test_timeline import write_trace
 import fairring.bench.__main__ as bench
 from fairring.bench import netns
 from fairring.bench.netns import netns_available
+from fairring.config import RAILS_TRANSPORT
 
 ROOT = Path(__file__).parents[1]
+# The bench's name for fairring's records: the rails' transport is in it unless it is TensorPipe's
+# (`make test-nixl` runs the bench on NIXL).
+FAIRRING = "fairring-nixl" if os.environ.get(RAILS_TRANSPORT) == "nixl" else "fairring"
 
 
 def run_bench(arguments: list[str], output: Path) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
@@ -31,9 +35,9 @@ def run_bench(arguments: list[str], output: Path) -> tuple[subprocess.CompletedP
 def test_bench_runs_and_checks_results(tmp_path: Path) -> None:
     arguments = ["--loopback", "-b", "1KiB", "-e", "64KiB", "-f", "64", "-n", "2", "-w", "1"]
     run, records = run_bench([*arguments, "--timeline", "--plots", str(tmp_path)], tmp_path / "r.json")
-    assert "fairring" in run.stdout and "gloo" in run.stdout
+    assert FAIRRING in run.stdout and "gloo" in run.stdout
     assert {(r["backend"], r["bytes"]) for r in records} == {
-        (backend, size) for backend in ("gloo", "fairring") for size in (1024, 65536)
+        (backend, size) for backend in ("gloo", FAIRRING) for size in (1024, 65536)
     }
     for record in records:
         assert record["correct"] is True

@@ -295,4 +295,7 @@ def test_forked_data_loader_workers_next_to_live_rails() -> None:
         after = ranks.run(all_reduce_and_check, 1)
         for result, earlier in zip(after, before, strict=True):
             assert result["stats"]["ops"] > earlier["stats"]["ops"]
-            assert result["rails"] == earlier["rails"], "the same rails serve the all-reduce after the fork"
+            # The same rails: the same listener (TensorPipe) or agent (NIXL), named before the first ";"
+            # (NIXL's description goes on with counters that move).
+            same = result["rails"].split(";")[0] == earlier["rails"].split(";")[0]
+            assert same, ("the same rails serve the all-reduce after the fork", earlier["rails"], result["rails"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import socket
 import subprocess
 import sys
@@ -272,7 +273,8 @@ def _report_from_namespace(host: Host, conn: Connection) -> None:
         enter_namespace(host.name)
         with socket.socket() as sock:
             sock.bind((host.address, 0))
-        conn.send(sorted(name for _, name in socket.if_nameindex()))
+        # The kernel's list, and /sys's: UCX and others read interfaces from /sys/class/net.
+        conn.send((sorted(name for _, name in socket.if_nameindex()), sorted(os.listdir("/sys/class/net"))))
     except BaseException as error:
         conn.send(repr(error))
         raise
@@ -299,8 +301,10 @@ def test_enter_namespace_moves_a_spawned_process(pair: NetnsCluster) -> None:
         worker.join()
         receive.close()
 
-    assert report == ["eth0", "lo"]
+    assert report == (["eth0", "lo"], ["eth0", "lo"]), report
     assert worker.exitcode == 0
+    # The machine's own /sys is untouched.
+    assert sorted(os.listdir("/sys/class/net")) == sorted(name for _, name in socket.if_nameindex())
 
 
 @pytest.mark.timeout(120)

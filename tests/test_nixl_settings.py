@@ -19,7 +19,7 @@ def hca(name: str, *ports: tuple[int, str], link: str = "InfiniBand", pci: str |
 def ucx(facts: HostFacts, rail: int = 0, gpu: int | None = None, **variables: str) -> dict[str, str]:
     """The UCX variables fairring sets for `rail` under the fairring `variables`."""
     env: dict[str, str] = {}
-    nixl.choose_ucx_settings("eth1", load_transport_settings(variables, tensorpipe=False), facts, rail, gpu, env)
+    nixl.choose_ucx_settings(["eth1"], load_transport_settings(variables, tensorpipe=False), facts, rail, gpu, env)
     return env
 
 
@@ -31,10 +31,16 @@ def test_without_infiniband_ucx_keeps_to_network_transports_on_the_rails_interfa
     assert ucx(with_ib, FAIRRING_IB_DISABLE="1")["UCX_NET_DEVICES"] == "eth1"
 
 
+def test_ucx_may_reach_the_other_rails_of_its_machine_through_their_interfaces() -> None:
+    env: dict[str, str] = {}
+    nixl.choose_ucx_settings(["eth1", "eth0"], load_transport_settings({}, tensorpipe=False), HostFacts(), 1, None, env)
+    assert env["UCX_NET_DEVICES"] == "eth1,eth0"
+
+
 def test_the_users_own_ucx_settings_stay_and_are_said_to_be_theirs() -> None:
     env = {"UCX_TLS": "rc,cuda_copy", "UCX_NET_DEVICES": "mlx5_3:1", "UCX_TCP_TX_SEG_SIZE": "64k"}
     settings = load_transport_settings({}, tensorpipe=False)
-    chosen = nixl.choose_ucx_settings("eth1", settings, HostFacts(), 0, None, env)
+    chosen = nixl.choose_ucx_settings(["eth1"], settings, HostFacts(), 0, None, env)
     assert env == {**SEGMENTS, "UCX_TLS": "rc,cuda_copy", "UCX_NET_DEVICES": "mlx5_3:1", "UCX_TCP_TX_SEG_SIZE": "64k"}
     assert chosen.count("(yours)") == 3, chosen
 

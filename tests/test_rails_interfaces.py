@@ -18,6 +18,7 @@ import torch.distributed as dist
 import fairring
 from fairring.bench.netns import NetnsCluster, netns_available
 from harness import Layout, RankFailure, RankPool
+from nixl_support import RAILS_TRANSPORTS, rails_env
 from reference import all_ranks_reduced, assert_matches, rank_tensor
 
 MiB = 1 << 20
@@ -73,6 +74,7 @@ PER_RAIL = PER_HOST / LAYOUT.ranks_per_machine
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("transport", RAILS_TRANSPORTS)
 @pytest.mark.parametrize(
     ("env", "rail_interfaces", "expected"),
     [
@@ -92,14 +94,18 @@ PER_RAIL = PER_HOST / LAYOUT.ranks_per_machine
     ids=["prefix", "exact", "exclude", "mapping"],
 )
 def test_rails_traffic_leaves_through_the_chosen_interfaces(
-    cluster: NetnsCluster, env: dict[str, str], rail_interfaces: list[str], expected: dict[str, float]
+    cluster: NetnsCluster, transport: str, env: dict[str, str], rail_interfaces: list[str], expected: dict[str, float]
 ) -> None:
-    described, sent = rails_bytes(cluster, env)
-    print(f"\n{env}: bytes sent per host during one {SIZE}-byte all-reduce: {sent}")
+    described, sent = rails_bytes(cluster, {**env, **rails_env(transport)})
+    print(f"\n{transport}, {env}: bytes sent per host during one {SIZE}-byte all-reduce: {sent}")
     for rank, rails in enumerate(described):
         interface = rail_interfaces[LAYOUT.ranks_of(LAYOUT.machine_of(rank)).index(rank)]
-        # The listener is bound to that interface's address, and only to it.
-        assert f"uv://{address_on(cluster, rank, interface)}:" in rails and f"({interface};" in rails, rails
+        if transport == "tensorpipe":
+            # The listener is bound to that interface's address, and only to it.
+            assert f"uv://{address_on(cluster, rank, interface)}:" in rails and f"({interface};" in rails, rails
+        else:
+            # UCX was given that interface alone (UCX_NET_DEVICES); the byte counts below show it kept to it.
+            assert f" on {interface};" in rails, rails
     for interface, share in expected.items():
         for host_bytes in sent[interface]:
             if share == 0:

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from fairring.bench import free_port
 from harness import InitSpec, Layout, RankFailure, RankPool, init_process_group
+from nixl_support import rails_env
 from reference import (
     all_ranks_reduced,
     assert_matches,
@@ -156,6 +157,8 @@ def init_capturing_logs(*init_args: object) -> list[str]:
 
 def test_configuration_and_rails_are_logged_in_debug() -> None:
     env = {"FAIRRING_LOG_LEVEL": "DEBUG", "FAIRRING_SLICE_SIZE": "4MiB", "FAIRRING_IB_DISABLE": "1"}
+    # TensorPipe's decision is what is logged here (the NIXL rails' line: tests/test_without_tensorpipe.py).
+    env |= rails_env("tensorpipe")
     with RankPool(Layout(2, 1), InitSpec(extra_env=env)).start(init=False) as ranks:
         records = ranks.run_per_rank(init_capturing_logs, ranks.init_args)
     for lines in records:

@@ -31,8 +31,8 @@ machine's hostname as the host's own address, as on a real host). Without it, a
 namespace, which reaches no DNS server, fails to look up its peers' addresses
 (c10d warns that "the hostname of the client socket cannot be retrieved") and
 resolves the machine's hostname to a loopback that other hosts cannot reach.
-`enter_namespace` mounts nothing: processes that join that way see the
-machine's /etc/hosts.
+`enter_namespace` mounts only the namespace's sysfs: processes that join that
+way see the machine's /etc/hosts.
 
 Cleanup: namespaces, veths, bridges and those hosts files are machine-wide
 state that outlives the process, so `NetnsCluster` removes them when the `with`
@@ -73,6 +73,10 @@ __all__ = [
 ]
 
 CLONE_NEWNET = 0x40000000
+CLONE_NEWNS = 0x00020000
+MS_REC = 0x4000
+MS_SLAVE = 0x80000
+MNT_DETACH = 0x2
 NETNS_DIR = "/var/run/netns"
 # Where `ip netns exec NAME` looks for files to bind-mount over /etc (iproute2's NETNS_ETC_DIR).
 NETNS_ETC_DIR = "/etc/netns"
@@ -397,21 +401,32 @@ def enter_namespace(name: str) -> None:
     """Move the calling process into the network namespace `name` (as made by `ip netns add`).
 
     setns(2) moves only the calling thread, and sockets keep the namespace they were made in, so
-    call this first thing in a fresh process, before it starts threads or opens sockets. /sys keeps
-    showing the namespace it was mounted in; ask the kernel through sockets instead.
+    call this first thing in a fresh process, before it starts threads or opens sockets. As `ip
+    netns exec` does, the process then gets its own mount namespace with the namespace's sysfs on
+    /sys: libraries that list interfaces from /sys/class/net (UCX does) see the host's NICs, not
+    the machine's.
     """
     path = os.path.join(NETNS_DIR, name)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as error:
         raise OSError(error.errno, f"cannot open network namespace {name!r} ({path}): {error.strerror}") from error
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.setns(fd, CLONE_NEWNET) != 0:
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(result: int, what: str) -> None:
+        if result != 0:
             errno = ctypes.get_errno()
-            raise OSError(errno, f"setns into network namespace {name!r} ({path}) failed: {os.strerror(errno)}")
+            raise OSError(errno, f"{what} for network namespace {name!r} failed: {os.strerror(errno)}")
+
+    try:
+        check(libc.setns(fd, CLONE_NEWNET), f"setns into {path}")
     finally:
         os.close(fd)
+    check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    # Mounts made here stay here; the machine's /sys is left as it was.
+    check(libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None), "making / a slave mount")
+    check(libc.umount2(b"/sys", MNT_DETACH), "unmounting /sys")
+    check(libc.mount(b"sysfs", b"/sys", b"sysfs", 0, None), "mounting the namespace's sysfs on /sys")
 
 
 @cache
