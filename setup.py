@@ -161,10 +161,16 @@ def _locate_cuda() -> tuple[CudaBuild | None, list[str]]:
     return build, []
 
 
-def _cuda_build() -> CudaBuild | None:
-    mode = os.environ.get("FAIRRING_WITH_CUDA", "auto").strip().lower()
+def _build_mode(variable: str) -> str:
+    """A FAIRRING_WITH_* variable: "auto" (the default), "1" (required) or "0" (left out)."""
+    mode = os.environ.get(variable, "auto").strip().lower()
     if mode not in {"auto", "0", "1"}:
-        sys.exit(f"fairring: FAIRRING_WITH_CUDA={mode!r}; use auto, 1 or 0")
+        sys.exit(f"fairring: {variable}={mode!r}; use auto, 1 or 0")
+    return mode
+
+
+def _cuda_build() -> CudaBuild | None:
+    mode = _build_mode("FAIRRING_WITH_CUDA")
     if mode == "0":
         print("fairring: building the CPU-only extension (FAIRRING_WITH_CUDA=0)")
         return None
@@ -181,9 +187,7 @@ def _cuda_build() -> CudaBuild | None:
 
 def _with_tensorpipe() -> bool:
     """Whether to build the TensorPipe rails: FAIRRING_WITH_TENSORPIPE, by default where torch ships its headers."""
-    mode = os.environ.get("FAIRRING_WITH_TENSORPIPE", "auto").strip().lower()
-    if mode not in {"auto", "0", "1"}:
-        sys.exit(f"fairring: FAIRRING_WITH_TENSORPIPE={mode!r}; use auto, 1 or 0")
+    mode = _build_mode("FAIRRING_WITH_TENSORPIPE")
     headers = Path(torch.utils.cpp_extension.include_paths()[0]) / "tensorpipe" / "tensorpipe.h"
     if mode == "0":
         print("fairring: building without the TensorPipe rails (FAIRRING_WITH_TENSORPIPE=0): NIXL carries them")

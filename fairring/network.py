@@ -14,7 +14,7 @@ import torch
 
 from . import _C
 from .config import Config
-from .interfaces import choose_rail_interface
+from .interfaces import InterfaceAddress, choose_rail_interface, host_addresses
 from .nixl import choose_ucx_settings, nixl_library
 from .transports import RailsTransports, host_facts, load_transport_settings, rails_transports
 
@@ -25,27 +25,34 @@ _logged: set[str] = set()
 NIXL_RAILS = RailsTransports((), (), (), None, None, frozenset(), ())
 
 
-def nixl_settings(config: Config, interface: str, topology: _C.Topology, cuda: bool) -> str:
-    """Sets the NIXL backend's device variables for this rail where the user did not; what it will use."""
+def nixl_settings(
+    config: Config, interface: str, addresses: list[InterfaceAddress], topology: _C.Topology, cuda: bool
+) -> str:
+    """Sets the NIXL backend's device variables for this rail where the user did not; what it will use.
+
+    `addresses`: the host's, from which `interface` was chosen; the machine's other rails choose from them too.
+    """
     if config.nixl_backend == "LIBFABRIC":
         return "libfabric: NIXL maps each GPU to its nearest EFA devices (hwloc); FI_PROVIDER picks the provider"
     settings = load_transport_settings(tensorpipe=False)
     gpu = torch.cuda.current_device() if cuda else None
-    others = (choose_rail_interface(config, rail).name for rail in range(topology.local_size))
+    others = (choose_rail_interface(config, rail, addresses).name for rail in range(topology.local_size))
     interfaces = list(dict.fromkeys([interface, *others]))
     return choose_ucx_settings(interfaces, settings, host_facts(verbs=False, cuda=cuda), topology.local_rank, gpu)
 
 
 def rails_network(config: Config, topology: _C.Topology) -> _C.RailsNetwork:
     """The rails' network for this rank of `topology`, logged at INFO the first time it is chosen."""
-    interface = choose_rail_interface(config, topology.local_rank)
+    addresses = host_addresses()
+    interface = choose_rail_interface(config, topology.local_rank, addresses)
     # The rails move CUDA buffers only for the CUDA engine; otherwise NCCL takes CUDA tensors.
     cuda = config.cuda_engine and torch.cuda.is_available()
     library = ""
     if config.rails_transport == "nixl":
         transports = NIXL_RAILS
         library = nixl_library()
-        carried = f"NIXL {config.nixl_backend} ({library}); {nixl_settings(config, interface.name, topology, cuda)}"
+        devices = nixl_settings(config, interface.name, addresses, topology, cuda)
+        carried = f"NIXL {config.nixl_backend} ({library}); {devices}"
     else:
         transports = rails_transports(cuda=cuda)
         carried = transports.describe()

@@ -440,12 +440,17 @@ def check_phases(args: argparse.Namespace) -> list[str]:
     return ["--check-sizes", ",".join(str(n) for n in args.check_size_list)]
 
 
-def run_bench(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
-    stage = Stage(BENCH_STAGE)
-    phases = [
-        "--sizes", ",".join(str(s) for s in args.size_list), *check_phases(args),
+def bench_phases(args: argparse.Namespace, sizes: list[int]) -> list[str]:
+    """The bench's phases: throughput at `sizes`, then the correctness checks."""
+    return [
+        "--sizes", ",".join(str(s) for s in sizes), *check_phases(args),
         "--iters", str(args.iters), "--warmup", str(args.warmup),
     ]  # fmt: skip
+
+
+def run_bench(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
+    stage = Stage(BENCH_STAGE)
+    phases = bench_phases(args, args.size_list)
     ranks, problems = run_ranks(args, stage, BENCH_WORLD, phases, {}, timeout)
     return conclude(stage, summarize(ranks, args, args.size_list), problems, "all results correct")
 
@@ -454,10 +459,7 @@ def run_nixl(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str,
     """The engine over the NIXL rails (GPU staging registered with UCX where --device cuda)."""
     stage = Stage(NIXL_STAGE)
     sizes = [parse_size("--sizes", text) for text in NIXL_SIZES[args.device].split(",")]
-    phases = [
-        "--sizes", ",".join(str(s) for s in sizes), *check_phases(args),
-        "--iters", str(args.iters), "--warmup", str(args.warmup),
-    ]  # fmt: skip
+    phases = bench_phases(args, sizes)
     ranks, problems = run_ranks(args, stage, BENCH_WORLD, phases, {RAILS_TRANSPORT: "nixl"}, timeout)
     return conclude(stage, summarize(ranks, args, sizes), problems, "all results correct")
 
