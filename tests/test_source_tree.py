@@ -1,0 +1,149 @@
+"""docs/design.md's "Source tree" against the files: every listed file exists, every source is listed.
+
+The section is the intended tree; its "Moves still to make" names the steps between that tree and
+the code today, and each of those must still be pending (its source here, its target not yet).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DESIGN = REPO / "docs" / "design.md"
+# The roots listed file by file, and which of their files count as sources.
+CHECKED_ROOTS = {"csrc": (".h", ".cpp", ".cu", ".cuh"), "fairring": (".py",)}
+
+
+@dataclass(frozen=True)
+class Move:
+    source: str  # a path or a `name.*` pattern, relative to the repository
+    target: str
+    split: bool  # target ⇐ source: split out of it (the source stays)
+
+
+def section(text: str, heading: str) -> str:
+    match = re.search(rf"^{re.escape(heading)}\n(.*?)(?=^## )", text, re.S | re.M)
+    assert match, f"docs/design.md has no {heading!r} section"
+    return match.group(1)
+
+
+def listed_paths(tree_section: str) -> list[str]:
+    """The fenced tree's entries as repository paths (folders end in /)."""
+    block = re.search(r"^```\n(.*?)^```", tree_section, re.S | re.M)
+    assert block, "the Source tree section has no fenced tree"
+    paths: list[str] = []
+    folders: list[str] = []  # the folder at each depth
+    for line in block.group(1).splitlines():
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        assert indent % 2 == 0, f"odd indentation in the tree: {line!r}"
+        depth = indent // 2
+        name = line.split()[0]
+        assert depth <= len(folders), f"entry deeper than its folder: {line!r}"
+        del folders[depth:]
+        path = "".join(folders) + name
+        paths.append(path)
+        if name.endswith("/"):
+            folders.append(name)
+    return paths
+
+
+def pending_moves(tree_section: str) -> list[Move]:
+    moves = []
+    for source, arrow, target in re.findall(r"^- `([^`]+)` (→|⇐) `([^`]+)`", tree_section, re.M):
+        if arrow == "→":
+            moves.append(Move(source, target, split=False))
+        else:  # target ⇐ source
+            moves.append(Move(target, source, split=True))
+    return moves
+
+
+def expand(pattern: str) -> list[Path]:
+    """The files a path or `name.*` pattern names."""
+    path = REPO / pattern
+    if pattern.endswith(".*"):
+        return sorted(path.parent.glob(path.name))
+    return [path] if path.is_file() else []
+
+
+def sources() -> set[str]:
+    found = set()
+    for root, suffixes in CHECKED_ROOTS.items():
+        for path in (REPO / root).rglob("*"):
+            if path.is_file() and path.suffix in suffixes:
+                found.add(path.relative_to(REPO).as_posix())
+    return found
+
+
+def missing_files(tree: str) -> list[str]:
+    """Listed files that are neither in the tree nor the target of a pending move."""
+    targets = {move.target for move in pending_moves(tree)}
+    return [
+        path
+        for path in listed_paths(tree)
+        if not path.endswith("/") and path.split("/")[0] in CHECKED_ROOTS
+        if not expand(path) and path not in targets
+    ]
+
+
+def unlisted_sources(tree: str) -> list[str]:
+    """Sources neither listed nor the source of a pending move."""
+    listed: set[str] = set()
+    for path in listed_paths(tree):
+        listed.update(p.relative_to(REPO).as_posix() for p in expand(path))
+    moving: set[str] = set()
+    for move in pending_moves(tree):
+        if not move.split:
+            moving.update(p.relative_to(REPO).as_posix() for p in expand(move.source))
+    return sorted(sources() - listed - moving)
+
+
+def stale_moves(tree: str) -> list[str]:
+    """Pending moves already made (their source gone or their target there)."""
+    stale = []
+    for move in pending_moves(tree):
+        if not expand(move.source):
+            stale.append(f"{move.source} is gone")
+        if expand(move.target):
+            stale.append(f"{move.target} exists")
+    return stale
+
+
+@pytest.fixture(scope="module")
+def tree() -> str:
+    return section(DESIGN.read_text(), "## Source tree")
+
+
+def test_the_tree_parses(tree: str) -> None:
+    paths = listed_paths(tree)
+    assert {"csrc/", "fairring/"} <= set(paths)
+    assert len(paths) == len(set(paths)), "an entry is listed twice"
+    assert len(pending_moves(tree)) == len(re.findall(r"^- `", tree, re.M)), "a move does not parse"
+
+
+def test_every_listed_file_exists(tree: str) -> None:
+    assert not missing_files(tree), "listed in docs/design.md's Source tree, not in the tree"
+
+
+def test_every_source_is_listed(tree: str) -> None:
+    assert not unlisted_sources(tree), "sources missing from docs/design.md's Source tree"
+
+
+def test_no_done_move_is_left_pending(tree: str) -> None:
+    assert not stale_moves(tree), "drop the done moves from docs/design.md's list"
+
+
+def test_the_checks_fail_on_a_drifted_tree(tree: str) -> None:
+    """Negative control: a renamed entry shows as both a missing file and an unlisted source,
+    and a move already made (here, one whose source does not exist) as stale."""
+    drifted = tree.replace("    plan.*  ", "    plan_gone.*  ", 1)
+    assert drifted != tree
+    assert "csrc/engine/plan_gone.*" in missing_files(drifted)
+    assert {"csrc/engine/plan.h", "csrc/engine/plan.cpp"} <= set(unlisted_sources(drifted))
+    drifted = tree + "\n- `csrc/engine/never.*` → `csrc/engine/plan.*`\n"
+    assert len(stale_moves(drifted)) == len(stale_moves(tree)) + 2
