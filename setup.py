@@ -75,6 +75,7 @@ COMMON_SOURCES = [
     "rails/nixl/mesh.cpp",
     "rails/nixl/wire.cpp",
     "rails/watch.cpp",
+    "testing/bindings.cpp",
     "topology.cpp",
 ]
 # The sources that see CUDA headers, and their CPU-only twins.
@@ -82,14 +83,14 @@ CUDA_SOURCES = ["device/cuda.cpp"]
 CPU_ONLY_SOURCES = ["device/cuda_none.cpp"]
 # The TensorPipe rails and their harnesses; without TensorPipe, what stands in for them.
 TENSORPIPE_SOURCES = [
-    "rails/endpoint.cpp",
-    "rails/tensorpipe_bindings.cpp",
-    "rails/tensorpipe_factory.cpp",
-    "rails/tensorpipe_mesh.cpp",
-    "rails/wire_probe.cpp",
+    "rails/tensorpipe/factory.cpp",
+    "rails/tensorpipe/mesh.cpp",
+    "testing/endpoint.cpp",
+    "testing/tensorpipe_bindings.cpp",
+    "testing/wire_probe.cpp",
 ]
-TENSORPIPE_CUDA_SOURCES = {True: ["rails/tensorpipe_cuda.cpp"], False: ["rails/tensorpipe_cuda_none.cpp"]}
-NO_TENSORPIPE_SOURCES = ["rails/tensorpipe_none.cpp"]
+TENSORPIPE_CUDA_SOURCES = {True: ["rails/tensorpipe/cuda.cpp"], False: ["rails/tensorpipe/cuda_none.cpp"]}
+NO_TENSORPIPE_SOURCES = ["rails/tensorpipe/none.cpp"]
 
 
 @dataclass

@@ -1,4 +1,7 @@
-// Python bindings (the TensorPipe rails' harnesses: rails/tensorpipe_bindings.cpp).
+// The product's Python module, _C (the test-only objects: _C._testing,
+// testing/bindings.cpp).
+
+#include "bindings_shared.h"
 
 #include <type_traits>
 
@@ -13,8 +16,8 @@
 #include "engine/reduction.h"
 #include "engine/staging.h"
 #include "rails/interfaces.h"
-#include "rails/tensorpipe.h"
-#include "rails/watch.h"
+#include "rails/tensorpipe/factory.h"
+#include "testing/bindings.h"
 #include "topology.h"
 
 namespace py = pybind11;
@@ -159,16 +162,6 @@ py::object engineDict(
                            : py::object(describe(*engine));
 }
 
-py::dict stagingDict(const fairring::StagingStats& stats) {
-  py::dict result;
-  result["capacity_bytes"] = stats.capacityBytes;
-  result["bytes_in_use"] = stats.bytesInUse;
-  result["peak_bytes_in_use"] = stats.peakBytesInUse;
-  result["leases_in_use"] = stats.leasesInUse;
-  result["peak_leases_in_use"] = stats.peakLeasesInUse;
-  result["leases_granted"] = stats.leasesGranted;
-  return result;
-}
 
 // A local step's op by the name Python gives it ("sum", "max", ...).
 c10d::ReduceOp::RedOpType localOpNamed(const std::string& name) {
@@ -185,6 +178,21 @@ c10d::ReduceOp::RedOpType localOpNamed(const std::string& name) {
 }
 
 } // namespace
+
+namespace fairring {
+
+py::dict stagingDict(const StagingStats& stats) {
+  py::dict result;
+  result["capacity_bytes"] = stats.capacityBytes;
+  result["bytes_in_use"] = stats.bytesInUse;
+  result["peak_bytes_in_use"] = stats.peakBytesInUse;
+  result["leases_in_use"] = stats.leasesInUse;
+  result["peak_leases_in_use"] = stats.peakLeasesInUse;
+  result["leases_granted"] = stats.leasesGranted;
+  return result;
+}
+
+} // namespace fairring
 
 PYBIND11_MODULE(_C, module) {
   // Registers c10d's Backend and Store types, which ours build on.
@@ -417,33 +425,6 @@ PYBIND11_MODULE(_C, module) {
       "Every IPv4 and IPv6 address of this host's interfaces, in "
       "getifaddrs() order: [{name, family, address, up, loopback, "
       "link_local}].");
-  module.def(
-      "_set_memory_order_for_tests",
-      &fairring::MemoryOrder::setEnabledForTests,
-      py::arg("enabled"),
-      "Tests' negative control only: with False, collectives in flight on "
-      "the same memory are no longer ordered (process-wide).");
-  module.def(
-      "plan_unit",
-      &fairring::planUnit,
-      py::arg("local_size"),
-      py::arg("machines"),
-      py::arg("element_size"),
-      py::arg("min_shard_bytes"),
-      "The number of elements every (padded) slice is a multiple of.");
-  module.def(
-      "plan",
-      [](int64_t numel, int64_t sliceNumel, int64_t unit) {
-        std::vector<std::tuple<int64_t, int64_t, int64_t>> slices;
-        for (const auto& slice : fairring::makePlan(numel, sliceNumel, unit)) {
-          slices.emplace_back(slice.offset, slice.numel, slice.paddedNumel);
-        }
-        return slices;
-      },
-      py::arg("numel"),
-      py::arg("slice_numel"),
-      py::arg("unit"),
-      "The slice plan: [(offset, numel, padded_numel)].");
   module.attr("CUDA_MIN_SHARD_BYTES") = fairring::kCudaMinShardBytes;
   module.def(
       "plan_shape",
@@ -487,52 +468,6 @@ PYBIND11_MODULE(_C, module) {
       py::arg("max_slices_in_flight") = fairring::PlanSettings{}.maxSlicesInFlight,
       "The engine's plan for an all-reduce of `numel` elements (engine/plan.h), "
       "computed without running it.");
-  // What a rank accepts from peers, exposed so tests can throw malformed
-  // input at the checks without a network.
-  module.def(
-      "parse_notice",
-      [](const std::string& text, int worldSize) -> py::object {
-        fairring::rails::Watch::Notice notice;
-        if (!fairring::rails::Watch::parseNotice(text, worldSize, notice)) {
-          return py::none();
-        }
-        return py::make_tuple(notice.culprit, notice.what);
-      },
-      py::arg("text"),
-      py::arg("world_size"),
-      "A control note parsed as a failure notice: (culprit, what), or None.");
-  // The collective ledger's comparisons, for tests; a disagreement is
-  // (neighbour, seq, mine, theirs).
-  using fairring::CollectiveLedger;
-  const auto disagreement =
-      [](const std::optional<CollectiveLedger::Disagreement>& found)
-      -> py::object {
-    if (!found) {
-      return py::none();
-    }
-    return py::make_tuple(found->neighbour, found->seq, found->mine, found->theirs);
-  };
-  py::class_<CollectiveLedger>(module, "CollectiveLedger")
-      .def(py::init<>())
-      .def(
-          "record",
-          [disagreement](CollectiveLedger& ledger, std::string signature) {
-            std::optional<CollectiveLedger::Disagreement> found;
-            const uint64_t seq = ledger.record(std::move(signature), found);
-            return py::make_tuple(seq, disagreement(found));
-          },
-          py::arg("signature"),
-          "Records the next collective: (its number, a disagreement with an "
-          "early report of it, or None).")
-      .def("report", &CollectiveLedger::report)
-      .def(
-          "compare",
-          [disagreement](
-              CollectiveLedger& ledger, int neighbour, const std::string& report) {
-            return disagreement(ledger.compare(neighbour, report));
-          },
-          py::arg("neighbour"),
-          py::arg("report"));
   module.def(
       "staging_bytes_for",
       [](int64_t sliceBytes, int localSize, int machines, bool padded) {
@@ -547,45 +482,12 @@ PYBIND11_MODULE(_C, module) {
       "Staging bytes one slice of `slice_bytes` holds while in flight; "
       "padded (the default, the most any slice needs): a last slice padded "
       "to the plan's unit.");
-
-  // The engine's staging allocator, on its own, for tests.
-  using fairring::StagingRing;
-  py::class_<StagingRing::Lease>(module, "StagingLease")
-      .def_property_readonly("offset", &StagingRing::Lease::offset)
-      .def_property_readonly("size", &StagingRing::Lease::size)
-      .def("release", &StagingRing::Lease::release);
-  py::class_<StagingRing>(module, "StagingRing")
-      .def(
-          py::init([](int64_t capacityBytes) {
-            return std::make_unique<StagingRing>(
-                capacityBytes, at::TensorOptions().device(at::kCPU));
-          }),
-          py::arg("capacity_bytes"))
-      .def(
-          "try_acquire",
-          [](StagingRing& ring, int64_t bytes) {
-            auto lease = ring.tryAcquire(bytes);
-            return lease ? std::make_unique<StagingRing::Lease>(std::move(*lease))
-                         : nullptr;
-          },
-          py::arg("bytes"),
-          py::keep_alive<0, 1>(),
-          "A lease of `bytes` (rounded up to 64) if they fit now, else None.")
-      .def("stats", [](const StagingRing& ring) {
-        return stagingDict(ring.stats());
-      });
   module.def(
       "slice_bytes_for",
       &fairring::sliceBytesFor,
       py::arg("tensor_bytes"),
       py::arg("max_slice_bytes"),
       "The slice size the engine uses for an all-reduce of `tensor_bytes`.");
-  module.def(
-      "slice_numel_for",
-      &fairring::sliceNumelFor,
-      py::arg("slice_bytes"),
-      py::arg("element_size"),
-      py::arg("unit"));
 
   py::class_<
       fairring::Backend,
@@ -685,5 +587,9 @@ PYBIND11_MODULE(_C, module) {
       .def_property_readonly("config", &fairring::Backend::config)
       .def_property_readonly("timeout", &fairring::Backend::timeout);
 
-  fairring::rails::bindTensorpipe(module);
+  auto testing = module.def_submodule(
+      "_testing",
+      "Test-only objects and functions: the harnesses, and the parts of the "
+      "product that tests drive on their own.");
+  fairring::testing::bindTesting(testing);
 }

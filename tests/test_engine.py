@@ -28,7 +28,7 @@ def cpu_backend() -> _C.Backend:
     ],
 )
 def test_plan_is_one_pipeline_with_a_padded_last_slice(numel: int, slice_numel: int, unit: int, slices: list) -> None:
-    plan = _C.plan(numel, slice_numel, unit)
+    plan = _C._testing.plan(numel, slice_numel, unit)
     assert plan == slices
     # Every element is covered once, every padded slice divides by the unit.
     assert sum(n for _, n, _ in plan) == numel
@@ -48,13 +48,13 @@ def test_plan_unit_keeps_shards_above_the_transport_floor(
     local_size: int, machines: int, element_size: int, min_shard_bytes: int, unit: int
 ) -> None:
     # The floor depends on the device type only, so every rank plans alike.
-    assert _C.plan_unit(local_size, machines, element_size, min_shard_bytes) == unit
+    assert _C._testing.plan_unit(local_size, machines, element_size, min_shard_bytes) == unit
 
 
 def test_slice_numel_is_a_positive_multiple_of_the_unit() -> None:
-    assert _C.slice_numel_for(25 * 2**20, 4, 4) == 25 * 2**20 // 4
-    assert _C.slice_numel_for(100, 4, 6) == 24  # 25 elements fit, 24 divide evenly by the unit
-    assert _C.slice_numel_for(8, 8, 6) == 6  # never zero: one unit at least
+    assert _C._testing.slice_numel_for(25 * 2**20, 4, 4) == 25 * 2**20 // 4
+    assert _C._testing.slice_numel_for(100, 4, 6) == 24  # 25 elements fit, 24 divide evenly by the unit
+    assert _C._testing.slice_numel_for(8, 8, 6) == 6  # never zero: one unit at least
 
 
 MiB = 2**20

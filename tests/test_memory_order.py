@@ -132,11 +132,11 @@ def test_two_delegated_collectives(ordered_pool: RankPool) -> None:
 def unordered_twice_in_flight(numel: int, seed: int) -> bool:
     from fairring import _C
 
-    _C._set_memory_order_for_tests(False)
+    _C._testing.set_memory_order_enabled(False)
     try:
         return twice_in_flight(numel, seed)
     finally:
-        _C._set_memory_order_for_tests(True)
+        _C._testing.set_memory_order_enabled(True)
 
 
 @pytest.mark.timeout(300)

@@ -33,13 +33,13 @@ SAME_COLLECTIVES = "the ranks issued different collectives"
 
 
 def test_ledgers_that_agree_find_nothing_and_any_difference_is_found() -> None:
-    mine, theirs = _C.CollectiveLedger(), _C.CollectiveLedger()
+    mine, theirs = _C._testing.CollectiveLedger(), _C._testing.CollectiveLedger()
     for signature in ["all_reduce cpu Float[4096] sum", "broadcast cpu", "barrier"]:
         assert mine.record(signature)[1] is None
         theirs.record(signature)
         assert mine.compare(1, theirs.report()) is None
     # The same signature at #4, but a different history before it.
-    other = _C.CollectiveLedger()
+    other = _C._testing.CollectiveLedger()
     for signature in ["all_reduce cpu Float[4096] sum", "barrier", "broadcast cpu", "barrier"]:
         other.record(signature)
     mine.record("barrier")
@@ -47,7 +47,7 @@ def test_ledgers_that_agree_find_nothing_and_any_difference_is_found() -> None:
 
 
 def test_a_report_from_ahead_is_compared_when_this_rank_gets_there() -> None:
-    mine, theirs = _C.CollectiveLedger(), _C.CollectiveLedger()
+    mine, theirs = _C._testing.CollectiveLedger(), _C._testing.CollectiveLedger()
     theirs.record("broadcast cpu")
     theirs.record("all_reduce cpu Float[16] sum")
     mine.record("broadcast cpu")
@@ -59,7 +59,7 @@ def test_a_report_from_ahead_is_compared_when_this_rank_gets_there() -> None:
 
 
 def test_reports_older_than_what_the_ledger_keeps_are_not_compared() -> None:
-    mine, theirs = _C.CollectiveLedger(), _C.CollectiveLedger()
+    mine, theirs = _C._testing.CollectiveLedger(), _C._testing.CollectiveLedger()
     theirs.record("barrier")
     old_report = theirs.report()
     for _ in range(5000):
@@ -72,7 +72,7 @@ def test_reports_older_than_what_the_ledger_keeps_are_not_compared() -> None:
     ["", "1", "1 ab", "1 ab ", "0 ab barrier", "x ab barrier", "1 xyz barrier", "-1 ab barrier", "1  barrier"],
 )
 def test_a_malformed_report_is_a_disagreement_quoting_it(report: str) -> None:
-    ledger = _C.CollectiveLedger()
+    ledger = _C._testing.CollectiveLedger()
     ledger.record("barrier")
     found = ledger.compare(1, report)
     assert found is not None and found[1] == 0 and "malformed" in found[3], found

@@ -1,6 +1,6 @@
 """The rails protocol on its own (csrc/rails/lanes.*), over a real TensorPipe mesh.
 
-Two processes are two machines of one rank each; `_C.RailsEndpoint` exposes
+Two processes are two machines of one rank each; `_C._testing.RailsEndpoint` exposes
 the protocol the engine uses: tagged messages per (peer, lane), read strictly
 in the order the receiver expects them, into the receiver's own memory.
 """
@@ -26,9 +26,9 @@ def pair() -> RankPool:
         yield ranks
 
 
-def endpoint(prefix: str) -> _C.RailsEndpoint:
+def endpoint(prefix: str) -> _C._testing.RailsEndpoint:
     store = dist.distributed_c10d._get_default_store()
-    return _C.RailsEndpoint(store, f"rails-test/{prefix}/", dist.get_rank(), [[0], [1]], torch.device("cpu"))
+    return _C._testing.RailsEndpoint(store, f"rails-test/{prefix}/", dist.get_rank(), [[0], [1]], torch.device("cpu"))
 
 
 def in_order_on_each_lane(prefix: str) -> list[list[float]]:

@@ -10,7 +10,7 @@ from fairring import _C
 
 
 def test_leases_are_aligned_and_sized_to_the_request() -> None:
-    ring = _C.StagingRing(1000)
+    ring = _C._testing.StagingRing(1000)
     assert ring.stats()["capacity_bytes"] == 960  # rounded down to 64-byte lines
     first = ring.try_acquire(1)
     second = ring.try_acquire(100)
@@ -19,7 +19,7 @@ def test_leases_are_aligned_and_sized_to_the_request() -> None:
 
 
 def test_leases_wrap_around_once_the_oldest_is_back() -> None:
-    ring = _C.StagingRing(1024)
+    ring = _C._testing.StagingRing(1024)
     a = ring.try_acquire(384)
     b = ring.try_acquire(384)
     assert (a.offset, b.offset) == (0, 384)
@@ -37,7 +37,7 @@ def test_leases_wrap_around_once_the_oldest_is_back() -> None:
 
 
 def test_space_freed_out_of_order_is_reused_once_older_leases_are_back() -> None:
-    ring = _C.StagingRing(768)
+    ring = _C._testing.StagingRing(768)
     a, b, c = (ring.try_acquire(256) for _ in range(3))
     b.release()  # as on failure: younger first
     assert ring.stats()["bytes_in_use"] == 512
@@ -48,14 +48,14 @@ def test_space_freed_out_of_order_is_reused_once_older_leases_are_back() -> None
 
 
 def test_a_request_larger_than_the_ring_names_the_variable() -> None:
-    ring = _C.StagingRing(4096)
+    ring = _C._testing.StagingRing(4096)
     with pytest.raises(RuntimeError, match="FAIRRING_TOTAL_MEMORY"):
         ring.try_acquire(4097)
 
 
 def test_random_fifo_use_never_overlaps_and_never_exceeds_capacity() -> None:
     capacity = 64 * 100
-    ring = _C.StagingRing(capacity)
+    ring = _C._testing.StagingRing(capacity)
     rng = random.Random(7)
     live: list = []
     granted = 0

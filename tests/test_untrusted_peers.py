@@ -1,7 +1,7 @@
 """What a rank accepts from peers: every field of a hello and of a control note is checked before use.
 
 The checks are the ones the rails run on every accepted connection and every
-note (csrc/rails/tensorpipe_mesh.cpp, csrc/rails/watch.cpp), called directly
+note (csrc/rails/tensorpipe/mesh.cpp, csrc/rails/watch.cpp), called directly
 with malformed and random input.
 """
 
@@ -27,7 +27,7 @@ def hello(rank: object, lane: object, device: object) -> str:
 
 @pytest.mark.parametrize(("rank", "lane"), sorted(ACCEPTED))
 def test_expected_peers_are_accepted(rank: int, lane: int) -> None:
-    assert _C.check_hello(hello(rank, lane, 0), TOPOLOGY) == ("", rank, lane, 0)
+    assert _C._testing.check_hello(hello(rank, lane, 0), TOPOLOGY) == ("", rank, lane, 0)
 
 
 @pytest.mark.parametrize(
@@ -58,7 +58,7 @@ def test_expected_peers_are_accepted(rank: int, lane: int) -> None:
     ],
 )
 def test_malformed_or_unexpected_hellos_are_refused_saying_why(text: str, cuda: bool, refusal: str) -> None:
-    why, *_ = _C.check_hello(text, TOPOLOGY, cuda)
+    why, *_ = _C._testing.check_hello(text, TOPOLOGY, cuda)
     assert refusal in why, why
     assert len(why) < 300, "a refusal quotes at most a short prefix of what it got"
 
@@ -73,12 +73,12 @@ def test_malformed_or_unexpected_hellos_are_refused_saying_why(text: str, cuda: 
 )
 def test_refusals_quote_what_they_got_in_printable_ascii(text: str | bytes, quoted: str) -> None:
     # Raw, a NUL would cut the error short and stray bytes would make Python raise a UnicodeDecodeError.
-    why, *_ = _C.check_hello(text, TOPOLOGY)
+    why, *_ = _C._testing.check_hello(text, TOPOLOGY)
     assert why == f"a connection did not open with fairring's hello (got '{quoted}')"
 
 
 def test_a_cuda_mesh_accepts_any_real_device_index() -> None:
-    assert _C.check_hello(hello(1, 0, 7), TOPOLOGY, True) == ("", 1, 0, 7)
+    assert _C._testing.check_hello(hello(1, 0, 7), TOPOLOGY, True) == ("", 1, 0, 7)
 
 
 def mutations(seed: int, count: int) -> list[str]:
@@ -105,7 +105,7 @@ def mutations(seed: int, count: int) -> list[str]:
 
 def test_fuzzed_hellos_are_accepted_only_from_expected_peers() -> None:
     for text in mutations(seed=11, count=5000):
-        why, rank, lane, device = _C.check_hello(text, TOPOLOGY)
+        why, rank, lane, device = _C._testing.check_hello(text, TOPOLOGY)
         if why:
             continue
         assert (rank, lane) in ACCEPTED and device == 0, text
@@ -135,13 +135,13 @@ def test_fuzzed_hellos_are_accepted_only_from_expected_peers() -> None:
     ],
 )
 def test_failure_notices_are_parsed_strictly(text: str | bytes, notice: tuple[int, str] | None) -> None:
-    assert _C.parse_notice(text, 6) == notice
+    assert _C._testing.parse_notice(text, 6) == notice
 
 
 def test_fuzzed_notices_never_name_a_rank_outside_the_group() -> None:
     rng = random.Random(5)
     for _ in range(5000):
         text = "failed " + "".join(rng.choice("0123456789- x\x00") for _ in range(rng.randint(0, 12)))
-        parsed = _C.parse_notice(text, 6)
+        parsed = _C._testing.parse_notice(text, 6)
         if parsed is not None:
             assert -1 <= parsed[0] < 6, text

@@ -1,6 +1,6 @@
 """Malformed and unexpected handshakes thrown over the wire at listening ranks: each is refused, nothing else changes.
 
-test_untrusted_peers.py calls the checks directly. Here `_C.WireProbe`, a bare
+test_untrusted_peers.py calls the checks directly. Here `_C._testing.WireProbe`, a bare
 TensorPipe client, opens pipes to real ranks' rails listeners and sends
 scripted, then random, first messages: hellos from ranks that do not connect
 there, duplicates of lanes a real peer has opened, garbage, huge and empty
@@ -82,7 +82,9 @@ def mesh_round(port: int, prefix: str, held: int | None, seed: int) -> dict[str,
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
     if rank == held:
         store.wait([prefix + "go"])
-    endpoint = _C.RailsEndpoint(store, prefix, rank, MACHINES, torch.device("cpu"), timeout=timedelta(seconds=60))
+    endpoint = _C._testing.RailsEndpoint(
+        store, prefix, rank, MACHINES, torch.device("cpu"), timeout=timedelta(seconds=60)
+    )
     machine = LAYOUT.machine_of(rank)
     peer = MACHINES[1 - machine][MACHINES[machine].index(rank)]
     received = [torch.zeros(4096) for _ in range(2)]
@@ -127,8 +129,8 @@ def pool() -> Iterator[RankPool]:
 
 
 @pytest.fixture(scope="module")
-def probe() -> _C.WireProbe:
-    return _C.WireProbe()  # one TensorPipe context (and thread) for every pipe the tests open
+def probe() -> _C._testing.WireProbe:
+    return _C._testing.WireProbe()  # one TensorPipe context (and thread) for every pipe the tests open
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +139,7 @@ def store() -> dist.TCPStore:
 
 
 @pytest.mark.timeout(120)
-def test_a_built_engine_listens_no_more(pool: RankPool, probe: _C.WireProbe) -> None:
+def test_a_built_engine_listens_no_more(pool: RankPool, probe: _C._testing.WireProbe) -> None:
     states = pool.run(engine_state)
     assert {state["extension"] for state in states} == {_C.__file__}, "the ranks run this checkout's extension"
     for rank, state in enumerate(states):
@@ -230,11 +232,11 @@ def fuzzed(rng: random.Random) -> list[Message]:
 
 def takes_a_free_lane(messages: list[Message], victim: int) -> bool:
     """Whether `messages` open with a hello the victim would accept for a lane no real peer holds yet."""
-    why, rank, lane, _ = _C.check_hello(messages[0][0], _C.Topology(victim, MACHINES))
+    why, rank, lane, _ = _C._testing.check_hello(messages[0][0], _C.Topology(victim, MACHINES))
     return not why and (rank, lane) not in CONNECTED[victim]
 
 
-def barrage(probe: _C.WireProbe, urls: dict[int, str], seed: int) -> list[int]:
+def barrage(probe: _C._testing.WireProbe, urls: dict[int, str], seed: int) -> list[int]:
     """The scripted cases, then FUZZ_CONNECTIONS random ones; returns the pipes thrown at each rank."""
     thrown = [0] * LAYOUT.world_size
     for victim, what, messages, _ in SCRIPTED:
@@ -264,7 +266,7 @@ def listening_urls(store: dist.TCPStore, prefix: str) -> dict[int, str]:
 
 @pytest.mark.timeout(180)
 def test_malformed_handshakes_are_refused_with_their_reason_and_change_nothing(
-    pool: RankPool, probe: _C.WireProbe, store: dist.TCPStore
+    pool: RankPool, probe: _C._testing.WireProbe, store: dist.TCPStore
 ) -> None:
     # A mesh that nobody attacks, for the load of one that was.
     store.set("clean/go", "1")
@@ -300,14 +302,16 @@ def test_malformed_handshakes_are_refused_with_their_reason_and_change_nothing(
 
 
 @pytest.mark.timeout(60)
-def test_a_build_that_times_out_names_the_pipes_it_rejected_quoted(probe: _C.WireProbe) -> None:
+def test_a_build_that_times_out_names_the_pipes_it_rejected_quoted(probe: _C._testing.WireProbe) -> None:
     """Rank 1 of 2 machines waits for rank 0, which never comes; three pipes come instead."""
     store = dist.HashStore()
     errors: list[str] = []
 
     def build() -> None:
         try:
-            _C.RailsEndpoint(store, "lonely/", 1, [[0], [1]], torch.device("cpu"), timeout=timedelta(seconds=3))
+            _C._testing.RailsEndpoint(
+                store, "lonely/", 1, [[0], [1]], torch.device("cpu"), timeout=timedelta(seconds=3)
+            )
         except RuntimeError as error:
             errors.append(str(error))
 

@@ -31,7 +31,8 @@ FACTS = textwrap.dedent(
     import fairring
     from fairring.config import ConfigError, load_config
 
-    facts = {"tensorpipe": fairring.build_info()["tensorpipe"], "endpoint": hasattr(fairring._C, "RailsEndpoint")}
+    endpoint = hasattr(fairring._C._testing, "RailsEndpoint")
+    facts = {"tensorpipe": fairring.build_info()["tensorpipe"], "endpoint": endpoint}
     facts["default"] = load_config({}).rails_transport
     try:
         load_config({"FAIRRING_RAILS_TRANSPORT": "tensorpipe"})

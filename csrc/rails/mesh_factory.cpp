@@ -3,7 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include "rails/nixl/mesh.h"
-#include "rails/tensorpipe.h"
+#include "rails/tensorpipe/factory.h"
 
 namespace fairring::rails {
 

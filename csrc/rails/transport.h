@@ -2,7 +2,7 @@
 
 // What the rails protocols need from a transport: one ordered, reliable
 // message connection per (rail peer, lane) for the data (lanes.h), and one
-// per neighbour for control (watch.h). TensorPipe (tensorpipe_mesh.h) and NIXL
+// per neighbour for control (watch.h). TensorPipe (tensorpipe/mesh.h) and NIXL
 // (nixl/mesh.h) implement these two classes; the protocols and the engine do
 // not know which one runs (rails/mesh_factory.h chooses).
 

@@ -5,7 +5,7 @@ machines of one rank each (FAIRRING_MACHINE_ID differs), so every all-reduce
 crosses the rails. In order, each rank runs the phases it is given:
 
 1. --sizes (two ranks only): times float32 all-reduces on fairring's engine,
-   and the same bytes moved by fairring._C.RailsEndpoint between the same two
+   and the same bytes moved by fairring._C._testing.RailsEndpoint between the same two
    processes: both ranks send and receive S/2 bytes on lane 0, then S/2 on
    lane 1 ("sequential", the two network phases of the engine one after the
    other), and both halves at once ("concurrent");
@@ -240,7 +240,7 @@ class Bench:
         return summary(seconds, correct)
 
     def open_endpoint(self) -> None:
-        self.endpoint = fairring._C.RailsEndpoint(
+        self.endpoint = fairring._C._testing.RailsEndpoint(
             self.store,
             STORE_PREFIX,
             self.rank,

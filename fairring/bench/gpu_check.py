@@ -7,7 +7,7 @@ each with its own time limit inside --budget, so the whole check ends in time:
 1. environment: python, torch, CUDA, NCCL, the compiler, nvcc, fairring.build_info(), the GPUs;
 2. tests: `python -m pytest tests/test_cuda.py -rs -s -p no:cacheprovider`;
 3. bench: two processes on one GPU as two machines (fairring.bench.cuda_bench):
-   engine all-reduce throughput against fairring._C.RailsEndpoint moving the same
+   engine all-reduce throughput against fairring._C._testing.RailsEndpoint moving the same
    bytes between the same two processes, then every dtype and op checked against
    plain torch on the CPU;
 4. correctness with 3 and 4 processes on the one GPU, each its own machine
@@ -656,8 +656,8 @@ def throughput_lines(rows: list[dict[str, Any]]) -> list[str]:
     return [
         "float32 all_reduce, median of the slower rank's times, each from a barrier to the last wait and a device",
         "synchronize. busbw = algbw x 2(n-1)/n (n = 2). The rails reference moves the bytes the engine must move,",
-        "with fairring._C.RailsEndpoint between the same processes: S/2 each way on lane 0, then S/2 on lane 1",
-        '("seq."), or both halves at once ("conc."). "engine vs" = reference time / engine time.',
+        "with fairring._C._testing.RailsEndpoint between the same processes: S/2 each way on lane 0, then S/2 on",
+        """lane 1 ("seq."), or both halves at once ("conc."). "engine vs" = reference time / engine time.""",
         "",
         *table(header, body),
     ]

@@ -1,6 +1,6 @@
-#include "rails/tensorpipe.h"
+#include "rails/tensorpipe/factory.h"
 
-#include "rails/tensorpipe_mesh.h"
+#include "rails/tensorpipe/mesh.h"
 
 namespace fairring::rails {
 

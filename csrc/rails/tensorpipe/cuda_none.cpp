@@ -1,4 +1,4 @@
-#include "rails/tensorpipe_cuda.h"
+#include "rails/tensorpipe/cuda.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,9 +1,9 @@
-#include "rails/endpoint.h"
+#include "testing/endpoint.h"
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
-#include "rails/tensorpipe_mesh.h"
+#include "rails/tensorpipe/mesh.h"
 
 namespace fairring::rails {
 

@@ -1,4 +1,4 @@
-#include "rails/wire_probe.h"
+#include "testing/wire_probe.h"
 
 #include <algorithm>
 #include <condition_variable>

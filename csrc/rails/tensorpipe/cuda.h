@@ -1,7 +1,7 @@
 #pragma once
 
-// The CUDA side of the TensorPipe mesh. Exactly one of tensorpipe_cuda.cpp
-// (CUDA-enabled build) and tensorpipe_cuda_none.cpp (CPU-only build) is
+// The CUDA side of the TensorPipe mesh. Exactly one of cuda.cpp
+// (CUDA-enabled build) and cuda_none.cpp (CPU-only build) is
 // compiled; with device/cuda.cpp, they are the only files that see CUDA
 // headers.
 

@@ -1,14 +1,14 @@
 // The TensorPipe rails' Python bindings, for tests and benchmarks: the hello
 // check, the rails endpoint and the wire probe. Built only with TensorPipe
-// (rails/tensorpipe_none.cpp binds nothing in their place).
+// (rails/tensorpipe/none.cpp binds nothing in their place).
 
 #include <pybind11/chrono.h>
 #include <torch/extension.h>
 
-#include "rails/endpoint.h"
-#include "rails/tensorpipe.h"
-#include "rails/tensorpipe_mesh.h"
-#include "rails/wire_probe.h"
+#include "testing/endpoint.h"
+#include "rails/tensorpipe/factory.h"
+#include "rails/tensorpipe/mesh.h"
+#include "testing/wire_probe.h"
 
 namespace py = pybind11;
 

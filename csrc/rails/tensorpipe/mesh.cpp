@@ -1,4 +1,4 @@
-#include "rails/tensorpipe_mesh.h"
+#include "rails/tensorpipe/mesh.h"
 
 #include <algorithm>
 #include <charconv>
@@ -14,7 +14,7 @@
 #include <tensorpipe/tensorpipe.h>
 
 #include "rails/interfaces.h"
-#include "rails/tensorpipe_cuda.h"
+#include "rails/tensorpipe/cuda.h"
 
 namespace fairring::rails {
 

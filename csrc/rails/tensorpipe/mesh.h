@@ -34,7 +34,7 @@ struct Accepted;
 // only.
 //
 // The mesh carries buffers of one device type: with CUDA, TensorPipe's CUDA
-// channels are registered too (see tensorpipe_cuda.h), and each rank tells its
+// channels are registered too (see cuda.h), and each rank tells its
 // peers which device its buffers live on, so that a write names its target
 // device and goes out without waiting for the reader to say where it lands.
 //

@@ -1,6 +1,6 @@
 // What a build without TensorPipe has in place of the TensorPipe rails.
 
-#include "rails/tensorpipe.h"
+#include "rails/tensorpipe/factory.h"
 
 #include <c10/util/Exception.h>
 #include <pybind11/pybind11.h>

@@ -2,8 +2,8 @@
 
 // The TensorPipe rails as the rest of fairring sees them, whether this build
 // has them or not (setup.py: FAIRRING_WITH_TENSORPIPE, on where torch ships
-// TensorPipe's headers). With them: rails/tensorpipe_factory.cpp and
-// rails/tensorpipe_bindings.cpp; without: rails/tensorpipe_none.cpp, whose
+// TensorPipe's headers). With them: rails/tensorpipe/factory.cpp and
+// testing/tensorpipe_bindings.cpp; without: rails/tensorpipe/none.cpp, whose
 // factory refuses, naming the NIXL rails, and which binds nothing.
 
 #include <chrono>
@@ -26,7 +26,7 @@ namespace fairring::rails {
 // Whether this build has the TensorPipe rails.
 bool tensorpipeBuilt();
 
-// The TensorPipe mesh (rails/tensorpipe_mesh.h); arguments as makeMesh's.
+// The TensorPipe mesh (rails/tensorpipe/mesh.h); arguments as makeMesh's.
 std::unique_ptr<Mesh> makeTensorpipeMesh(
     const c10::intrusive_ptr<c10d::Store>& store,
     const std::string& storePrefix,

@@ -1,0 +1,13 @@
+#pragma once
+
+#include <pybind11/pytypes.h>
+
+#include "engine/staging.h"
+
+namespace fairring {
+
+// What the product's bindings (bindings.cpp) share with the test-only ones
+// (testing/bindings.cpp): the staging allocator's statistics as a dict.
+pybind11::dict stagingDict(const StagingStats& stats);
+
+} // namespace fairring

@@ -1,0 +1,137 @@
+// _C._testing: what the tests drive that the product does not use: the
+// checks a rank runs on peers' input, the collective ledger, the staging
+// allocator and plan arithmetic on their own, and the TensorPipe harnesses
+// (testing/tensorpipe_bindings.cpp).
+
+#include "testing/bindings.h"
+
+#include <optional>
+#include <string>
+
+#include <pybind11/chrono.h>
+#include <torch/extension.h>
+
+#include "backend/ledger.h"
+#include "backend/memory_order.h"
+#include "bindings_shared.h"
+#include "engine/plan.h"
+#include "engine/staging.h"
+#include "rails/tensorpipe/factory.h"
+#include "rails/watch.h"
+
+namespace py = pybind11;
+
+namespace fairring::testing {
+
+void bindTesting(py::module_& testing) {
+  // What a rank accepts from peers, exposed so tests can throw malformed
+  // input at the checks without a network.
+  testing.def(
+      "parse_notice",
+      [](const std::string& text, int worldSize) -> py::object {
+        fairring::rails::Watch::Notice notice;
+        if (!fairring::rails::Watch::parseNotice(text, worldSize, notice)) {
+          return py::none();
+        }
+        return py::make_tuple(notice.culprit, notice.what);
+      },
+      py::arg("text"),
+      py::arg("world_size"),
+      "A control note parsed as a failure notice: (culprit, what), or None.");
+  // The collective ledger's comparisons, for tests; a disagreement is
+  // (neighbour, seq, mine, theirs).
+  using fairring::CollectiveLedger;
+  const auto disagreement =
+      [](const std::optional<CollectiveLedger::Disagreement>& found)
+      -> py::object {
+    if (!found) {
+      return py::none();
+    }
+    return py::make_tuple(found->neighbour, found->seq, found->mine, found->theirs);
+  };
+  py::class_<CollectiveLedger>(testing, "CollectiveLedger")
+      .def(py::init<>())
+      .def(
+          "record",
+          [disagreement](CollectiveLedger& ledger, std::string signature) {
+            std::optional<CollectiveLedger::Disagreement> found;
+            const uint64_t seq = ledger.record(std::move(signature), found);
+            return py::make_tuple(seq, disagreement(found));
+          },
+          py::arg("signature"),
+          "Records the next collective: (its number, a disagreement with an "
+          "early report of it, or None).")
+      .def("report", &CollectiveLedger::report)
+      .def(
+          "compare",
+          [disagreement](
+              CollectiveLedger& ledger, int neighbour, const std::string& report) {
+            return disagreement(ledger.compare(neighbour, report));
+          },
+          py::arg("neighbour"),
+          py::arg("report"));
+  // The engine's staging allocator, on its own, for tests.
+  using fairring::StagingRing;
+  py::class_<StagingRing::Lease>(testing, "StagingLease")
+      .def_property_readonly("offset", &StagingRing::Lease::offset)
+      .def_property_readonly("size", &StagingRing::Lease::size)
+      .def("release", &StagingRing::Lease::release);
+  py::class_<StagingRing>(testing, "StagingRing")
+      .def(
+          py::init([](int64_t capacityBytes) {
+            return std::make_unique<StagingRing>(
+                capacityBytes, at::TensorOptions().device(at::kCPU));
+          }),
+          py::arg("capacity_bytes"))
+      .def(
+          "try_acquire",
+          [](StagingRing& ring, int64_t bytes) {
+            auto lease = ring.tryAcquire(bytes);
+            return lease ? std::make_unique<StagingRing::Lease>(std::move(*lease))
+                         : nullptr;
+          },
+          py::arg("bytes"),
+          py::keep_alive<0, 1>(),
+          "A lease of `bytes` (rounded up to 64) if they fit now, else None.")
+      .def("stats", [](const StagingRing& ring) {
+        return stagingDict(ring.stats());
+      });
+  testing.def(
+      "slice_numel_for",
+      &fairring::sliceNumelFor,
+      py::arg("slice_bytes"),
+      py::arg("element_size"),
+      py::arg("unit"));
+
+  testing.def(
+      "set_memory_order_enabled",
+      &fairring::MemoryOrder::setEnabledForTests,
+      py::arg("enabled"),
+      "The negative control's switch: with False, collectives in flight on "
+      "the same memory are no longer ordered (process-wide).");
+  testing.def(
+      "plan_unit",
+      &fairring::planUnit,
+      py::arg("local_size"),
+      py::arg("machines"),
+      py::arg("element_size"),
+      py::arg("min_shard_bytes"),
+      "The number of elements every (padded) slice is a multiple of.");
+  testing.def(
+      "plan",
+      [](int64_t numel, int64_t sliceNumel, int64_t unit) {
+        std::vector<std::tuple<int64_t, int64_t, int64_t>> slices;
+        for (const auto& slice : fairring::makePlan(numel, sliceNumel, unit)) {
+          slices.emplace_back(slice.offset, slice.numel, slice.paddedNumel);
+        }
+        return slices;
+      },
+      py::arg("numel"),
+      py::arg("slice_numel"),
+      py::arg("unit"),
+      "The slice plan: [(offset, numel, padded_numel)].");
+
+  rails::bindTensorpipe(testing);
+}
+
+} // namespace fairring::testing

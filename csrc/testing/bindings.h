@@ -1,0 +1,13 @@
+#pragma once
+
+namespace pybind11 {
+class module_;
+} // namespace pybind11
+
+namespace fairring::testing {
+
+// Binds the test-only objects and functions into `testing`, the product
+// module's _testing submodule (one extension: the sources compile once).
+void bindTesting(pybind11::module_& testing);
+
+} // namespace fairring::testing
