@@ -15,6 +15,7 @@
 #include "engine/plan.h"
 #include "engine/reduction.h"
 #include "engine/staging.h"
+#include "local/shared_memory.h"
 #include "rails/interfaces.h"
 #include "rails/tensorpipe/factory.h"
 #include "testing/bindings.h"
@@ -163,20 +164,6 @@ py::object engineDict(
 }
 
 
-// A local step's op by the name Python gives it ("sum", "max", ...).
-c10d::ReduceOp::RedOpType localOpNamed(const std::string& name) {
-  for (auto op :
-       {c10d::ReduceOp::SUM,
-        c10d::ReduceOp::MAX,
-        c10d::ReduceOp::MIN,
-        c10d::ReduceOp::PRODUCT}) {
-    if (name == fairring::reduceOpName(op)) {
-      return op;
-    }
-  }
-  throw std::invalid_argument("not a local step's op: " + name);
-}
-
 } // namespace
 
 namespace fairring {
@@ -220,58 +207,14 @@ PYBIND11_MODULE(_C, module) {
           py::arg("ranks"),
           "Creates and allocates this rank's segment; raises RuntimeError, "
           "saying why, where it cannot be.")
-      .def_property_readonly("name", &fairring::SharedMemorySteps::name)
+      .def_property_readonly(
+          "segment_name", &fairring::SharedMemorySteps::segmentName)
       .def(
           "attach",
           &fairring::SharedMemorySteps::attach,
           py::arg("names"),
           py::call_guard<py::gil_scoped_release>())
       .def("unlink", &fairring::SharedMemorySteps::unlink)
-      // The steps themselves, for tests: the engine calls them from C++.
-      .def(
-          "reduce_scatter",
-          [](fairring::SharedMemorySteps& steps,
-             at::Tensor slot,
-             const at::Tensor& input,
-             const std::string& opName,
-             uint64_t seq,
-             uint64_t slice,
-             std::chrono::milliseconds timeout) {
-            const auto op = localOpNamed(opName);
-            steps.reduceScatter(
-                slot,
-                input,
-                op,
-                {seq, seq, slice, input.scalar_type(), op},
-                std::chrono::steady_clock::now() + timeout);
-          },
-          py::arg("slot"),
-          py::arg("input"),
-          py::arg("op"),
-          py::arg("seq"),
-          py::arg("slice"),
-          py::arg("timeout"),
-          py::call_guard<py::gil_scoped_release>())
-      .def(
-          "all_gather",
-          [](fairring::SharedMemorySteps& steps,
-             at::Tensor output,
-             const at::Tensor& slot,
-             uint64_t seq,
-             uint64_t slice,
-             std::chrono::milliseconds timeout) {
-            steps.allGather(
-                output,
-                slot,
-                {seq, seq, slice, slot.scalar_type(), c10d::ReduceOp::SUM},
-                std::chrono::steady_clock::now() + timeout);
-          },
-          py::arg("output"),
-          py::arg("slot"),
-          py::arg("seq"),
-          py::arg("slice"),
-          py::arg("timeout"),
-          py::call_guard<py::gil_scoped_release>())
       .def("abort", &fairring::SharedMemorySteps::abort)
       .def_property_readonly_static(
           "segment_bytes",

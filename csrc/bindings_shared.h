@@ -1,6 +1,6 @@
 #pragma once
 
-#include <pybind11/pytypes.h>
+#include <torch/extension.h>
 
 #include "engine/staging.h"
 

@@ -37,7 +37,7 @@ def shared_memory_steps(
             steps = _C.SharedMemorySteps(local_rank, local_ranks)
         except RuntimeError as error:
             problem = f"rank {topology.rank}: {error}"
-    store.set(f"{prefix}name/{local_rank}", steps.name if steps else "")
+    store.set(f"{prefix}name/{local_rank}", steps.segment_name if steps else "")
     names = _gather(store, f"{prefix}name/", len(local_ranks), timeout)
     if steps is not None and all(names):
         try:

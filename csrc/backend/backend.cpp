@@ -562,19 +562,15 @@ Engine* Backend::engineOn(c10::Device device) {
 
 std::unique_ptr<Engine> Backend::makeEngine(c10::Device device) {
   // The local groups first, then the rails: the same order on every rank.
-  LocalGroups groups = innerGroups_->localGroups(device);
-  TORCH_CHECK(
-      (topology_.localSize() > 1) ==
-          (groups.sharedMemory != nullptr ||
-           (groups.reduceScatter && groups.allGather)),
-      "fairring: local groups must exist exactly when machines have 2+ ranks");
+  auto localSteps = makeLocalSteps(
+      innerGroups_->localGroups(device), topology_.localSize());
   std::unique_ptr<DeviceContext> context;
   if (device.is_cuda()) {
-    context = makeCudaContext(device, std::move(groups));
+    context = makeCudaContext(device);
   } else if (const auto emulated = emulatedDeviceFromEnv()) {
-    context = makeEmulatedContext(std::move(groups), *emulated, getRank());
+    context = makeEmulatedContext(*emulated, getRank());
   } else {
-    context = makeCpuContext(std::move(groups));
+    context = makeCpuContext();
   }
   auto mesh = rails::makeMesh(
       store_,
@@ -602,6 +598,7 @@ std::unique_ptr<Engine> Backend::makeEngine(c10::Device device) {
       topology_,
       config_,
       std::move(context),
+      std::move(localSteps),
       std::move(mesh),
       timeout(),
       std::move(timeline),

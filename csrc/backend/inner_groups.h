@@ -7,7 +7,7 @@
 #include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
-#include "device/device.h"
+#include "local/local_steps.h"
 
 namespace fairring {
 

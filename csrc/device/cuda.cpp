@@ -175,11 +175,9 @@ class CudaStreams final : public StreamPolicy {
 
 } // namespace
 
-std::unique_ptr<DeviceContext> makeCudaContext(
-    c10::Device device,
-    LocalGroups groups) {
+std::unique_ptr<DeviceContext> makeCudaContext(c10::Device device) {
   return std::make_unique<StreamedContext>(
-      std::make_unique<CudaStreams>(device), std::move(groups));
+      std::make_unique<CudaStreams>(device));
 }
 
 bool cudaGraphCaptureUnderway(c10::Device device) {

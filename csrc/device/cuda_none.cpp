@@ -4,9 +4,7 @@
 
 namespace fairring {
 
-std::unique_ptr<DeviceContext> makeCudaContext(
-    c10::Device /*device*/,
-    LocalGroups /*groups*/) {
+std::unique_ptr<DeviceContext> makeCudaContext(c10::Device /*device*/) {
   TORCH_CHECK(
       false,
       "fairring was built without its CUDA path, so it cannot run the engine "

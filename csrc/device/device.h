@@ -1,20 +1,14 @@
 #pragma once
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
-#include <thread>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
 
-#include "device/shared_memory.h"
 #include "rails/transport.h"
 
 namespace fairring {
@@ -46,22 +40,6 @@ class Fence {
   std::shared_ptr<const FenceState> state_;
 };
 
-// What runs the local steps over this machine's ranks, made and connected
-// before the engine starts (fairring/_registration.py); nothing with one rank
-// per machine. Either shared memory (CPU, where every local rank could map
-// every other's segment), or a group per step, made by torch's own
-// constructors: each step is fed by one stage thread, in slice order, so no
-// two ranks can interleave their operations differently.
-struct LocalGroups {
-  c10::intrusive_ptr<c10d::Backend> reduceScatter;
-  c10::intrusive_ptr<c10d::Backend> allGather;
-  std::shared_ptr<SharedMemorySteps> sharedMemory;
-
-  bool empty() const {
-    return !sharedMemory && !reduceScatter && !allGather;
-  }
-};
-
 // TensorPipe's GPUDirect channel has crashed on buffers under 32 bytes. Every
 // CUDA engine keeps shards at least this long, GPUDirect or not, so that the
 // plan never depends on what one rank's hardware offers.
@@ -70,9 +48,9 @@ constexpr int64_t kCudaMinShardBytes = 32;
 // The seam between the engine and the device its tensors live on: everything
 // that differs between the CPU and CUDA. The engine calls the same methods in
 // the same places for both, and hands every piece of device work (copies,
-// reductions, local steps, completion) to its stage through enqueue(); on
-// the CPU most methods do nothing and enqueue() runs the work at once,
-// because CPU work is finished when the host call that does it returns.
+// reductions, the local steps of local/, completion) to its stage through
+// enqueue(); on the CPU most methods do nothing and enqueue() runs the work at
+// once, because CPU work is finished when the host call that does it returns.
 // Devices with streams (CUDA, and the emulated device the tests run) share
 // one implementation of the ordering, StreamedContext (device/streamed.h).
 //
@@ -84,7 +62,7 @@ class DeviceContext {
  public:
   using Clock = std::chrono::steady_clock;
 
-  virtual ~DeviceContext();
+  virtual ~DeviceContext() = default;
   DeviceContext(const DeviceContext&) = delete;
   DeviceContext& operator=(const DeviceContext&) = delete;
 
@@ -138,84 +116,27 @@ class DeviceContext {
   // from it, as it depends on the device type only.
   virtual int64_t minShardBytes() const = 0;
 
-  // -- Local steps (stage), over this machine's ranks; with one rank per
-  // machine, plain copies. Ordered on the stage's stream on CUDA. Each gives
-  // up at `deadline` (the op's), and throws at once after abort(). `key`
-  // names the slice, the same on every local rank.
-
-  // slot = `op` over local ranks r of rank r's part `localRank` of `input`,
-  // split in as many equal parts. Through a group: an all-to-all into
-  // `parts` ([localSize, slot], row 0 is `slot`), then a local combination
-  // (Gloo's own reduce-scatter takes 2-3x as long on the same data).
-  void localReduceScatter(
-      at::Tensor& slot,
-      at::Tensor& parts,
-      at::Tensor& input,
-      c10d::ReduceOp::RedOpType op,
-      const LocalStepKey& key,
-      Clock::time_point deadline);
-  // output = every rank's `part`, in local-rank order.
-  void localAllGather(
-      at::Tensor& output,
-      at::Tensor& part,
-      const LocalStepKey& key,
-      Clock::time_point deadline);
-
-  // What runs the local steps: "shared memory", the groups' backend name
-  // ("gloo", "nccl"), or "none" with one rank per machine.
-  std::string localStepsName() const;
-
-  // Ends the device work in flight: the local groups are aborted (on a
-  // thread of this context's: NCCL's abort may block, and the caller may be
-  // the transport's thread); a queue waiting for a Gloo step (which cannot
-  // be aborted) stops waiting; queued work is dropped. Any thread; once.
-  void abort();
+  // Ends the device work in flight: queued work is dropped. Any thread;
+  // idempotent.
+  virtual void abort() {}
   // After abort() and once the engine's stage threads have returned: the
-  // device's own threads (an emulated device's streams, the aborting
-  // thread) are joined, so no enqueued work runs after this.
-  void join();
+  // device's own threads (an emulated device's streams) are joined, so no
+  // enqueued work runs after this.
+  virtual void join() {}
 
  protected:
-  DeviceContext(c10::Device device, LocalGroups groups);
-
-  // What abort() and join() do besides the local steps.
-  virtual void abortQueues() {}
-  virtual void joinQueues() {}
-
-  // Waits for a local step's Work from `group`, issued synchronously
-  // (asyncOp=false). NCCL queued its kernel on the current stream (the
-  // stage's) and may return no Work: the host does not wait; abort() ends a
-  // step that never finishes. Any other group: the host waits until the step
-  // is done or abort() is called.
-  void waitForLocalStep(
-      const c10d::Backend& group,
-      const c10::intrusive_ptr<c10d::Work>& work);
+  explicit DeviceContext(c10::Device device) : device_(device) {}
 
  private:
-  // Shared with the callbacks of local steps, which may outlive this.
-  struct LocalWaits {
-    std::mutex mutex;
-    std::condition_variable changed;
-    bool aborted = false;
-  };
-
   const c10::Device device_;
-  LocalGroups groups_;
-  const std::shared_ptr<LocalWaits> localWaits_;
-  std::atomic<bool> aborted_{false};
-  // A stage thread stopped waiting for a Gloo step that still runs.
-  std::atomic<bool> abandonedLocalStep_{false};
-  std::thread aborting_; // runs the groups' abort(); joined by join()
 };
 
 // The rails' view of a CPU tensor's bytes.
 rails::Buffer hostBuffer(const at::Tensor& tensor);
 
-std::unique_ptr<DeviceContext> makeCpuContext(LocalGroups groups);
+std::unique_ptr<DeviceContext> makeCpuContext();
 // Throws where the CUDA path is not built (device/cuda_none.cpp).
-std::unique_ptr<DeviceContext> makeCudaContext(
-    c10::Device device,
-    LocalGroups groups);
+std::unique_ptr<DeviceContext> makeCudaContext(c10::Device device);
 
 // Whether the caller's current stream on `device` is being captured into a
 // CUDA graph (false where the CUDA path is not built).

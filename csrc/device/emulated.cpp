@@ -360,12 +360,10 @@ std::optional<EmulatedDeviceSettings> emulatedDeviceFromEnv() {
 }
 
 std::unique_ptr<DeviceContext> makeEmulatedContext(
-    LocalGroups groups,
     const EmulatedDeviceSettings& settings,
     int rank) {
   return std::make_unique<StreamedContext>(
       std::make_unique<EmulatedStreams>(settings, rank),
-      std::move(groups),
       settings.oneStream ? StageStreams::kOneStream
                          : StageStreams::kStreamPerStage);
 }

@@ -52,7 +52,6 @@ struct EmulatedDeviceSettings {
 std::optional<EmulatedDeviceSettings> emulatedDeviceFromEnv();
 
 std::unique_ptr<DeviceContext> makeEmulatedContext(
-    LocalGroups groups,
     const EmulatedDeviceSettings& settings,
     int rank);
 

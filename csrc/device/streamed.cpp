@@ -24,15 +24,13 @@ std::array<int, kStages> stageStreamsOf(StageStreams layout) {
 
 StreamedContext::StreamedContext(
     std::unique_ptr<StreamPolicy> policy,
-    LocalGroups groups,
     StageStreams stageStreams)
-    : DeviceContext(policy->device(), std::move(groups)),
+    : DeviceContext(policy->device()),
       policy_(std::move(policy)),
       stageStreams_(stageStreamsOf(stageStreams)) {}
 
 StreamedContext::~StreamedContext() {
-  // The policy's threads run work that uses the local groups: joined before
-  // the base class drops them.
+  // The policy's threads run work that uses this context: joined first.
   abort();
   join();
 }
@@ -111,11 +109,11 @@ int64_t StreamedContext::minShardBytes() const {
   return policy_->minShardBytes();
 }
 
-void StreamedContext::abortQueues() {
+void StreamedContext::abort() {
   policy_->abort();
 }
 
-void StreamedContext::joinQueues() {
+void StreamedContext::join() {
   policy_->join();
 }
 

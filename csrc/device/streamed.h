@@ -76,7 +76,6 @@ class StreamedContext final : public DeviceContext {
  public:
   StreamedContext(
       std::unique_ptr<StreamPolicy> policy,
-      LocalGroups groups,
       StageStreams stageStreams = StageStreams::kStreamPerStage);
   ~StreamedContext() override;
 
@@ -93,10 +92,8 @@ class StreamedContext final : public DeviceContext {
   rails::Buffer receiveBuffer(const at::Tensor& tensor) override;
   Fence receivedFence(const rails::Buffer& received) override;
   int64_t minShardBytes() const override;
-
- protected:
-  void abortQueues() override;
-  void joinQueues() override;
+  void abort() override;
+  void join() override;
 
  private:
   int streamOf(Stage stage) const {

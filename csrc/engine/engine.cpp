@@ -152,12 +152,14 @@ Engine::Engine(
     const Topology& topology,
     const Config& config,
     std::unique_ptr<DeviceContext> device,
+    std::shared_ptr<LocalSteps> localSteps,
     std::unique_ptr<rails::Mesh> mesh,
     std::chrono::milliseconds timeout,
     std::unique_ptr<Timeline> timeline,
     Hooks hooks)
     : topology_(topology),
       config_(config),
+      localSteps_(std::move(localSteps)),
       device_(std::move(device)),
       timeline_(std::move(timeline)),
       hooks_(std::move(hooks)),
@@ -244,6 +246,7 @@ Engine::~Engine() {
   // The device's own threads (an emulated device's streams) run work that
   // uses this engine: none runs after this.
   device_->join();
+  localSteps_->join();
   // Shuts the transport down: no callback runs after this. Then the watch,
   // the lanes, the mesh and the completions go (the last runs what is
   // queued), and staging is freed; on CUDA, the device context kept it from
@@ -449,7 +452,7 @@ bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
               .zero_();
         }
         at::Tensor input = slice->io();
-        device_->localReduceScatter(
+        localSteps_->reduceScatter(
             slice->slot,
             slice->parts,
             input,
@@ -498,7 +501,7 @@ bool Engine::allGather(const std::shared_ptr<SliceWork>& slice) {
   device_->enqueue(
       Stage::kAllGather, deviceWork(slice, Stage::kAllGather, [this, slice] {
         at::Tensor output = slice->io();
-        device_->localAllGather(
+        localSteps_->allGather(
             output, slice->slot, slice->localStepKey(), slice->op->deadline);
         if (slice->padded.defined()) {
           slice->input.copy_(slice->padded.narrow(0, 0, slice->plan.numel));
@@ -790,6 +793,7 @@ void Engine::stop(Cause cause) {
     watchdogWake_.notify_all();
     staging_.interrupt();
     lanes_->close("stopped");
+    localSteps_->abort();
     device_->abort();
   }
   // Before any op's failure reaches its waiter, who may then exit: the
@@ -980,7 +984,7 @@ EngineStats Engine::stats() const {
       slicesDone_.load(),
       lanes_->bytesSent(),
       lanes_->bytesReceived(),
-      device_->localStepsName()};
+      localSteps_->name()};
 }
 
 } // namespace fairring

@@ -23,6 +23,7 @@
 #include "engine/plan.h"
 #include "engine/staging.h"
 #include "engine/trace.h"
+#include "local/local_steps.h"
 #include "rails/lanes.h"
 #include "rails/watch.h"
 #include "topology.h"
@@ -34,7 +35,7 @@ struct EngineStats {
   int64_t slices;
   int64_t railBytesSent;
   int64_t railBytesReceived;
-  std::string localSteps; // DeviceContext::localStepsName()
+  std::string localSteps; // LocalSteps::name()
 };
 
 // The Herring all-reduce for one process group and one device (the CPU, or
@@ -99,6 +100,7 @@ class Engine {
       const Topology& topology,
       const Config& config,
       std::unique_ptr<DeviceContext> device,
+      std::shared_ptr<LocalSteps> localSteps,
       std::unique_ptr<rails::Mesh> mesh,
       std::chrono::milliseconds timeout,
       std::unique_ptr<Timeline> timeline = nullptr,
@@ -232,6 +234,9 @@ class Engine {
 
   const Topology topology_;
   const Config config_;
+  // Before the device: the work queued there calls the local steps, and the
+  // device's queues go first.
+  const std::shared_ptr<LocalSteps> localSteps_;
   const std::unique_ptr<DeviceContext> device_;
   const std::unique_ptr<Timeline> timeline_;
   const Hooks hooks_;

@@ -5,7 +5,9 @@
 
 #include "testing/bindings.h"
 
+#include <chrono>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include <pybind11/chrono.h>
@@ -15,13 +17,33 @@
 #include "backend/memory_order.h"
 #include "bindings_shared.h"
 #include "engine/plan.h"
+#include "engine/reduction.h"
 #include "engine/staging.h"
+#include "local/shared_memory.h"
 #include "rails/tensorpipe/factory.h"
 #include "rails/watch.h"
 
 namespace py = pybind11;
 
 namespace fairring::testing {
+
+namespace {
+
+// A local step's op by the name Python gives it ("sum", "max", ...).
+c10d::ReduceOp::RedOpType localOpNamed(const std::string& name) {
+  for (auto op :
+       {c10d::ReduceOp::SUM,
+        c10d::ReduceOp::MAX,
+        c10d::ReduceOp::MIN,
+        c10d::ReduceOp::PRODUCT}) {
+    if (name == reduceOpName(op)) {
+      return op;
+    }
+  }
+  throw std::invalid_argument("not a local step's op: " + name);
+}
+
+} // namespace
 
 void bindTesting(py::module_& testing) {
   // What a rank accepts from peers, exposed so tests can throw malformed
@@ -130,6 +152,56 @@ void bindTesting(py::module_& testing) {
       py::arg("slice_numel"),
       py::arg("unit"),
       "The slice plan: [(offset, numel, padded_numel)].");
+
+  // The shared-memory steps on their own: the engine calls them from C++.
+  testing.def(
+      "local_reduce_scatter",
+      [](SharedMemorySteps& steps,
+         at::Tensor slot,
+         const at::Tensor& input,
+         const std::string& opName,
+         uint64_t seq,
+         uint64_t slice,
+         std::chrono::milliseconds timeout) {
+        const auto op = localOpNamed(opName);
+        at::Tensor unusedParts;
+        steps.reduceScatter(
+            slot,
+            unusedParts,
+            input,
+            op,
+            {seq, seq, slice, input.scalar_type(), op},
+            std::chrono::steady_clock::now() + timeout);
+      },
+      py::arg("steps"),
+      py::arg("slot"),
+      py::arg("input"),
+      py::arg("op"),
+      py::arg("seq"),
+      py::arg("slice"),
+      py::arg("timeout"),
+      py::call_guard<py::gil_scoped_release>());
+  testing.def(
+      "local_all_gather",
+      [](SharedMemorySteps& steps,
+         at::Tensor output,
+         const at::Tensor& slot,
+         uint64_t seq,
+         uint64_t slice,
+         std::chrono::milliseconds timeout) {
+        steps.allGather(
+            output,
+            slot,
+            {seq, seq, slice, slot.scalar_type(), c10d::ReduceOp::SUM},
+            std::chrono::steady_clock::now() + timeout);
+      },
+      py::arg("steps"),
+      py::arg("output"),
+      py::arg("slot"),
+      py::arg("seq"),
+      py::arg("slice"),
+      py::arg("timeout"),
+      py::call_guard<py::gil_scoped_release>());
 
   rails::bindTensorpipe(testing);
 }

@@ -1,8 +1,6 @@
 #pragma once
 
-namespace pybind11 {
-class module_;
-} // namespace pybind11
+#include <torch/extension.h>
 
 namespace fairring::testing {
 

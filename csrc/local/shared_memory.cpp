@@ -1,4 +1,4 @@
-#include "device/shared_memory.h"
+#include "local/shared_memory.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -201,11 +201,11 @@ SharedMemorySteps::SharedMemorySteps(int localRank, std::vector<int> ranks)
       localRank_ >= 0 && localRank_ < static_cast<int>(ranks_.size()) &&
       ranks_.size() > 1);
   mappings_.resize(ranks_.size());
-  name_ = uniqueName();
+  segmentName_ = uniqueName();
   const Descriptor fd(
-      ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, S_IRUSR | S_IWUSR));
+      ::shm_open(segmentName_.c_str(), O_CREAT | O_EXCL | O_RDWR, S_IRUSR | S_IWUSR));
   if (fd.get() < 0) {
-    throw std::runtime_error(errnoText("shm_open(" + name_ + ") failed"));
+    throw std::runtime_error(errnoText("shm_open(" + segmentName_ + ") failed"));
   }
   linked_ = true;
   const auto bytes = static_cast<size_t>(segmentBytes());
@@ -225,7 +225,7 @@ SharedMemorySteps::SharedMemorySteps(int localRank, std::vector<int> ranks)
       fd.get(),
       0);
   if (base == MAP_FAILED) {
-    const std::string error = errnoText("mmap of " + name_ + " failed");
+    const std::string error = errnoText("mmap of " + segmentName_ + " failed");
     unlink();
     throw std::runtime_error(error);
   }
@@ -253,7 +253,7 @@ SharedMemorySteps::~SharedMemorySteps() {
 
 void SharedMemorySteps::unlink() {
   if (linked_) {
-    ::shm_unlink(name_.c_str());
+    ::shm_unlink(segmentName_.c_str());
     linked_ = false;
   }
 }
@@ -426,6 +426,7 @@ SharedMemorySteps::EntryHeader SharedMemorySteps::headerFor(
 
 void SharedMemorySteps::reduceScatter(
     at::Tensor& slot,
+    at::Tensor& /*parts*/,
     const at::Tensor& input,
     c10d::ReduceOp::RedOpType op,
     const LocalStepKey& key,

@@ -7,20 +7,9 @@
 #include <string>
 #include <vector>
 
-#include <ATen/core/Tensor.h>
-#include <torch/csrc/distributed/c10d/Types.hpp>
+#include "local/local_steps.h"
 
 namespace fairring {
-
-// Which slice a local step works on: every rank of a machine passes the same
-// key for the same step, or they issued different all-reduces.
-struct LocalStepKey {
-  uint64_t seq = 0; // the engine's op number
-  uint64_t collective = 0; // the group's, for errors
-  uint64_t slice = 0;
-  c10::ScalarType dtype = c10::ScalarType::Float;
-  c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM;
-};
 
 // The local steps of CPU all-reduces through shared memory: the ranks of one
 // machine exchange and reduce their slots in each other's memory instead of
@@ -46,9 +35,8 @@ struct LocalStepKey {
 // Threads: the reduce-scatter stage calls reduceScatter and the all-gather
 // stage allGather, each in slice order (the same on every rank, c10d's rule)
 // and each on its own channel; abort() from any thread.
-class SharedMemorySteps {
+class SharedMemorySteps final : public LocalSteps {
  public:
-  using Clock = std::chrono::steady_clock;
 
   // Measured on 2 x 2 loopback (docs/benchmarks.md, "Shared memory"): chunks
   // of a few hundred KiB stay in cache between writer and reader; 4 in flight
@@ -60,13 +48,13 @@ class SharedMemorySteps {
   // This rank's segment, created and allocated; `ranks`: the machine's
   // ranks by local index, for errors.
   SharedMemorySteps(int localRank, std::vector<int> ranks);
-  ~SharedMemorySteps();
+  ~SharedMemorySteps() override;
   SharedMemorySteps(const SharedMemorySteps&) = delete;
   SharedMemorySteps& operator=(const SharedMemorySteps&) = delete;
 
   // The segment's name, which peers pass to attach().
-  const std::string& name() const {
-    return name_;
+  const std::string& segmentName() const {
+    return segmentName_;
   }
   // Maps every peer's segment (`names` by local index; this rank's is
   // skipped) and checks its layout. Throws, saying why, if one cannot be.
@@ -78,23 +66,24 @@ class SharedMemorySteps {
   // Bytes of shared memory each rank's segment takes.
   static int64_t segmentBytes();
 
-  // slot = `op` over local ranks r of rank r's part `localRank` of `input`
-  // (input: localSize equal parts, slot: one part; both contiguous).
+  // LocalSteps; `input`, `slot` and `output` contiguous, `parts` unused:
+  // each peer's part is read where the peer published it.
   void reduceScatter(
       at::Tensor& slot,
+      at::Tensor& parts,
       const at::Tensor& input,
       c10d::ReduceOp::RedOpType op,
       const LocalStepKey& key,
-      Clock::time_point deadline);
-  // output = every rank's `slot`, in local-rank order.
+      Clock::time_point deadline) override;
   void allGather(
       at::Tensor& output,
       const at::Tensor& slot,
       const LocalStepKey& key,
-      Clock::time_point deadline);
-
-  // Waits in progress and later throw at once. Any thread; idempotent.
-  void abort();
+      Clock::time_point deadline) override;
+  std::string name() const override {
+    return "shared memory";
+  }
+  void abort() override;
 
  private:
   struct Mapping; // one segment mapped into this process
@@ -131,7 +120,7 @@ class SharedMemorySteps {
 
   const int localRank_;
   const std::vector<int> ranks_;
-  std::string name_;
+  std::string segmentName_;
   bool linked_ = false;
   std::vector<Mapping> mappings_; // by local rank; this rank's is writable
   // Chunks this rank has gone through, per channel; only that channel's

@@ -1,0 +1,143 @@
+#include "local/group_steps.h"
+
+#include <algorithm>
+#include <vector>
+
+#include <c10/util/Exception.h>
+
+#include "engine/reduction.h"
+
+namespace fairring {
+
+namespace {
+
+// NCCL's watchdog ends a whole process when a step outlives its timeout, so
+// a NCCL step gets this long past the op's deadline: the engine's watchdog
+// fails the op first, with the cause it knows (Engine::kSettleGrace, twice,
+// and some to spare), and aborts the step.
+constexpr std::chrono::milliseconds kNcclStepLag{10000};
+
+// A step's own timeout: what is left of the op's time. A Gloo group gives up
+// on its own by the op's deadline, even where nothing aborts it.
+std::chrono::milliseconds stepTimeout(
+    const c10d::Backend& group,
+    LocalSteps::Clock::time_point deadline) {
+  const auto remaining = std::max(
+      std::chrono::milliseconds(1),
+      std::chrono::ceil<std::chrono::milliseconds>(
+          deadline - LocalSteps::Clock::now()));
+  return group.getBackendName() == "nccl" ? remaining + kNcclStepLag
+                                          : remaining;
+}
+
+} // namespace
+
+GroupSteps::GroupSteps(
+    c10::intrusive_ptr<c10d::Backend> reduceScatter,
+    c10::intrusive_ptr<c10d::Backend> allGather)
+    : reduceScatter_(std::move(reduceScatter)),
+      allGather_(std::move(allGather)),
+      waits_(std::make_shared<Waits>()) {}
+
+GroupSteps::~GroupSteps() {
+  join();
+  if (abandonedStep_) {
+    // A Gloo group waits for its step in flight before it is destroyed, until
+    // the step's own timeout (the op's deadline) ends it: a detached thread
+    // drops the groups, so that shutdown does not wait. It owns nothing else.
+    std::thread([reduceScatter = std::move(reduceScatter_),
+                 allGather = std::move(allGather_)]() mutable {
+      reduceScatter.reset();
+      allGather.reset();
+    }).detach();
+  }
+}
+
+void GroupSteps::reduceScatter(
+    at::Tensor& slot,
+    at::Tensor& parts,
+    const at::Tensor& input,
+    c10d::ReduceOp::RedOpType op,
+    const LocalStepKey& /*key*/,
+    Clock::time_point deadline) {
+  std::vector<int64_t> equalSplits;
+  c10d::AllToAllOptions options;
+  options.timeout = stepTimeout(*reduceScatter_, deadline);
+  // NCCL runs a synchronous step on the caller's current stream, the stage's
+  // own (docs/design.md, "Streams and fences"), not on a stream of its own.
+  options.asyncOp = false;
+  at::Tensor in = input;
+  // The name both torch 2.11 and 2.15 have (2.15 also calls it all_to_all_single).
+  waitForStep(*reduceScatter_, reduceScatter_->alltoall_base(
+      parts, in, equalSplits, equalSplits, options));
+  for (int64_t part = 1; part < parts.size(0); ++part) {
+    combineInto(slot, parts[part], op);
+  }
+}
+
+void GroupSteps::allGather(
+    at::Tensor& output,
+    const at::Tensor& part,
+    const LocalStepKey& /*key*/,
+    Clock::time_point deadline) {
+  c10d::AllgatherOptions options;
+  options.timeout = stepTimeout(*allGather_, deadline);
+  options.asyncOp = false;
+  at::Tensor in = part;
+  waitForStep(*allGather_, allGather_->_allgather_base(output, in, options));
+}
+
+std::string GroupSteps::name() const {
+  return reduceScatter_->getBackendName();
+}
+
+void GroupSteps::waitForStep(
+    const c10d::Backend& group,
+    const c10::intrusive_ptr<c10d::Work>& work) {
+  if (group.getBackendName() == "nccl") {
+    if (work) {
+      work->wait(); // the current stream waits, if it ran on another
+    }
+    return;
+  }
+  TORCH_CHECK(work, "the ", group.getBackendName(), " group returned no Work");
+  auto waits = waits_;
+  auto done = std::make_shared<bool>(false); // guarded by waits->mutex
+  work->getFuture()->addCallback([waits, done](c10::ivalue::Future&) {
+    std::lock_guard<std::mutex> lock(waits->mutex);
+    *done = true;
+    waits->changed.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> lock(waits->mutex);
+    waits->changed.wait(lock, [&] { return *done || waits->aborted; });
+    if (!*done) {
+      abandonedStep_ = true;
+      TORCH_CHECK(false, "the engine stopped while the step was in flight");
+    }
+  }
+  work->wait(); // done: rethrows the step's error, if any
+}
+
+void GroupSteps::abort() {
+  if (aborted_.exchange(true)) {
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(waits_->mutex);
+    waits_->aborted = true;
+  }
+  waits_->changed.notify_all();
+  aborting_ = std::thread([reduceScatter = reduceScatter_, allGather = allGather_] {
+    reduceScatter->abort();
+    allGather->abort();
+  });
+}
+
+void GroupSteps::join() {
+  if (aborting_.joinable()) {
+    aborting_.join();
+  }
+}
+
+} // namespace fairring
