@@ -34,6 +34,16 @@ test: build
 	$(PY) -m pytest tests; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: no test ran" >&2; exit 1; fi; exit $$status
 
+# The pure-logic tests, for a quick check while working (seconds; no ranks, no network):
+# settings, sizes, plans, the cost model, topology, interface and transport choice, staging,
+# the checks of peers' input, and the source tree against docs/design.md.
+QUICK_TESTS := tests/test_source_tree.py tests/test_sizes.py tests/test_config.py tests/test_model.py \
+	tests/test_plans.py tests/test_topology.py tests/test_interfaces.py tests/test_transports.py \
+	tests/test_nixl_settings.py tests/test_staging.py tests/test_untrusted_peers.py
+.PHONY: test-quick
+test-quick: build
+	$(PY) -m pytest -q $(QUICK_TESTS)
+
 # The whole suite with the rails on NIXL (FAIRRING_RAILS_TRANSPORT=nixl), the group churn at 20
 # cycles: outside CI, which runs tests/test_nixl_*.py and the kill, freeze, mismatch, churn (5
 # cycles) and soak (500 operations) tests on NIXL inside `make test`. Tests that exercise

@@ -54,17 +54,25 @@ Steps = Generator[list[str], None, Any]
 
 
 class CountingStore:
-    """Forwards one rank's store calls to a client, counting calls and bytes."""
+    """Forwards one rank's store calls to a client, counting calls (round trips) and bytes.
+
+    `sent` and `received` count everything that crosses (integers 8 bytes each way);
+    `values_read` and `bytes_received` the values read only (tests/test_rendezvous.py).
+    """
 
     def __init__(self, store: dist.Store) -> None:
         self.store = store
         self.calls: Counter[str] = Counter()
         self.sent = 0
         self.received = 0
+        self.values_read = 0
+        self.bytes_received = 0
 
     def _count(self, kind: str, sent: Sequence[str | bytes] = (), received: Sequence[bytes] = ()) -> None:
         self.calls[kind] += 1
         self.sent += sum(len(item.encode() if isinstance(item, str) else item) for item in sent)
+        self.values_read += len(received)
+        self.bytes_received += sum(len(item) for item in received)
         self.received += sum(len(item) for item in received)
 
     def add(self, key: str, value: int) -> int:

@@ -15,32 +15,14 @@ It needs neither torch nor the C++ extension.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-MODEL_PATH = Path(__file__).resolve().parents[1] / "fairring" / "bench" / "model.py"
-
-
-def _load_model() -> ModuleType:
-    # By path: `import fairring.bench.model` would run fairring/__init__.py (torch, the extension).
-    spec = importlib.util.spec_from_file_location("fairring_bench_model", MODEL_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
-
-
-if TYPE_CHECKING:
-    from fairring.bench import model
-else:
-    model = _load_model()
+from fairring.bench import model
+from fairring.sizes import format_bytes, parse_size
 
 MiB, GiB = model.MiB, model.GiB
 MACHINES = [1, 2, 4, 8, 16, 32, 64, 128]
@@ -49,7 +31,7 @@ BUCKETS = 64  # back to back, as the original fairring's scaling study ran them
 
 
 def _size(raw: str) -> int:
-    return model.parse_size(raw)
+    return parse_size("size", raw)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -100,13 +82,6 @@ def _emulated_params(
 # --- tables ----------------------------------------------------------------------------------
 
 
-def _format_size(size: float) -> str:
-    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
-        if size >= scale:
-            return f"{size / scale:g} {unit}"
-    return f"{size:g} B"
-
-
 def _format_params(params: model.Params) -> str:
     rows = []
     for name, value in asdict(params).items():
@@ -142,7 +117,7 @@ def _print_residuals(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         inflight = "" if row["inflight"] is None else str(row["inflight"])
         print(
-            f"  {row['source']:34s} {row['study']:8s} {row['backend']:8s} {_format_size(row['bytes']):>9s} "
+            f"  {row['source']:34s} {row['study']:8s} {row['backend']:8s} {format_bytes(row['bytes']):>9s} "
             f"{row['machines']}x{row['ranks_per_machine']:<2d} {inflight:>8s} {row['measured_s'] * 1e3:8.2f}ms "
             f"{row['model_s'] * 1e3:8.2f}ms {row['error']:+7.1%}"
         )
@@ -210,10 +185,10 @@ def _gpu_summary(args: argparse.Namespace, params: model.Params) -> dict[str, An
         "crossover_bytes": crossover,
         "size_curves": _size_curves(args, params),
         "speedup_vs_nccl": {
-            _format_size(size): _speedups(args, params, size, 1) for size in (4 * MiB, BUCKET, 256 * MiB, GiB)
+            format_bytes(size): _speedups(args, params, size, 1) for size in (4 * MiB, BUCKET, 256 * MiB, GiB)
         }
-        | {f"{BUCKETS} x {_format_size(BUCKET)}": _speedups(args, params, BUCKET, BUCKETS)},
-        "shards": {_format_size(size): _shards(args, params, size) for size in (BUCKET, GiB)},
+        | {f"{BUCKETS} x {format_bytes(BUCKET)}": _speedups(args, params, BUCKET, BUCKETS)},
+        "shards": {format_bytes(size): _shards(args, params, size) for size in (BUCKET, GiB)},
     }
 
 
@@ -221,14 +196,14 @@ def _print_gpu(summary: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"\nGPU cluster, {args.ranks_per_machine} ranks per machine:")
     print(_format_params(model.params_from_dict(summary["params"])))
     for name, size in summary["crossover_bytes"].items():
-        where = _format_size(size) if size is not None else "none up to 1 GiB"
+        where = format_bytes(size) if size is not None else "none up to 1 GiB"
         print(f"  crossover against NCCL at {args.machines} machines, {name}: {where}")
     for name, plans in summary["shards"]["1 GiB"].items():
         last = plans[-1]
         flag = " (below the floor: staging caps the slice)" if last["below_floor"] else ""
         print(
-            f"  1 GiB at {last['machines']} machines, {name}: slices of {_format_size(last['slice_bytes'])}, "
-            f"shards of {_format_size(last['shard_bytes'])}{flag}"
+            f"  1 GiB at {last['machines']} machines, {name}: slices of {format_bytes(last['slice_bytes'])}, "
+            f"shards of {format_bytes(last['shard_bytes'])}{flag}"
         )
     print(f"  NCCL time / fairring time by machines {MACHINES}:")
     for label, curves in summary["speedup_vs_nccl"].items():
@@ -290,7 +265,7 @@ def _plot_speedups(summary: dict[str, Any], args: argparse.Namespace, folder: Pa
             style = "-" if name.endswith("floor") and "no" not in name else "--"
             axes.plot(gpus, values, style, color=f"C{index}", marker="o", label=f"{label}, {name}")
     single.set_title("one all-reduce")
-    stream.set_title(f"{BUCKETS} buckets of {_format_size(BUCKET)} back to back")
+    stream.set_title(f"{BUCKETS} buckets of {format_bytes(BUCKET)} back to back")
     for axes in (single, stream):
         axes.axhline(1.0, color="k", linewidth=0.8)
         axes.set_xscale("log", base=2)
@@ -317,7 +292,7 @@ def _plot_shards(summary: dict[str, Any], args: argparse.Namespace, folder: Path
     axes.set_yscale("log", base=2)
     axes.set_xlabel(f"machines ({args.ranks_per_machine} GPUs each)")
     axes.set_ylabel("shard (KiB)")
-    axes.set_title(f"shard size, {_format_size(args.total_memory)} of staging")
+    axes.set_title(f"shard size, {format_bytes(args.total_memory)} of staging")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize=8)
     return _save(figure, folder, "shard-vs-machines")
@@ -382,7 +357,7 @@ def _measured_machines(axes: Any, records: list[model.Record], params: model.Par
         axes.plot(machines, [t * 1e3 for t in times], "-", color=f"C{index}", label=f"{backend}, model")
     axes.plot(machines, [model.bound_time(S, M, params) * 1e3 for M in machines], "k--", label="bound")
     axes.set_xticks(machines)
-    axes.set_xlabel(f"machines ({L} ranks each), {_format_size(S)}")
+    axes.set_xlabel(f"machines ({L} ranks each), {format_bytes(S)}")
     axes.set_ylabel("time (ms)")
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)

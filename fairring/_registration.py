@@ -10,11 +10,12 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from .config import SLICE_SIZE, TOTAL_MEMORY, Config, ConfigError, apply_log_level, format_size, load_config
-from .local_steps import shared_memory_steps
-from .network import rails_network
-from .plans import describe_plans, floor_advice
+from .config import SLICE_SIZE, TOTAL_MEMORY, Config, ConfigError, apply_log_level, load_config
+from .plan_log import describe_plans, floor_advice
+from .rails_network import rails_network
 from .rendezvous import rendezvous
+from .shared_memory import shared_memory_steps
+from .sizes import format_size
 from .topology import identify_self
 
 logger = logging.getLogger("fairring")
@@ -138,7 +139,7 @@ class InnerGroups:
         """What runs the engine's local steps over this machine's ranks.
 
         On CPU, shared memory where every rank of the machine can map every
-        other's (fairring/local_steps.py). Else a group per step: each step is
+        other's (fairring/shared_memory.py). Else a group per step: each step is
         fed by its own engine thread, so each needs its own group, as two
         threads sharing one could interleave their operations differently on
         different ranks. CUDA groups are bound to `device` and connected here,

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 
 from .errors import ConfigError
 from .interfaces import (
@@ -24,10 +22,7 @@ from .interfaces import (
     parse_interface_filter,
     parse_rail_interfaces,
 )
-
-KiB = 1024
-MiB = 1024 * KiB
-GiB = 1024 * MiB
+from .sizes import KiB, MiB, format_size, parse_size
 
 TOTAL_MEMORY = "FAIRRING_TOTAL_MEMORY"
 SLICE_SIZE = "FAIRRING_SLICE_SIZE"
@@ -66,52 +61,10 @@ DEFAULT_MIN_SHARD_SIZE = 256 * KiB
 # slices would be 64 Mi slices); 4 KiB is already far below a useful size.
 MIN_SLICE_SIZE = 4 * KiB
 
-# Binary multiples for the bare letter and the "i" forms (as NCCL and most ML
-# tooling read "50M"), decimal ones for the SI forms.
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": KiB, "kib": KiB, "kb": 1000,
-    "m": MiB, "mib": MiB, "mb": 1000**2,
-    "g": GiB, "gib": GiB, "gb": 1000**3,
-    "t": 1024 * GiB, "tib": 1024 * GiB, "tb": 1000**4,
-}  # fmt: skip
-_SIZE_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
-_SIZE_HELP = (
-    "a byte count (e.g. 26214400) or a number with a unit: B, K/KiB, M/MiB, "
-    "G/GiB, T/TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000), e.g. 25MiB"
-)
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 RAILS_TRANSPORTS = ("tensorpipe", "nixl")
 NIXL_BACKENDS = ("UCX", "LIBFABRIC")
 _FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
-
-
-def parse_size(name: str, raw: str, allow_zero: bool = False) -> int:
-    """Bytes in `raw`, the value of variable `name`; ConfigError if invalid."""
-    match = _SIZE_PATTERN.match(raw)
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _SIZE_UNITS:
-        raise ConfigError(f"{name}={raw!r} is not a size; expected {_SIZE_HELP}")
-    try:
-        size = Decimal(match.group(1)) * _SIZE_UNITS[unit]
-    except InvalidOperation as error:  # pragma: no cover - the pattern admits only numbers
-        raise ConfigError(f"{name}={raw!r} is not a size; expected {_SIZE_HELP}") from error
-    if size != size.to_integral_value():
-        raise ConfigError(f"{name}={raw!r} is not a whole number of bytes; expected {_SIZE_HELP}")
-    if size < 0 or (size == 0 and not allow_zero):
-        raise ConfigError(f"{name}={raw!r} must be larger than zero; expected {_SIZE_HELP}")
-    return int(size)
-
-
-def format_size(size: int) -> str:
-    """`size` bytes in the largest binary unit that divides it, e.g. '25MiB'."""
-    if size == 0:
-        return "0B"
-    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if size % scale == 0:
-            return f"{size // scale}{unit}"
-    return f"{size}B"
 
 
 @dataclass(frozen=True)

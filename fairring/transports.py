@@ -40,7 +40,6 @@ create() signatures torch 2.15's headers under torch/include/tensorpipe share):
 
 from __future__ import annotations
 
-import logging
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -60,8 +59,6 @@ from .infiniband import (
     visible_gpu_bus_ids,
 )
 from .nccl_lists import names_match, split_list
-
-logger = logging.getLogger("fairring")
 
 TRANSPORTS = "FAIRRING_TRANSPORTS"
 CHANNELS = "FAIRRING_CHANNELS"
@@ -582,8 +579,3 @@ def host_facts(verbs: bool, cuda: bool) -> HostFacts:
             gpu_bus_ids=visible_gpu_bus_ids() if cuda else (), verbs=probe_verbs if verbs else None
         )
     return _facts[key]
-
-
-def log_decision(decision: RailsTransports) -> None:
-    """The INFO line that says what the rails use and why."""
-    logger.info("%s", decision.describe())

@@ -13,10 +13,9 @@ from fairring.config import (
     DEFAULT_SLICES_IN_FLIGHT,
     DEFAULT_TOTAL_MEMORY,
     ConfigError,
-    format_size,
     load_config,
-    parse_size,
 )
+from fairring.sizes import format_size, parse_size
 
 
 @pytest.mark.parametrize(

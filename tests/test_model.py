@@ -2,36 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 
+from fairring.bench import model
+
 pytestmark = pytest.mark.timeout(60)
-
-
-def _load_model() -> ModuleType:
-    # By path, so the test needs neither torch nor the extension (fairring/__init__.py loads both).
-    path = Path(__file__).parents[1] / "fairring" / "bench" / "model.py"
-    spec = importlib.util.spec_from_file_location("fairring_bench_model", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-if TYPE_CHECKING:
-    from fairring.bench import model
-else:
-    model = _load_model()
 
 KiB, MiB, GiB = model.KiB, model.MiB, model.GiB
 
@@ -221,15 +202,6 @@ def test_without_the_floor_fairring_over_shards_at_scale() -> None:
 
 
 # --- records and calibration -----------------------------------------------------------------
-
-
-def test_rates_and_sizes_parse() -> None:
-    assert model.parse_rate("1gbit") == 125e6
-    assert model.parse_rate("500mbit") == 62.5e6
-    assert model.parse_size("3276800") == 3276800
-    assert model.parse_size("200MiB") == 200 * MiB
-    with pytest.raises(ValueError, match="tc rate"):
-        model.parse_rate("fast")
 
 
 def test_records_load_with_their_settings(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from fairring import _C
 from fairring.bench import model
 from fairring.config import load_config
-from fairring.plans import describe_plans, floor_advice
+from fairring.plan_log import describe_plans, floor_advice
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -19,6 +19,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
+from benchmarks.rendezvous_sim import CountingStore
 from fairring.config import FLAT_THRESHOLD, MACHINE_ID, SLICE_SIZE, ConfigError
 from fairring.rendezvous import RankView, Steps, WaitTimedOut, rendezvous, rendezvous_steps
 from fairring.topology import RankIdentity, TopologyError, group_into_machines
@@ -70,62 +71,6 @@ def expected_views(identities: Sequence[RankIdentity]) -> list[RankView]:
             )
         )
     return views
-
-
-class CountingStore:
-    """Forwards to a store, counting round trips (calls) and bytes (keys and values, both ways)."""
-
-    def __init__(self, store: dist.Store) -> None:
-        self.store = store
-        self.calls: Counter[str] = Counter()
-        self.values_read = 0
-        self.bytes_received = 0
-
-    def _read(self, *values: bytes) -> None:
-        self.values_read += len(values)
-        self.bytes_received += sum(len(value) for value in values)
-
-    def add(self, key: str, value: int) -> int:
-        self.calls["add"] += 1
-        return self.store.add(key, value)
-
-    def append(self, key: str, value: str) -> None:
-        self.calls["append"] += 1
-        self.store.append(key, value)
-
-    def check(self, keys: list[str]) -> bool:
-        self.calls["check"] += 1
-        return self.store.check(keys)
-
-    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
-        self.calls["compare_set"] += 1
-        value = self.store.compare_set(key, expected, desired)
-        self._read(value)
-        return value
-
-    def get(self, key: str) -> bytes:
-        self.calls["get"] += 1
-        value = self.store.get(key)
-        self._read(value)
-        return value
-
-    def multi_get(self, keys: list[str]) -> list[bytes]:
-        self.calls["multi_get"] += 1
-        values = self.store.multi_get(keys)
-        self._read(*values)
-        return values
-
-    def multi_set(self, keys: list[str], values: list[str]) -> None:
-        self.calls["multi_set"] += 1
-        self.store.multi_set(keys, values)
-
-    def set(self, key: str, value: str) -> None:
-        self.calls["set"] += 1
-        self.store.set(key, value)
-
-    def wait(self, keys: list[str], timeout: timedelta) -> None:
-        self.calls["wait"] += 1
-        self.store.wait(keys, timeout)
 
 
 def drive(

@@ -44,7 +44,7 @@ def _local_worker(
     rank: int, size: int, port: int, disabled: bool, scenario: Callable[..., Any], args: tuple, conn: Connection
 ) -> None:
     from fairring import _C
-    from fairring.local_steps import shared_memory_steps
+    from fairring.shared_memory import shared_memory_steps
 
     messages: list[str] = []
 

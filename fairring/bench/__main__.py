@@ -32,16 +32,16 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import signal
 import sys
 import tempfile
 from pathlib import Path
 
-from fairring.config import RAILS_TRANSPORT, RAILS_TRANSPORTS, ConfigError, format_size, parse_size
+from fairring.config import RAILS_TRANSPORT, RAILS_TRANSPORTS, ConfigError
+from fairring.sizes import format_bytes, format_rate, parse_rate, parse_size
 
 from .launch import Run, hosts_for, run_agents
-from .netns import check_mtu, netns_available, rate_bytes_per_second
+from .netns import check_mtu, netns_available
 from .training import add_training_arguments, run_training_study
 
 # The default NIC of an emulated host: what the results in docs/benchmarks.md were measured with.
@@ -145,7 +145,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.scaling_bytes = parse_size("--scaling-size", args.scaling_size)
         args.inflight_list = [int(k) for k in args.inflight.split(",")]
         if args.link:
-            rate_bytes_per_second(args.link)
+            parse_rate(args.link)
         if args.mtu is not None:
             check_mtu(args.mtu)
     except (ConfigError, ValueError) as error:
@@ -223,12 +223,12 @@ def setup_line(args: argparse.Namespace) -> str | None:
         return (
             f"note: network namespaces are unavailable ({args.loopback_reason}), so the machines share loopback, "
             "where the CPUs, not a network, are the bottleneck: this measures fairring's overhead, not what it is "
-            f"for; where they can be made (root, iproute2), each machine runs as a host with a {_rate(DEFAULT_LINK)} "
-            "NIC."
+            "for; where they can be made (root, iproute2), each machine runs as a host with a "
+            f"{format_rate(DEFAULT_LINK)} NIC."
         )
     if args.default_hosts:
         return (
-            f"Each machine is a host in its own network namespace, its NIC shaped to {_rate(DEFAULT_LINK)} both "
+            f"Each machine is a host in its own network namespace, its NIC shaped to {format_rate(DEFAULT_LINK)} both "
             "ways (--loopback: all on this host's loopback instead)."
         )
     return None
@@ -265,15 +265,6 @@ def _duration(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
 
 
-def _rate(link: str) -> str:
-    """A tc rate as people say it: '1gbit' -> '1 Gbit/s'."""
-    bits = rate_bytes_per_second(link) * 8
-    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
-        if bits >= scale:
-            return f"{bits / scale:g} {unit}"
-    return f"{bits:g} bit/s"
-
-
 def reading(records: list[dict], args: argparse.Namespace) -> list[str]:
     """One sentence per study, read from fairring's headline measurement in it."""
     sentences = []
@@ -285,7 +276,7 @@ def reading(records: list[dict], args: argparse.Namespace) -> list[str]:
         key = {"single": "bytes", "overlap": "inflight", "scaling": "machines"}[study]
         record = max(ours, key=lambda r: r[key] or 0)
         baseline = {"gloo": "Gloo", "nccl": "NCCL"}.get(record["baseline"], record["baseline"])
-        size = re.sub(r"(\d)([A-Z])", r"\1 \2", format_size(record["bytes"]))  # 64MiB -> 64 MiB
+        size = format_bytes(record["bytes"])
         what = f"{record['buckets']} all_reduces of {size}" if record["buckets"] > 1 else f"all_reduce of {size}"
         setting = {
             "single": "",
@@ -301,7 +292,7 @@ def reading(records: list[dict], args: argparse.Namespace) -> list[str]:
             of_bound = f" and {bound:.0%} of the hierarchical bound" if bound else ""
             if bound and record.get("link_busy"):
                 of_bound += f" (its busiest NIC was {record['link_busy']:.0%} busy, frame headers included)"
-            sentences.append(f"Over {_rate(record['link'])} NICs ({layout}), {took}, {speed}{of_bound}.")
+            sentences.append(f"Over {format_rate(record['link'])} NICs ({layout}), {took}, {speed}{of_bound}.")
         elif args.netns:
             sentences.append(f"Between hosts with unshaped NICs ({layout}), {took}, {speed}.")
         else:
@@ -327,7 +318,7 @@ def transports_reading(records: list[dict]) -> list[str]:
             f"over {record['rails']} {_duration(record['median_s'])} ({record['speedup_vs_baseline']:.2f}x "
             f"{record['baseline']}{of_bound}, cores {record['cpu_busy']:.0%} busy)"
         )
-    size = re.sub(r"(\d)([A-Z])", r"\1 \2", format_size(largest))
+    size = format_bytes(largest)
     return [f"A {size} all_reduce took " + "; ".join(parts) + "."]
 
 

@@ -66,11 +66,10 @@ from fairring.config import (
     SLICE_SIZE,
     TOTAL_MEMORY,
     ConfigError,
-    format_size,
     load_config,
-    parse_size,
 )
 from fairring.nixl import nixl_library
+from fairring.sizes import format_size, parse_size
 from fairring.transports import CHANNELS
 
 from . import free_port
@@ -481,7 +480,7 @@ def run_world(args: argparse.Namespace, world: int, timeout: float) -> tuple[Sta
 
 
 def stress_plan(args: argparse.Namespace, settings: dict[str, str]) -> dict[str, Any]:
-    """The engine's plan of one stress all-reduce on two machines of one rank (as fairring.plans.plan_of)."""
+    """The engine's plan of one stress all-reduce on two machines of one rank (as fairring.plan_log.plan_of)."""
     config = load_config({**os.environ, **settings})
     return _C.plan_shape(
         numel=args.stress_bytes // 4,

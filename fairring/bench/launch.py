@@ -14,8 +14,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fairring.sizes import parse_rate
+
 from . import free_port
-from .netns import Host, NetnsCluster, rate_bytes_per_second
+from .netns import Host, NetnsCluster
 
 MASTER_PORT_IN_NAMESPACE = 29500
 
@@ -56,7 +58,7 @@ def agent_command(args: argparse.Namespace, run: Run, node: int, master: str, po
         worker += ["--buckets", str(run.buckets), "--inflight", str(run.inflight)]
         worker += ["--iters", str(args.iters), "--warmup", str(args.warmup), "--json", str(output)]
         if args.link:
-            worker += ["--link", args.link, "--link-bytes-per-s", str(rate_bytes_per_second(args.link))]
+            worker += ["--link", args.link, "--link-bytes-per-s", str(parse_rate(args.link))]
     return [
         sys.executable, "-m", "torch.distributed.run",
         f"--nnodes={run.machines}", f"--node-rank={node}",

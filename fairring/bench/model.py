@@ -1,9 +1,7 @@
 """An alpha-beta cost model of fairring's all-reduce, against ring and tree all-reduces.
 
 docs/model.md writes every formula out and says where each comes from. This module is pure
-arithmetic: it imports the standard library and numpy only, so it runs without torch or the C++
-extension (load it by path, as benchmarks/scaling_model.py does: `import fairring.bench.model`
-runs fairring/__init__.py, which loads both).
+arithmetic over numpy and fairring.sizes: it runs nothing of the engine.
 
 Times are in seconds, sizes in bytes, rates in bytes per second.
 """
@@ -12,17 +10,14 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-KiB = 1 << 10
-MiB = 1 << 20
-GiB = 1 << 30
+from fairring.sizes import GiB, KiB, MiB, parse_rate, parse_size
 
 # Slices a tensor is cut into when it is long enough (plan.h kPipelineDepth).
 PIPELINE_DEPTH = 8
@@ -99,33 +94,6 @@ GPU_CLUSTER = Params(
 )
 GPU_RANKS_PER_MACHINE = 8
 GPU_MIN_SHARD = 64 * KiB
-
-# --- parsing ---------------------------------------------------------------------------------
-
-_RATE_UNITS = {"": 1 / 8, "bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8}
-_RATE_UNITS |= {"bps": 1.0, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "tbps": 1e12}
-_SIZE_UNITS = {"": 1, "b": 1, "k": KiB, "kib": KiB, "m": MiB, "mib": MiB, "g": GiB, "gib": GiB}
-_SIZE_UNITS |= {"kb": 1000, "mb": 1000**2, "gb": 1000**3}
-_NUMBER_UNIT = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
-
-
-def _number_with_unit(raw: str, units: Mapping[str, float], what: str) -> float:
-    match = _NUMBER_UNIT.fullmatch(raw)
-    unit = match.group(2).lower() if match else ""
-    if match is None or unit not in units:
-        raise ValueError(f"not {what}: {raw!r}")
-    return float(match.group(1)) * units[unit]
-
-
-def parse_rate(rate: str) -> float:
-    """A tc rate ('1gbit', '500mbit'; a bare number is bits per second) in bytes per second."""
-    return _number_with_unit(rate, _RATE_UNITS, "a tc rate like '1gbit'")
-
-
-def parse_size(raw: str) -> int:
-    """A size as fairring's settings take it ('4MiB', '3276800') in bytes."""
-    return int(_number_with_unit(raw, _SIZE_UNITS, "a size like '4MiB'"))
-
 
 # --- the plan --------------------------------------------------------------------------------
 
@@ -404,7 +372,7 @@ def _settings_of(environment: Mapping[str, str], fixed_slices: bool, shortest_sl
 
     def size(name: str, fallback: int) -> int:
         raw = environment.get(name)
-        return parse_size(raw) if raw is not None else fallback
+        return parse_size(name, raw, allow_zero=True) if raw is not None else fallback
 
     slice_size = size("FAIRRING_SLICE_SIZE", default.slice_size)
     return FairringSettings(
@@ -580,10 +548,6 @@ def _nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, step: float, 
                 simplex[1:] = simplex[0] + 0.5 * (simplex[1:] - simplex[0])
                 values[1:] = [f(x) for x in simplex[1:]]
     return simplex[int(np.argmin(values))]
-
-
-def params_dict(params: Params) -> dict[str, object]:
-    return asdict(params)
 
 
 def params_from_dict(values: Mapping[str, object]) -> Params:

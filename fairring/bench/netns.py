@@ -50,7 +50,6 @@ import ctypes
 import ipaddress
 import itertools
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -62,6 +61,8 @@ from errno import ENOTEMPTY
 from functools import cache
 from types import TracebackType
 
+from fairring.sizes import parse_rate
+
 __all__ = [
     "CommandError",
     "Host",
@@ -69,7 +70,6 @@ __all__ = [
     "check_mtu",
     "enter_namespace",
     "netns_available",
-    "rate_bytes_per_second",
 ]
 
 CLONE_NEWNET = 0x40000000
@@ -94,29 +94,6 @@ MIN_MTU = 576
 MAX_MTU = 9000
 
 _cluster_ids = itertools.count()
-
-# tc's rate units, in bytes per second; a bare number means bits per second.
-_RATE_UNITS: dict[str, float] = {
-    "": 1 / 8,
-    "bit": 1 / 8,
-    "kbit": 1e3 / 8,
-    "mbit": 1e6 / 8,
-    "gbit": 1e9 / 8,
-    "tbit": 1e12 / 8,
-    "kibit": 2**10 / 8,
-    "mibit": 2**20 / 8,
-    "gibit": 2**30 / 8,
-    "tibit": 2**40 / 8,
-    "bps": 1,
-    "kbps": 1e3,
-    "mbps": 1e6,
-    "gbps": 1e9,
-    "tbps": 1e12,
-    "kibps": 2**10,
-    "mibps": 2**20,
-    "gibps": 2**30,
-    "tibps": 2**40,
-}
 
 
 @dataclass(frozen=True)
@@ -151,18 +128,10 @@ def check_mtu(mtu: int) -> None:
         raise ValueError(f"an emulated NIC's MTU is {MIN_MTU} to {MAX_MTU} bytes, not {mtu}")
 
 
-def rate_bytes_per_second(rate: str) -> float:
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", rate)
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _RATE_UNITS:
-        raise ValueError(f"not a tc rate (like '1gbit' or '100mbit'): {rate!r}")
-    return float(match.group(1)) * _RATE_UNITS[unit]
-
-
 def _tbf_args(rate: str) -> list[str]:
     # A bucket of 10 ms of traffic keeps the rate smooth at the timescale of a collective while
     # letting tbf's timer keep up at high rates.
-    burst = max(int(rate_bytes_per_second(rate) / 100), MIN_BURST_BYTES)
+    burst = max(int(parse_rate(rate) / 100), MIN_BURST_BYTES)
     return ["tbf", "rate", rate, "burst", str(burst), "latency", TBF_LATENCY]
 
 
@@ -214,7 +183,7 @@ class NetnsCluster:
         if not 1 <= networks <= 8:
             raise ValueError(f"a cluster has 1 to 8 networks, not {networks}")
         if rate is not None:
-            rate_bytes_per_second(rate)  # Fail here, not halfway through setting up.
+            parse_rate(rate)  # Fail here, not halfway through setting up.
         if mtu is not None:
             check_mtu(mtu)
         self.rate = rate

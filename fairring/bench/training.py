@@ -29,8 +29,10 @@ import json
 import tempfile
 from pathlib import Path
 
+from fairring.sizes import parse_rate
+
 from .launch import Run, hosts_for, run_agents
-from .netns import netns_available, rate_bytes_per_second
+from .netns import netns_available
 
 # --json's default in the microbenchmark, which the study replaces with its own file.
 MICROBENCHMARK_JSON = Path("bench-results/allreduce.json")
@@ -83,7 +85,7 @@ def plan(args: argparse.Namespace, hosts_possible: bool) -> list[tuple[str, Run,
                 runs.append((f"real compute: {model} on 2x2, {where}", run, link))
     if args.part in ("emulated", "both") and not args.quick and hosts_possible:
         link = args.link or STUDY_LINK
-        scale = rate_bytes_per_second(args.real_link) / rate_bytes_per_second(link)
+        scale = parse_rate(args.real_link) / parse_rate(link)
         flops = args.gpu_tflops * 1e12 * args.mfu
         layouts = [tuple(int(n) for n in layout.split("x")) for layout in args.layouts.split(",")]
         for machines, ranks in layouts:

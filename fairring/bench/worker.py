@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 
 import fairring
-from fairring.config import FLAT_THRESHOLD, SLICES_IN_FLIGHT, Config, format_size, load_config, parse_size
+from fairring.config import FLAT_THRESHOLD, SLICES_IN_FLIGHT, Config, load_config
+from fairring.sizes import format_size, parse_size
 
 COLUMNS = (
     ("size", 10),

@@ -9,7 +9,8 @@ memory holds at once.
 from __future__ import annotations
 
 from . import _C
-from .config import FLAT_THRESHOLD, MIN_SHARD_SIZE, TOTAL_MEMORY, Config, format_size
+from .config import FLAT_THRESHOLD, MIN_SHARD_SIZE, TOTAL_MEMORY, Config
+from .sizes import format_bytes, format_size
 
 KiB = 1024
 # Sizes of float32 all-reduces the log describes: 1 KiB to 1 GiB, by factors of 4.
@@ -45,7 +46,8 @@ def describe_plans(config: Config, topology: _C.Topology, device_type: str) -> l
         note = f", below {MIN_SHARD_SIZE}: the staging memory holds no longer slices" if plan["below_floor"] else ""
         lines.append(
             f"{format_size(size):>7}: {slices} slice{'s' if slices > 1 else ''} of "
-            f"{_bytes(min(size, plan['slice_numel'] * ELEMENT_SIZE))}, shards of {_bytes(plan['shard_bytes'])}, "
+            f"{format_bytes(min(size, plan['slice_numel'] * ELEMENT_SIZE))}, "
+            f"shards of {format_bytes(plan['shard_bytes'])}, "
             f"{plan['slices_in_flight']} in flight{note}"
         )
     return lines
@@ -63,15 +65,8 @@ def floor_advice(config: Config, topology: _C.Topology, device_type: str) -> str
     needed_mib = -(-2 * staging // (1 << 20))
     return (
         f"with {topology.num_machines} machines x {topology.local_size} ranks, large all-reduces are cut into "
-        f"shards of {_bytes(largest['shard_bytes'])}, below {MIN_SHARD_SIZE}={format_size(config.min_shard)}: "
+        f"shards of {format_bytes(largest['shard_bytes'])}, below {MIN_SHARD_SIZE}={format_size(config.min_shard)}: "
         f"{TOTAL_MEMORY}={format_size(config.total_memory)} holds two slices of at most "
-        f"{_bytes(largest['slice_numel'] * ELEMENT_SIZE)}. Set {TOTAL_MEMORY} to at least {needed_mib}MiB "
+        f"{format_bytes(largest['slice_numel'] * ELEMENT_SIZE)}. Set {TOTAL_MEMORY} to at least {needed_mib}MiB "
         f"for {format_size(config.min_shard)} shards, or lower {MIN_SHARD_SIZE}."
     )
-
-
-def _bytes(count: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if count >= scale:
-            return f"{count / scale:.3g} {unit}"
-    return f"{count} B"
