@@ -51,7 +51,9 @@ except ImportError:
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
 COMMON_SOURCES = [
+    "backend/allreduce_args.cpp",
     "backend/backend.cpp",
+    "backend/engine_factory.cpp",
     "backend/delegated.cpp",
     "backend/hooks.cpp",
     "backend/ledger.cpp",
@@ -63,6 +65,7 @@ COMMON_SOURCES = [
     "device/streamed.cpp",
     "engine/completions.cpp",
     "engine/engine.cpp",
+    "engine/failures.cpp",
     "engine/plan.cpp",
     "engine/reduction.cpp",
     "engine/staging.cpp",

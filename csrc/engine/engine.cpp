@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "engine/ops.h"
 #include "engine/plan.h"
 #include "engine/reduction.h"
 
@@ -19,134 +20,7 @@ std::vector<int> sendOrderOf(const Topology& topology) {
   return order;
 }
 
-// Where a slice is, for a timeout's error.
-enum class Step : int {
-  kQueued,
-  kStaging,
-  kLocalReduceScatter,
-  kAwaitShards,
-  kReducing,
-  kAwaitReduced,
-  kLocalAllGather,
-  kDone,
-};
-
-std::string rankList(const std::vector<int>& ranks) {
-  std::string list;
-  for (int rank : ranks) {
-    list += (list.empty() ? "" : ", ") + std::to_string(rank);
-  }
-  return list;
-}
-
-std::string secondsText(std::chrono::steady_clock::duration duration) {
-  const auto tenths =
-      std::chrono::duration_cast<std::chrono::milliseconds>(duration).count() /
-      100;
-  return std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " s";
-}
-
 } // namespace
-
-struct Engine::Op {
-  uint64_t seq; // the engine's: rails tags carry it
-  uint64_t collective; // the group's number, as errors name the op
-  at::Tensor tensor; // the caller's
-  at::Tensor flat; // 1-D and contiguous; aliases `tensor` unless copyBack
-  bool copyBack;
-  c10d::ReduceOp::RedOpType reduceOp;
-  std::chrono::milliseconds timeout;
-  Clock::time_point deadline;
-  Fence inputReady; // the caller's work on the input
-  ProfilerContext profiler; // the caller's, for the stage threads
-  std::vector<std::weak_ptr<SliceWork>> slices; // set before they are queued
-  std::atomic<int64_t> slicesLeft{0};
-  std::atomic<bool> settled{false};
-  // Completed on the stage threads; the caller gets its relay.
-  c10::intrusive_ptr<c10::ivalue::Future> future;
-
-  std::string describe() const {
-    return "all_reduce #" + std::to_string(collective) + " (" +
-        std::to_string(flat.numel()) + " x " +
-        c10::toString(flat.scalar_type()) + ", " + reduceOpName(reduceOp) + ")";
-  }
-
-  // On the all-gather stage's queue, after the slice's last device work:
-  // with CUDA, completion records the future's events on its stream.
-  void finishSlice() {
-    if (--slicesLeft != 0 || settled.exchange(true)) {
-      return;
-    }
-    try {
-      if (copyBack) {
-        tensor.copy_(flat.view(tensor.sizes()));
-      }
-    } catch (const std::exception& error) {
-      // Settled already: fail() would do nothing, and the op never complete.
-      future->setError(std::make_exception_ptr(std::runtime_error(
-          "fairring: " + describe() + ": copying the result back into the "
-          "caller's tensor failed: " + error.what())));
-      return;
-    }
-    future->markCompleted(c10::IValue(std::vector<at::Tensor>{tensor}));
-  }
-
-  void fail(const std::string& message) {
-    if (!settled.exchange(true)) {
-      future->setError(std::make_exception_ptr(std::runtime_error(message)));
-    }
-  }
-};
-
-struct Engine::SliceWork {
-  std::shared_ptr<Op> op;
-  int64_t index;
-  Slice plan;
-  at::Tensor input; // the slice of op->flat
-  std::optional<StagingRing::Lease> lease;
-  at::Tensor padded; // staging copy of a padded slice; else undefined
-  at::Tensor parts; // [L, slot]: every local rank's part of my slot
-  at::Tensor slot; // parts[0]
-  at::Tensor shards; // [machines, shard]: every machine's part of my shard
-  Fence reduceScattered; // steps 1 done, shards[me] copied
-  Fence reduced; // step 3 done
-  std::atomic<Step> step{Step::kQueued};
-  // Guarded by the engine's mutex_. By machine: what has arrived, and the
-  // sends still in flight.
-  std::vector<char> shardFrom;
-  std::vector<char> reducedFrom;
-  std::vector<int> sendsTo;
-  int shardsReceived = 0;
-  int reducedReceived = 0;
-  int writesPending = 0;
-  Fence shardsArrived; // the latest arrival covers every earlier one
-  Fence reducedArrived;
-
-  // Step 1's input and step 5's output.
-  at::Tensor io() const {
-    return padded.defined() ? padded : input;
-  }
-  std::string describe() const {
-    return "all_reduce #" + std::to_string(op->collective) + " slice " +
-        std::to_string(index);
-  }
-  LocalStepKey localStepKey() const {
-    return LocalStepKey{
-        op->seq,
-        op->collective,
-        static_cast<uint64_t>(index),
-        input.scalar_type(),
-        op->reduceOp};
-  }
-  // Names everything both ends must agree on, so that ranks that issued
-  // different all-reduces fail instead of reducing mismatched data.
-  std::string tag(rails::Lane lane) const {
-    return std::to_string(static_cast<int>(lane)) + ":" +
-        std::to_string(op->seq) + ":" + std::to_string(index) + ":" +
-        c10::toString(input.scalar_type()) + ":" +
-        std::to_string(static_cast<int>(op->reduceOp));
-  }
-};
 
 Engine::Engine(
     const Topology& topology,
@@ -333,13 +207,13 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
 void Engine::reduceScatterLoop() {
   while (auto slice = popWhenReady(
              toReduceScatter_, [](const SliceWork&) { return true; })) {
-    slice->step = Step::kStaging;
+    slice->step = SliceStep::kStaging;
     if (!traced(Stage::kReduceScatter, *slice, [&] {
           return start(slice) && reduceScatter(slice);
         })) {
       return;
     }
-    slice->step = Step::kAwaitShards;
+    slice->step = SliceStep::kAwaitShards;
     push(toReduce_, slice);
   }
 }
@@ -350,11 +224,11 @@ void Engine::reduceLoop() {
   while (auto slice = popWhenReady(toReduce_, [peers](const SliceWork& s) {
            return s.shardsReceived == peers;
          })) {
-    slice->step = Step::kReducing;
+    slice->step = SliceStep::kReducing;
     if (!traced(Stage::kReduce, *slice, [&] { return reduce(slice); })) {
       return;
     }
-    slice->step = Step::kAwaitReduced;
+    slice->step = SliceStep::kAwaitReduced;
     push(toAllGather_, slice);
   }
 }
@@ -366,11 +240,11 @@ void Engine::allGatherLoop() {
   while (auto slice = popWhenReady(toAllGather_, [peers](const SliceWork& s) {
            return s.reducedReceived == peers && s.writesPending == 0;
          })) {
-    slice->step = Step::kLocalAllGather;
+    slice->step = SliceStep::kLocalAllGather;
     if (!traced(Stage::kAllGather, *slice, [&] { return allGather(slice); })) {
       return;
     }
-    slice->step = Step::kDone;
+    slice->step = SliceStep::kDone;
     // Completion is device work too: it follows the slice's all-gather.
     device_->enqueue(Stage::kAllGather, [this, op = slice->op] {
       op->finishSlice();
@@ -438,7 +312,7 @@ void Engine::attachStaging(
 
 // Steps 1 and 2.
 bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
-  slice->step = Step::kLocalReduceScatter;
+  slice->step = SliceStep::kLocalReduceScatter;
   if (slice->index == 0) {
     device_->waitOnDevice(Stage::kReduceScatter, slice->op->inputReady);
   }
@@ -664,318 +538,6 @@ void Engine::push(Queue& queue, std::shared_ptr<SliceWork> slice) {
     queue.push_back(std::move(slice));
   }
   progress_.notify_all();
-}
-
-std::string Engine::who(int rank) const {
-  return topology_.describeRank(rank);
-}
-
-Engine::Cause Engine::stillNeeded(int rank, const std::string& detail)
-    const {
-  return Cause{
-      rank,
-      who(rank) + " shut down its process group while " +
-          who(topology_.rank()) + " still needed it; " + detail,
-      true};
-}
-
-void Engine::abort(const std::string& did) {
-  Cause cause{topology_.rank(), who(topology_.rank()) + " " + did, true};
-  cause.departure = true;
-  stop(std::move(cause));
-}
-
-void Engine::fail(const std::string& what) {
-  stop(Cause{-1, what, true});
-}
-
-bool Engine::departed(int rank) const {
-  return std::find(departed_.begin(), departed_.end(), rank) != departed_.end();
-}
-
-void Engine::onBye(int neighbour) {
-  std::optional<Cause> blamed;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    departed_.push_back(neighbour);
-    if (unsettled_ && unsettled_->culprit == neighbour) {
-      blamed = unsettled_; // its connections closed before its goodbye came
-    }
-  }
-  if (blamed) {
-    stop(stillNeeded(neighbour, blamed->what));
-  }
-}
-
-void Engine::onRailsFailure(
-    int peerRank,
-    bool mismatch,
-    const std::string& message) {
-  if (peerRank < 0) {
-    return; // closed here, by stop()
-  }
-  const std::string me = who(topology_.rank());
-  if (mismatch) {
-    // Seen first hand, and no rank is more to blame than another.
-    stop(Cause{-1, me + ": " + message, true});
-    return;
-  }
-  bool gone = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    gone = departed(peerRank);
-  }
-  if (gone) {
-    stop(stillNeeded(peerRank, message));
-    return;
-  }
-  // The peer may have failed, or only stopped because of a failure elsewhere:
-  // its notice, or its control connection breaking, tells which.
-  stop(Cause{peerRank, me + " lost " + who(peerRank) + ": " + message, false});
-}
-
-void Engine::onNotice(int /*neighbour*/, const rails::Watch::Notice& notice) {
-  stop(Cause{notice.culprit, notice.what, true});
-}
-
-void Engine::onLost(int neighbour, const std::string& error) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (departed(neighbour)) {
-      return; // it left in good order; an op that needs it will say so
-    }
-  }
-  stop(Cause{
-      neighbour,
-      who(neighbour) + " exited, crashed or lost its network: its control "
-          "connection to " + who(topology_.rank()) + " broke (" + error + ")",
-      true});
-}
-
-void Engine::stop(Cause cause) {
-  std::deque<std::shared_ptr<Op>> ops;
-  bool first = false;
-  bool settled = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!error_.empty()) {
-      return; // settled already
-    }
-    first = !failed_.exchange(true);
-    const bool pending = std::any_of(
-        liveOps_.begin(), liveOps_.end(), [](const auto& op) {
-          return !op->settled;
-        });
-    cause.departure = cause.departure && !pending;
-    if (!cause.certain) {
-      if (!unsettled_) {
-        // A cause that blames a peer waits for that peer's own word, which
-        // may itself wait kSettleGrace.
-        cause.settleBy = Clock::now() +
-            (cause.culprit >= 0 ? 2 * kSettleGrace : kSettleGrace);
-        unsettled_ = cause;
-      }
-    } else {
-      unsettled_.reset();
-      error_ = cause.what;
-      settled = true;
-      ops.swap(liveOps_);
-    }
-  }
-  if (cause.departure) {
-    watch_->farewell();
-  } else if (cause.certain) {
-    // Before the rails close: the neighbours read it before they see that.
-    watch_->announce({cause.culprit, cause.what});
-  }
-  if (first) {
-    progress_.notify_all();
-    watchdogWake_.notify_all();
-    staging_.interrupt();
-    lanes_->close("stopped");
-    localSteps_->abort();
-    device_->abort();
-  }
-  // Before any op's failure reaches its waiter, who may then exit: the
-  // backend's abort hooks (the flight recorder's dump) run in onFailed.
-  if (settled && !cause.departure && hooks_.onFailed) {
-    hooks_.onFailed(cause.what);
-  }
-  const std::string prefix = "fairring: rank " + std::to_string(topology_.rank()) + ": ";
-  for (const auto& op : ops) {
-    op->fail(prefix + op->describe() + " failed: " + cause.what);
-  }
-}
-
-void Engine::watchdogLoop() {
-  auto nextBeat = Clock::now();
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!stopping_) {
-    const auto now = Clock::now();
-    if (now >= nextBeat) {
-      lock.unlock();
-      watch_->heartbeat(hooks_.status ? hooks_.status() : std::string());
-      lock.lock();
-      nextBeat = now + heartbeatInterval_;
-      continue;
-    }
-    auto wakeAt = nextBeat;
-    if (unsettled_) {
-      if (now >= unsettled_->settleBy) {
-        Cause cause = *unsettled_;
-        cause.certain = true;
-        lock.unlock();
-        stop(std::move(cause));
-        lock.lock();
-        continue;
-      }
-      wakeAt = std::min(wakeAt, unsettled_->settleBy);
-    } else if (error_.empty()) {
-      auto nextDeadline = Clock::time_point::max();
-      if (auto cause = expiredLocked(now, nextDeadline)) {
-        lock.unlock();
-        stop(std::move(*cause));
-        lock.lock();
-        continue;
-      }
-      wakeAt = std::min(wakeAt, nextDeadline);
-    }
-    watchdogWake_.wait_until(lock, wakeAt);
-  }
-}
-
-std::optional<Engine::Cause> Engine::expiredLocked(
-    Clock::time_point now,
-    Clock::time_point& nextDeadline) {
-  std::shared_ptr<Op> expired;
-  for (const auto& op : liveOps_) {
-    if (op->settled) {
-      continue;
-    }
-    if (op->deadline <= now) {
-      expired = op; // ops are in issue order: the first expired is the oldest
-      break;
-    }
-    nextDeadline = std::min(nextDeadline, op->deadline);
-  }
-  if (!expired) {
-    return std::nullopt;
-  }
-  // Where it is stuck: its first unfinished slice, or, if that has not
-  // started, the oldest unfinished slice of all (it waits behind that).
-  const auto firstUnfinished = [](const Op& op) -> std::shared_ptr<SliceWork> {
-    for (const auto& weak : op.slices) {
-      auto slice = weak.lock();
-      if (slice && slice->step != Step::kDone) {
-        return slice;
-      }
-    }
-    return nullptr;
-  };
-  std::vector<int> awaited;
-  std::string where = "while finishing";
-  if (auto slice = firstUnfinished(*expired)) {
-    where = waitingForLocked(*slice, awaited);
-    if (slice->step == Step::kQueued) {
-      for (const auto& op : liveOps_) {
-        auto head = op->settled ? nullptr : firstUnfinished(*op);
-        if (head && head->step != Step::kQueued) {
-          where = "behind " + head->op->describe() + ", " +
-              waitingForLocked(*head, awaited);
-          break;
-        }
-      }
-    }
-  }
-  const std::string me = who(topology_.rank());
-  std::string what = me + "'s " + expired->describe() + " timed out after " +
-      std::to_string(expired->timeout.count()) + " ms, " + where;
-  if (const std::string down = mesh_->downInterface(); !down.empty()) {
-    return Cause{
-        topology_.rank(),
-        me + " lost its network: interface " + down + " is down; " + what,
-        true};
-  }
-  for (int rank : awaited) {
-    if (departed(rank)) {
-      return stillNeeded(rank, what);
-    }
-  }
-  // A neighbour silent for several heartbeats is stopped, hung or cut off:
-  // seen first hand, so certain. The one this op waits for comes first.
-  const auto silences = watch_->silences(3 * heartbeatInterval_);
-  if (silences.empty()) {
-    return Cause{-1, what, false};
-  }
-  auto culprit = silences.front();
-  for (const auto& silence : silences) {
-    if (std::find(awaited.begin(), awaited.end(), silence.first) !=
-        awaited.end()) {
-      culprit = silence;
-      break;
-    }
-  }
-  return Cause{
-      culprit.first,
-      who(culprit.first) + " stopped responding (" + me +
-          " heard nothing from it for " + secondsText(culprit.second) +
-          ": it is stopped, hung or unreachable); " + what,
-      true};
-}
-
-std::string Engine::waitingForLocked(
-    const SliceWork& slice,
-    std::vector<int>& awaited) const {
-  const std::string which = "slice " + std::to_string(slice.index + 1) +
-      " of " + std::to_string(slice.op->slices.size());
-  std::vector<int> localPeers;
-  for (int rank : topology_.localRanks()) {
-    if (rank != topology_.rank()) {
-      localPeers.push_back(rank);
-    }
-  }
-  const auto railPeersWhere = [&](const auto& missing) {
-    std::vector<int> ranks;
-    for (int machine = 0; machine < topology_.numMachines(); ++machine) {
-      if (machine != topology_.machine() && missing(machine)) {
-        ranks.push_back(topology_.railPeers()[machine]);
-      }
-    }
-    return ranks;
-  };
-  switch (slice.step.load()) {
-    case Step::kQueued:
-      return "queued (" + which + ")";
-    case Step::kStaging:
-      return "waiting for staging memory that earlier slices hold (" + which +
-          ")";
-    case Step::kLocalReduceScatter:
-      awaited = localPeers;
-      return "in the local reduce-scatter of " + which + " with rank(s) " +
-          rankList(localPeers) + " of its machine";
-    case Step::kAwaitShards:
-      awaited = railPeersWhere([&](int m) { return !slice.shardFrom[m]; });
-      return "waiting for the shards of " + which + " from rail peer rank(s) " +
-          rankList(awaited);
-    case Step::kReducing:
-      return "reducing " + which;
-    case Step::kAwaitReduced:
-      awaited = railPeersWhere([&](int m) { return !slice.reducedFrom[m]; });
-      if (!awaited.empty()) {
-        return "waiting for the reduced shards of " + which +
-            " from rail peer rank(s) " + rankList(awaited);
-      }
-      awaited = railPeersWhere([&](int m) { return slice.sendsTo[m] > 0; });
-      return "waiting for its sends of " + which + " to rail peer rank(s) " +
-          rankList(awaited) + " to complete";
-    case Step::kLocalAllGather:
-      awaited = localPeers;
-      return "in the local all-gather of " + which + " with rank(s) " +
-          rankList(localPeers) + " of its machine";
-    case Step::kDone:
-      break;
-  }
-  return "finishing " + which;
 }
 
 EngineStats Engine::stats() const {

@@ -39,8 +39,10 @@ struct EngineStats {
 };
 
 // The Herring all-reduce for one process group and one device (the CPU, or
-// one CUDA device). Device differences live behind the DeviceContext seam;
-// the rails behind Lanes; this class only knows the order of the steps.
+// one CUDA device). Device differences live behind the DeviceContext seam,
+// the local steps behind LocalSteps, the rails behind Lanes; this class only
+// knows the order of the steps (engine.cpp) and why it stops
+// (failures.cpp: causes, settling, the watchdog, who each op waits for).
 //
 // An all-reduce is cut into slices (engine/plan.h). One slice's life, on the
 // rank with local index i of machine m (engine.cpp reads in this order):
@@ -205,6 +207,8 @@ class Engine {
   // op has ended when the op completes.
   template <typename Step>
   bool traced(Stage stage, const SliceWork& slice, Step&& step);
+
+  // -- Failure handling (engine/failures.cpp).
 
   // The watchdog: heartbeats, op deadlines, settling uncertain causes.
   void watchdogLoop();

@@ -1,0 +1,345 @@
+// The engine's failure handling: the causes it stops for, settling an
+// uncertain cause against its neighbours' notices, the watchdog (heartbeats
+// and op deadlines) and, for a timeout's error, whom each stuck slice waits
+// for. The work path (engine/engine.cpp) only reports what it saw.
+
+#include "engine/engine.h"
+
+#include <c10/util/Exception.h>
+
+#include "engine/ops.h"
+
+namespace fairring {
+
+namespace {
+
+std::string rankList(const std::vector<int>& ranks) {
+  std::string list;
+  for (int rank : ranks) {
+    list += (list.empty() ? "" : ", ") + std::to_string(rank);
+  }
+  return list;
+}
+
+std::string secondsText(std::chrono::steady_clock::duration duration) {
+  const auto tenths =
+      std::chrono::duration_cast<std::chrono::milliseconds>(duration).count() /
+      100;
+  return std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " s";
+}
+
+} // namespace
+
+std::string Engine::who(int rank) const {
+  return topology_.describeRank(rank);
+}
+
+Engine::Cause Engine::stillNeeded(int rank, const std::string& detail)
+    const {
+  return Cause{
+      rank,
+      who(rank) + " shut down its process group while " +
+          who(topology_.rank()) + " still needed it; " + detail,
+      true};
+}
+
+void Engine::abort(const std::string& did) {
+  Cause cause{topology_.rank(), who(topology_.rank()) + " " + did, true};
+  cause.departure = true;
+  stop(std::move(cause));
+}
+
+void Engine::fail(const std::string& what) {
+  stop(Cause{-1, what, true});
+}
+
+bool Engine::departed(int rank) const {
+  return std::find(departed_.begin(), departed_.end(), rank) != departed_.end();
+}
+
+void Engine::onBye(int neighbour) {
+  std::optional<Cause> blamed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    departed_.push_back(neighbour);
+    if (unsettled_ && unsettled_->culprit == neighbour) {
+      blamed = unsettled_; // its connections closed before its goodbye came
+    }
+  }
+  if (blamed) {
+    stop(stillNeeded(neighbour, blamed->what));
+  }
+}
+
+void Engine::onRailsFailure(
+    int peerRank,
+    bool mismatch,
+    const std::string& message) {
+  if (peerRank < 0) {
+    return; // closed here, by stop()
+  }
+  const std::string me = who(topology_.rank());
+  if (mismatch) {
+    // Seen first hand, and no rank is more to blame than another.
+    stop(Cause{-1, me + ": " + message, true});
+    return;
+  }
+  bool gone = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    gone = departed(peerRank);
+  }
+  if (gone) {
+    stop(stillNeeded(peerRank, message));
+    return;
+  }
+  // The peer may have failed, or only stopped because of a failure elsewhere:
+  // its notice, or its control connection breaking, tells which.
+  stop(Cause{peerRank, me + " lost " + who(peerRank) + ": " + message, false});
+}
+
+void Engine::onNotice(int /*neighbour*/, const rails::Watch::Notice& notice) {
+  stop(Cause{notice.culprit, notice.what, true});
+}
+
+void Engine::onLost(int neighbour, const std::string& error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (departed(neighbour)) {
+      return; // it left in good order; an op that needs it will say so
+    }
+  }
+  stop(Cause{
+      neighbour,
+      who(neighbour) + " exited, crashed or lost its network: its control "
+          "connection to " + who(topology_.rank()) + " broke (" + error + ")",
+      true});
+}
+
+void Engine::stop(Cause cause) {
+  std::deque<std::shared_ptr<Op>> ops;
+  bool first = false;
+  bool settled = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!error_.empty()) {
+      return; // settled already
+    }
+    first = !failed_.exchange(true);
+    const bool pending = std::any_of(
+        liveOps_.begin(), liveOps_.end(), [](const auto& op) {
+          return !op->settled;
+        });
+    cause.departure = cause.departure && !pending;
+    if (!cause.certain) {
+      if (!unsettled_) {
+        // A cause that blames a peer waits for that peer's own word, which
+        // may itself wait kSettleGrace.
+        cause.settleBy = Clock::now() +
+            (cause.culprit >= 0 ? 2 * kSettleGrace : kSettleGrace);
+        unsettled_ = cause;
+      }
+    } else {
+      unsettled_.reset();
+      error_ = cause.what;
+      settled = true;
+      ops.swap(liveOps_);
+    }
+  }
+  if (cause.departure) {
+    watch_->farewell();
+  } else if (cause.certain) {
+    // Before the rails close: the neighbours read it before they see that.
+    watch_->announce({cause.culprit, cause.what});
+  }
+  if (first) {
+    progress_.notify_all();
+    watchdogWake_.notify_all();
+    staging_.interrupt();
+    lanes_->close("stopped");
+    localSteps_->abort();
+    device_->abort();
+  }
+  // Before any op's failure reaches its waiter, who may then exit: the
+  // backend's abort hooks (the flight recorder's dump) run in onFailed.
+  if (settled && !cause.departure && hooks_.onFailed) {
+    hooks_.onFailed(cause.what);
+  }
+  const std::string prefix = "fairring: rank " + std::to_string(topology_.rank()) + ": ";
+  for (const auto& op : ops) {
+    op->fail(prefix + op->describe() + " failed: " + cause.what);
+  }
+}
+
+void Engine::watchdogLoop() {
+  auto nextBeat = Clock::now();
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    const auto now = Clock::now();
+    if (now >= nextBeat) {
+      lock.unlock();
+      watch_->heartbeat(hooks_.status ? hooks_.status() : std::string());
+      lock.lock();
+      nextBeat = now + heartbeatInterval_;
+      continue;
+    }
+    auto wakeAt = nextBeat;
+    if (unsettled_) {
+      if (now >= unsettled_->settleBy) {
+        Cause cause = *unsettled_;
+        cause.certain = true;
+        lock.unlock();
+        stop(std::move(cause));
+        lock.lock();
+        continue;
+      }
+      wakeAt = std::min(wakeAt, unsettled_->settleBy);
+    } else if (error_.empty()) {
+      auto nextDeadline = Clock::time_point::max();
+      if (auto cause = expiredLocked(now, nextDeadline)) {
+        lock.unlock();
+        stop(std::move(*cause));
+        lock.lock();
+        continue;
+      }
+      wakeAt = std::min(wakeAt, nextDeadline);
+    }
+    watchdogWake_.wait_until(lock, wakeAt);
+  }
+}
+
+std::optional<Engine::Cause> Engine::expiredLocked(
+    Clock::time_point now,
+    Clock::time_point& nextDeadline) {
+  std::shared_ptr<Op> expired;
+  for (const auto& op : liveOps_) {
+    if (op->settled) {
+      continue;
+    }
+    if (op->deadline <= now) {
+      expired = op; // ops are in issue order: the first expired is the oldest
+      break;
+    }
+    nextDeadline = std::min(nextDeadline, op->deadline);
+  }
+  if (!expired) {
+    return std::nullopt;
+  }
+  // Where it is stuck: its first unfinished slice, or, if that has not
+  // started, the oldest unfinished slice of all (it waits behind that).
+  const auto firstUnfinished = [](const Op& op) -> std::shared_ptr<SliceWork> {
+    for (const auto& weak : op.slices) {
+      auto slice = weak.lock();
+      if (slice && slice->step != SliceStep::kDone) {
+        return slice;
+      }
+    }
+    return nullptr;
+  };
+  std::vector<int> awaited;
+  std::string where = "while finishing";
+  if (auto slice = firstUnfinished(*expired)) {
+    where = waitingForLocked(*slice, awaited);
+    if (slice->step == SliceStep::kQueued) {
+      for (const auto& op : liveOps_) {
+        auto head = op->settled ? nullptr : firstUnfinished(*op);
+        if (head && head->step != SliceStep::kQueued) {
+          where = "behind " + head->op->describe() + ", " +
+              waitingForLocked(*head, awaited);
+          break;
+        }
+      }
+    }
+  }
+  const std::string me = who(topology_.rank());
+  std::string what = me + "'s " + expired->describe() + " timed out after " +
+      std::to_string(expired->timeout.count()) + " ms, " + where;
+  if (const std::string down = mesh_->downInterface(); !down.empty()) {
+    return Cause{
+        topology_.rank(),
+        me + " lost its network: interface " + down + " is down; " + what,
+        true};
+  }
+  for (int rank : awaited) {
+    if (departed(rank)) {
+      return stillNeeded(rank, what);
+    }
+  }
+  // A neighbour silent for several heartbeats is stopped, hung or cut off:
+  // seen first hand, so certain. The one this op waits for comes first.
+  const auto silences = watch_->silences(3 * heartbeatInterval_);
+  if (silences.empty()) {
+    return Cause{-1, what, false};
+  }
+  auto culprit = silences.front();
+  for (const auto& silence : silences) {
+    if (std::find(awaited.begin(), awaited.end(), silence.first) !=
+        awaited.end()) {
+      culprit = silence;
+      break;
+    }
+  }
+  return Cause{
+      culprit.first,
+      who(culprit.first) + " stopped responding (" + me +
+          " heard nothing from it for " + secondsText(culprit.second) +
+          ": it is stopped, hung or unreachable); " + what,
+      true};
+}
+
+std::string Engine::waitingForLocked(
+    const SliceWork& slice,
+    std::vector<int>& awaited) const {
+  const std::string which = "slice " + std::to_string(slice.index + 1) +
+      " of " + std::to_string(slice.op->slices.size());
+  std::vector<int> localPeers;
+  for (int rank : topology_.localRanks()) {
+    if (rank != topology_.rank()) {
+      localPeers.push_back(rank);
+    }
+  }
+  const auto railPeersWhere = [&](const auto& missing) {
+    std::vector<int> ranks;
+    for (int machine = 0; machine < topology_.numMachines(); ++machine) {
+      if (machine != topology_.machine() && missing(machine)) {
+        ranks.push_back(topology_.railPeers()[machine]);
+      }
+    }
+    return ranks;
+  };
+  switch (slice.step.load()) {
+    case SliceStep::kQueued:
+      return "queued (" + which + ")";
+    case SliceStep::kStaging:
+      return "waiting for staging memory that earlier slices hold (" + which +
+          ")";
+    case SliceStep::kLocalReduceScatter:
+      awaited = localPeers;
+      return "in the local reduce-scatter of " + which + " with rank(s) " +
+          rankList(localPeers) + " of its machine";
+    case SliceStep::kAwaitShards:
+      awaited = railPeersWhere([&](int m) { return !slice.shardFrom[m]; });
+      return "waiting for the shards of " + which + " from rail peer rank(s) " +
+          rankList(awaited);
+    case SliceStep::kReducing:
+      return "reducing " + which;
+    case SliceStep::kAwaitReduced:
+      awaited = railPeersWhere([&](int m) { return !slice.reducedFrom[m]; });
+      if (!awaited.empty()) {
+        return "waiting for the reduced shards of " + which +
+            " from rail peer rank(s) " + rankList(awaited);
+      }
+      awaited = railPeersWhere([&](int m) { return slice.sendsTo[m] > 0; });
+      return "waiting for its sends of " + which + " to rail peer rank(s) " +
+          rankList(awaited) + " to complete";
+    case SliceStep::kLocalAllGather:
+      awaited = localPeers;
+      return "in the local all-gather of " + which + " with rank(s) " +
+          rankList(localPeers) + " of its machine";
+    case SliceStep::kDone:
+      break;
+  }
+  return "finishing " + which;
+}
+
+} // namespace fairring

@@ -1,0 +1,130 @@
+#pragma once
+
+// The state of an op and of each of its slices: the work path
+// (engine/engine.cpp) moves them along, the failure handling
+// (engine/failures.cpp) reads where they are stuck. Internal to the engine.
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/reduction.h"
+
+namespace fairring {
+
+// Where a slice is, for a timeout's error.
+enum class SliceStep : int {
+  kQueued,
+  kStaging,
+  kLocalReduceScatter,
+  kAwaitShards,
+  kReducing,
+  kAwaitReduced,
+  kLocalAllGather,
+  kDone,
+};
+
+struct Engine::Op {
+  uint64_t seq; // the engine's: rails tags carry it
+  uint64_t collective; // the group's number, as errors name the op
+  at::Tensor tensor; // the caller's
+  at::Tensor flat; // 1-D and contiguous; aliases `tensor` unless copyBack
+  bool copyBack;
+  c10d::ReduceOp::RedOpType reduceOp;
+  std::chrono::milliseconds timeout;
+  Clock::time_point deadline;
+  Fence inputReady; // the caller's work on the input
+  ProfilerContext profiler; // the caller's, for the stage threads
+  std::vector<std::weak_ptr<SliceWork>> slices; // set before they are queued
+  std::atomic<int64_t> slicesLeft{0};
+  std::atomic<bool> settled{false};
+  // Completed on the stage threads; the caller gets its relay.
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+
+  std::string describe() const {
+    return "all_reduce #" + std::to_string(collective) + " (" +
+        std::to_string(flat.numel()) + " x " +
+        c10::toString(flat.scalar_type()) + ", " + reduceOpName(reduceOp) + ")";
+  }
+
+  // On the all-gather stage's queue, after the slice's last device work:
+  // with CUDA, completion records the future's events on its stream.
+  void finishSlice() {
+    if (--slicesLeft != 0 || settled.exchange(true)) {
+      return;
+    }
+    try {
+      if (copyBack) {
+        tensor.copy_(flat.view(tensor.sizes()));
+      }
+    } catch (const std::exception& error) {
+      // Settled already: fail() would do nothing, and the op never complete.
+      future->setError(std::make_exception_ptr(std::runtime_error(
+          "fairring: " + describe() + ": copying the result back into the "
+          "caller's tensor failed: " + error.what())));
+      return;
+    }
+    future->markCompleted(c10::IValue(std::vector<at::Tensor>{tensor}));
+  }
+
+  void fail(const std::string& message) {
+    if (!settled.exchange(true)) {
+      future->setError(std::make_exception_ptr(std::runtime_error(message)));
+    }
+  }
+};
+
+struct Engine::SliceWork {
+  std::shared_ptr<Op> op;
+  int64_t index;
+  Slice plan;
+  at::Tensor input; // the slice of op->flat
+  std::optional<StagingRing::Lease> lease;
+  at::Tensor padded; // staging copy of a padded slice; else undefined
+  at::Tensor parts; // [L, slot]: every local rank's part of my slot
+  at::Tensor slot; // parts[0]
+  at::Tensor shards; // [machines, shard]: every machine's part of my shard
+  Fence reduceScattered; // steps 1 done, shards[me] copied
+  Fence reduced; // step 3 done
+  std::atomic<SliceStep> step{SliceStep::kQueued};
+  // Guarded by the engine's mutex_. By machine: what has arrived, and the
+  // sends still in flight.
+  std::vector<char> shardFrom;
+  std::vector<char> reducedFrom;
+  std::vector<int> sendsTo;
+  int shardsReceived = 0;
+  int reducedReceived = 0;
+  int writesPending = 0;
+  Fence shardsArrived; // the latest arrival covers every earlier one
+  Fence reducedArrived;
+
+  // Step 1's input and step 5's output.
+  at::Tensor io() const {
+    return padded.defined() ? padded : input;
+  }
+  std::string describe() const {
+    return "all_reduce #" + std::to_string(op->collective) + " slice " +
+        std::to_string(index);
+  }
+  LocalStepKey localStepKey() const {
+    return LocalStepKey{
+        op->seq,
+        op->collective,
+        static_cast<uint64_t>(index),
+        input.scalar_type(),
+        op->reduceOp};
+  }
+  // Names everything both ends must agree on, so that ranks that issued
+  // different all-reduces fail instead of reducing mismatched data.
+  std::string tag(rails::Lane lane) const {
+    return std::to_string(static_cast<int>(lane)) + ":" +
+        std::to_string(op->seq) + ":" + std::to_string(index) + ":" +
+        c10::toString(input.scalar_type()) + ":" +
+        std::to_string(static_cast<int>(op->reduceOp));
+  }
+};
+
+} // namespace fairring
