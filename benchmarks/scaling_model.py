@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from fairring.bench import model
-from fairring.sizes import format_bytes, parse_size
+from fairring.sizes import GiB, MiB, format_bytes, parse_size
 
-MiB, GiB = model.MiB, model.GiB
 MACHINES = [1, 2, 4, 8, 16, 32, 64, 128]
 BUCKET = 25 * MiB  # DDP's default bucket
 BUCKETS = 64  # back to back, as the original fairring's scaling study ran them

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .errors import ConfigError
@@ -22,6 +22,7 @@ from .interfaces import (
     parse_interface_filter,
     parse_rail_interfaces,
 )
+from .nccl_lists import names_match, split_list
 from .sizes import KiB, MiB, format_size, parse_size
 
 TOTAL_MEMORY = "FAIRRING_TOTAL_MEMORY"
@@ -66,6 +67,87 @@ RAILS_TRANSPORTS = ("tensorpipe", "nixl")
 NIXL_BACKENDS = ("UCX", "LIBFABRIC")
 _FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
+# The TensorPipe rails' transport variables (fairring/transports.py decides from them).
+TRANSPORTS = "FAIRRING_TRANSPORTS"
+CHANNELS = "FAIRRING_CHANNELS"
+IB_HCA = "FAIRRING_IB_HCA"
+IB_GID_INDEX = "FAIRRING_IB_GID_INDEX"
+
+# TensorPipe's fixed choices (transport/ibv/constants.h, channel/cuda_gdr/constants.h).
+TENSORPIPE_PORT = 1
+TENSORPIPE_GID_INDEX = 0
+
+# Best first: the order they are registered in, by priority.
+NETWORK_TRANSPORTS = ("ibv", "uv")
+CPU_CHANNELS = ("basic",)
+CUDA_CHANNELS = ("cuda_gdr", "cuda_basic")
+_SAME_HOST = "rails peers are always on other machines, so the rails use only network"
+SAME_HOST_TRANSPORTS = {"shm": "shared memory between processes of one host"}
+SAME_HOST_CHANNELS = {
+    "cma": "cross-memory attach between processes of one host",
+    "xth": "memory copies between threads of one process",
+    "cuda_ipc": "CUDA IPC between processes of one host",
+    "cuda_xth": "CUDA copies between threads of one process",
+}
+# Network channels TensorPipe has that fairring does not register.
+NOT_OFFERED_CHANNELS = {"mpt": "fairring does not register mpt (TensorPipe's multiplexing channel)"}
+
+
+@dataclass(frozen=True)
+class NameList:
+    """A list in NCCL's grammar: the names to use, or after a leading ^ the names to leave out."""
+
+    variable: str
+    raw: str
+    names: tuple[str, ...]
+    exclude: bool
+
+    def setting(self) -> str:
+        return f"{self.variable}={self.raw!r}"
+
+    def verdicts(self, candidates: Sequence[str]) -> tuple[dict[str, str | None], frozenset[str]]:
+        """For each candidate: None if allowed, else why not; and the candidates required.
+
+        An include list that names none of `candidates` leaves them automatic, so
+        FAIRRING_CHANNELS=cuda_gdr says nothing about CPU buffers.
+        """
+        if self.exclude:
+            return {n: f"excluded by {self.setting()}" if n in self.names else None for n in candidates}, frozenset()
+        listed = frozenset(n for n in candidates if n in self.names)
+        if not listed:
+            return dict.fromkeys(candidates), frozenset()
+        return {n: None if n in listed else f"{self.setting()} does not list it" for n in candidates}, listed
+
+
+@dataclass(frozen=True)
+class HcaSelection:
+    """FAIRRING_IB_HCA in NCCL_IB_HCA's grammar: `[^][=]device[:port],...`."""
+
+    raw: str
+    entries: tuple[tuple[str, int | None], ...]
+    exclude: bool = False
+    exact: bool = False
+
+    def setting(self) -> str:
+        return f"{IB_HCA}={self.raw!r}"
+
+    def selects(self, device: str, port: int = TENSORPIPE_PORT) -> bool:
+        hit = any(
+            names_match(device, name, self.exact) and entry_port in (None, port) for name, entry_port in self.entries
+        )
+        return hit != self.exclude
+
+
+@dataclass(frozen=True)
+class TransportSettings:
+    """The parsed variables; None: unset (automatic)."""
+
+    transports: NameList | None = None
+    channels: NameList | None = None
+    ib_hca: HcaSelection | None = None
+    ib_disable: bool = False
+    gid_index: int | None = None
+
 
 @dataclass(frozen=True)
 class Config:
@@ -96,6 +178,8 @@ class Config:
     cuda_engine: bool = False
     # The rails keep to TCP even where InfiniBand (and GPUDirect) is viable.
     ib_disable: bool = False
+    # The transport variables, parsed for the rails chosen (ib_disable among them).
+    transport: TransportSettings = TransportSettings()
     # CPU local steps go through Gloo over loopback instead of shared memory.
     shm_disable: bool = False
     # Folder where each engine writes a Chrome-trace timeline of its slices' stages.
@@ -207,6 +291,7 @@ def load_config(env: Mapping[str, str] | None = None, tensorpipe_built: bool | N
             f"none, or FAIRRING_WITH_TENSORPIPE=0): unset it or use {RAILS_TRANSPORT}=nixl"
         )
     cuda_engine = parse_flag(CUDA_ENGINE, env.get(CUDA_ENGINE))
+    transport = load_transport_settings(env, tensorpipe=rails_transport == "tensorpipe")
     return Config(
         total_memory=total_memory,
         slice_size=slice_size,
@@ -217,7 +302,8 @@ def load_config(env: Mapping[str, str] | None = None, tensorpipe_built: bool | N
         log_level=log_level,
         **_socket_settings(env),
         cuda_engine=cuda_engine,
-        ib_disable=parse_flag(IB_DISABLE, env.get(IB_DISABLE)),
+        ib_disable=transport.ib_disable,
+        transport=transport,
         shm_disable=parse_flag(SHM_DISABLE, env.get(SHM_DISABLE)),
         timeline_directory=_timeline_directory(env.get(TIMELINE)),
         launcher_attempt=_optional_count(env, RESTART_COUNT),
@@ -287,6 +373,125 @@ def parse_flag(name: str, raw: str | None) -> bool:
     if flag is None:
         raise ConfigError(f"{name}={raw!r} is not a switch; use 1, true, yes or on, or 0, false, no or off")
     return flag
+
+
+def parse_name_list(
+    variable: str, raw: str | None, known: Sequence[str], same_host: Mapping[str, str], kind: str
+) -> NameList | None:
+    """A list of transports or channels; None where unset or empty."""
+    if raw is None or raw.strip() == "":
+        return None
+    text = raw.strip()
+    exclude = text.startswith("^")
+    names = tuple(dict.fromkeys(n.strip().lower() for n in text.removeprefix("^").split(",") if n.strip()))
+    help_text = f"a comma-separated list of {', '.join(known)}, or ^ and the ones to leave out (e.g. ^{known[0]})"
+    if not names:
+        raise ConfigError(f"{variable}={raw!r} names no {kind}; expected {help_text}")
+    for name in names:
+        if name in same_host:
+            raise ConfigError(
+                f"{variable}={raw!r}: {name} moves data through {same_host[name]}, but {_SAME_HOST} "
+                f"{kind}s: {', '.join(known)}"
+            )
+        if name in NOT_OFFERED_CHANNELS and kind == "channel":
+            raise ConfigError(f"{variable}={raw!r}: {NOT_OFFERED_CHANNELS[name]}; known: {', '.join(known)}")
+        if name not in known:
+            raise ConfigError(f"{variable}={raw!r}: unknown {kind} {name!r}; expected {help_text}")
+    return NameList(variable, raw, names, exclude)
+
+
+def parse_transports(raw: str | None) -> NameList | None:
+    transports = parse_name_list(TRANSPORTS, raw, NETWORK_TRANSPORTS, SAME_HOST_TRANSPORTS, "transport")
+    if transports is not None and transports.exclude and "uv" in transports.names:
+        raise ConfigError(
+            f"{TRANSPORTS}={raw!r}: uv cannot be left out: every rails pipe connects over TCP first and then "
+            f"moves to the best transport both ends offer. To require InfiniBand, list it: {TRANSPORTS}=ibv"
+        )
+    return transports
+
+
+def parse_channels(raw: str | None) -> NameList | None:
+    channels = parse_name_list(CHANNELS, raw, CPU_CHANNELS + CUDA_CHANNELS, SAME_HOST_CHANNELS, "channel")
+    if channels is not None and channels.exclude:
+        for kind, candidates in (("CPU", CPU_CHANNELS), ("CUDA", CUDA_CHANNELS)):
+            if all(name in channels.names for name in candidates):
+                raise ConfigError(
+                    f"{CHANNELS}={raw!r} leaves no channel for {kind} buffers; the rails need one of "
+                    f"{', '.join(candidates)}"
+                )
+    return channels
+
+
+def parse_ib_hca(raw: str | None, tensorpipe: bool = True) -> HcaSelection | None:
+    """FAIRRING_IB_HCA: as NCCL_IB_HCA, ^ (exclude) then = (exact names) apply to the whole list.
+
+    Any port may be selected for the NIXL rails (`tensorpipe` false); TensorPipe's use only port 1.
+    """
+    if raw is None or raw.strip() == "":
+        return None
+    exclude, exact, listed = split_list(raw)
+    help_text = (
+        "comma-separated device[:port] entries matched as name prefixes, a leading = for exact names, "
+        "a leading ^ to exclude them (e.g. mlx5, =mlx5_0:1,mlx5_1:1 or ^=mlx5_1)"
+    )
+    entries = []
+    for entry in listed:
+        name, _, port_text = entry.partition(":")
+        name = name.strip()
+        if not name:
+            raise ConfigError(f"{IB_HCA}={raw!r} has an empty entry; expected {help_text}")
+        if name.startswith(("=", "^")):
+            raise ConfigError(
+                f"{IB_HCA}={raw!r}: ^ and = apply to the whole list and come first (^=mlx5_0,mlx5_1); "
+                f"expected {help_text}"
+            )
+        port = None
+        if port_text:
+            if not port_text.strip().isdigit() or int(port_text) < 1:
+                raise ConfigError(f"{IB_HCA}={raw!r}: {port_text!r} is not a port number; expected {help_text}")
+            port = int(port_text)
+        # Leaving another port out is what TensorPipe does anyway; using one it cannot.
+        if tensorpipe and port not in (None, TENSORPIPE_PORT) and not exclude:
+            raise ConfigError(
+                f"{IB_HCA}={raw!r}: port {port} of {name} cannot be used: torch's TensorPipe always uses port "
+                f"{TENSORPIPE_PORT} (tensorpipe/transport/ibv/constants.h kPortNum); select {name}:1 or {name}, "
+                "or use the NIXL rails (FAIRRING_RAILS_TRANSPORT=nixl), which can use any port"
+            )
+        entries.append((name, port))
+    return HcaSelection(raw, tuple(entries), exclude, exact)
+
+
+def parse_gid_index(raw: str | None, tensorpipe: bool = True) -> int | None:
+    """FAIRRING_IB_GID_INDEX; None where unset. The TensorPipe rails can honour only their own, 0."""
+    if raw is None or raw.strip() == "":
+        return None
+    if not tensorpipe:
+        if not raw.strip().isdigit():
+            raise ConfigError(f"{IB_GID_INDEX}={raw!r} is not a GID index; expected a number such as 3")
+        return int(raw)
+    if raw.strip() != str(TENSORPIPE_GID_INDEX):
+        raise ConfigError(
+            f"{IB_GID_INDEX}={raw!r} cannot be honoured: torch's TensorPipe always uses GID index "
+            f"{TENSORPIPE_GID_INDEX} (tensorpipe/transport/ibv/constants.h kGlobalIdentifierIndex); unset it "
+            f"or use 0. Where GID 0 does not reach the peers (e.g. RoCE v2 routed fabrics) use the NIXL rails "
+            f"(FAIRRING_RAILS_TRANSPORT=nixl), which honour it, or TCP: {TRANSPORTS}=uv"
+        )
+    return TENSORPIPE_GID_INDEX
+
+
+def load_transport_settings(env: Mapping[str, str] | None = None, tensorpipe: bool = True) -> TransportSettings:
+    """Reads and validates the rails' transport variables from `env` (default os.environ).
+
+    `tensorpipe`: for the TensorPipe rails, which use only port 1 and GID index 0 of a device.
+    """
+    env = os.environ if env is None else env
+    return TransportSettings(
+        transports=parse_transports(env.get(TRANSPORTS)),
+        channels=parse_channels(env.get(CHANNELS)),
+        ib_hca=parse_ib_hca(env.get(IB_HCA), tensorpipe),
+        ib_disable=parse_flag(IB_DISABLE, env.get(IB_DISABLE)),
+        gid_index=parse_gid_index(env.get(IB_GID_INDEX), tensorpipe),
+    )
 
 
 def _socket_settings(env: Mapping[str, str]) -> dict[str, object]:

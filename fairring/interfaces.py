@@ -28,13 +28,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .errors import ConfigError
 from .nccl_lists import names_match, split_list
-
-if TYPE_CHECKING:
-    from .config import Config
 
 SOCKET_IFNAME = "FAIRRING_SOCKET_IFNAME"
 TP_SOCKET_IFNAME = "TP_SOCKET_IFNAME"
@@ -221,8 +218,21 @@ def describe_host(addresses: Sequence[InterfaceAddress], family: str | None) -> 
     return f"this host has: {listed}{only}"
 
 
+class InterfaceSettings(Protocol):
+    """The settings the choice reads (fairring.config.Config parses them)."""
+
+    @property
+    def socket_ifname(self) -> InterfaceFilter | None: ...
+    @property
+    def socket_family(self) -> str | None: ...
+    @property
+    def socket_ifname_variable(self) -> str: ...
+    @property
+    def rail_interfaces(self) -> str | tuple[str, ...]: ...
+
+
 def choose_rail_interface(
-    config: Config, local_rank: int, addresses: Sequence[InterfaceAddress] | None = None
+    config: InterfaceSettings, local_rank: int, addresses: Sequence[InterfaceAddress] | None = None
 ) -> RailInterface:
     """The interface rail `local_rank` of this machine listens on (see the module's docstring)."""
     addresses = host_addresses() if addresses is None else addresses

@@ -18,9 +18,9 @@ import os
 from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 
-from .config import IB_DISABLE, RAILS_TRANSPORT, ConfigError
+from .config import IB_DISABLE, IB_GID_INDEX, RAILS_TRANSPORT, ConfigError, TransportSettings
 from .infiniband import HostFacts
-from .transports import IB_GID_INDEX, TransportSettings, map_gpus_to_nics
+from .transports import map_gpus_to_nics
 
 logger = logging.getLogger("fairring")
 

@@ -16,7 +16,7 @@ from . import _C
 from .config import Config
 from .interfaces import InterfaceAddress, choose_rail_interface, host_addresses
 from .nixl import choose_ucx_settings, nixl_library
-from .transports import RailsTransports, host_facts, load_transport_settings, rails_transports
+from .transports import RailsTransports, host_facts, rails_transports
 
 logger = logging.getLogger("fairring")
 _logged: set[str] = set()
@@ -34,11 +34,11 @@ def nixl_settings(
     """
     if config.nixl_backend == "LIBFABRIC":
         return "libfabric: NIXL maps each GPU to its nearest EFA devices (hwloc); FI_PROVIDER picks the provider"
-    settings = load_transport_settings(tensorpipe=False)
     gpu = torch.cuda.current_device() if cuda else None
     others = (choose_rail_interface(config, rail, addresses).name for rail in range(topology.local_size))
     interfaces = list(dict.fromkeys([interface, *others]))
-    return choose_ucx_settings(interfaces, settings, host_facts(verbs=False, cuda=cuda), topology.local_rank, gpu)
+    facts = host_facts(verbs=False, cuda=cuda)
+    return choose_ucx_settings(interfaces, config.transport, facts, topology.local_rank, gpu)
 
 
 def rails_network(config: Config, topology: _C.Topology) -> _C.RailsNetwork:
@@ -54,7 +54,7 @@ def rails_network(config: Config, topology: _C.Topology) -> _C.RailsNetwork:
         devices = nixl_settings(config, interface.name, addresses, topology, cuda)
         carried = f"NIXL {config.nixl_backend} ({library}); {devices}"
     else:
-        transports = rails_transports(cuda=cuda)
+        transports = rails_transports(config.transport, cuda=cuda)
         carried = transports.describe()
     if topology.serves_engine:
         line = (

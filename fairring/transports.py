@@ -3,9 +3,9 @@
 The rails connect ranks on different machines, so only network transports
 (ibv: InfiniBand verbs, uv: TCP) and network channels (basic for CPU buffers;
 cuda_gdr: GPUDirect RDMA, cuda_basic: staged through host memory, for CUDA
-buffers) are candidates. `decide` is a pure function of the parsed variables
-and the host's facts (fairring.infiniband); `rails_transports` runs it on this
-process. The C++ mesh registers exactly what it returns.
+buffers) are candidates. `decide` is a pure function of the variables
+(parsed once, into fairring.config's TransportSettings) and the host's facts
+(fairring.infiniband); `rails_transports` runs it on this process. The C++ mesh registers exactly what it returns.
 
 What torch's TensorPipe can and cannot do (pytorch/tensorpipe at 2b4cd91, whose
 create() signatures torch 2.15's headers under torch/include/tensorpipe share):
@@ -40,13 +40,25 @@ create() signatures torch 2.15's headers under torch/include/tensorpipe share):
 
 from __future__ import annotations
 
-import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from .config import IB_DISABLE, ConfigError, parse_flag
+from .config import (
+    CHANNELS,
+    CPU_CHANNELS,
+    CUDA_CHANNELS,
+    IB_DISABLE,
+    IB_HCA,
+    NETWORK_TRANSPORTS,
+    TENSORPIPE_PORT,
+    TRANSPORTS,
+    ConfigError,
+    HcaSelection,
+    NameList,
+    TransportSettings,
+)
 from .infiniband import (
     FORK_SAFE_VARIABLES,
     LIBIBVERBS,
@@ -58,87 +70,6 @@ from .infiniband import (
     probe_verbs,
     visible_gpu_bus_ids,
 )
-from .nccl_lists import names_match, split_list
-
-TRANSPORTS = "FAIRRING_TRANSPORTS"
-CHANNELS = "FAIRRING_CHANNELS"
-IB_HCA = "FAIRRING_IB_HCA"
-IB_GID_INDEX = "FAIRRING_IB_GID_INDEX"
-
-# TensorPipe's fixed choices (transport/ibv/constants.h, channel/cuda_gdr/constants.h).
-TENSORPIPE_PORT = 1
-TENSORPIPE_GID_INDEX = 0
-
-# Best first: the order they are registered in, by priority.
-NETWORK_TRANSPORTS = ("ibv", "uv")
-CPU_CHANNELS = ("basic",)
-CUDA_CHANNELS = ("cuda_gdr", "cuda_basic")
-_SAME_HOST = "rails peers are always on other machines, so the rails use only network"
-SAME_HOST_TRANSPORTS = {"shm": "shared memory between processes of one host"}
-SAME_HOST_CHANNELS = {
-    "cma": "cross-memory attach between processes of one host",
-    "xth": "memory copies between threads of one process",
-    "cuda_ipc": "CUDA IPC between processes of one host",
-    "cuda_xth": "CUDA copies between threads of one process",
-}
-# Network channels TensorPipe has that fairring does not register.
-NOT_OFFERED_CHANNELS = {"mpt": "fairring does not register mpt (TensorPipe's multiplexing channel)"}
-
-
-@dataclass(frozen=True)
-class NameList:
-    """A list in NCCL's grammar: the names to use, or after a leading ^ the names to leave out."""
-
-    variable: str
-    raw: str
-    names: tuple[str, ...]
-    exclude: bool
-
-    def setting(self) -> str:
-        return f"{self.variable}={self.raw!r}"
-
-    def verdicts(self, candidates: Sequence[str]) -> tuple[dict[str, str | None], frozenset[str]]:
-        """For each candidate: None if allowed, else why not; and the candidates required.
-
-        An include list that names none of `candidates` leaves them automatic, so
-        FAIRRING_CHANNELS=cuda_gdr says nothing about CPU buffers.
-        """
-        if self.exclude:
-            return {n: f"excluded by {self.setting()}" if n in self.names else None for n in candidates}, frozenset()
-        listed = frozenset(n for n in candidates if n in self.names)
-        if not listed:
-            return dict.fromkeys(candidates), frozenset()
-        return {n: None if n in listed else f"{self.setting()} does not list it" for n in candidates}, listed
-
-
-@dataclass(frozen=True)
-class HcaSelection:
-    """FAIRRING_IB_HCA in NCCL_IB_HCA's grammar: `[^][=]device[:port],...`."""
-
-    raw: str
-    entries: tuple[tuple[str, int | None], ...]
-    exclude: bool = False
-    exact: bool = False
-
-    def setting(self) -> str:
-        return f"{IB_HCA}={self.raw!r}"
-
-    def selects(self, device: str, port: int = TENSORPIPE_PORT) -> bool:
-        hit = any(
-            names_match(device, name, self.exact) and entry_port in (None, port) for name, entry_port in self.entries
-        )
-        return hit != self.exclude
-
-
-@dataclass(frozen=True)
-class TransportSettings:
-    """The parsed variables; None: unset (automatic)."""
-
-    transports: NameList | None = None
-    channels: NameList | None = None
-    ib_hca: HcaSelection | None = None
-    ib_disable: bool = False
-    gid_index: int | None = None
 
 
 @dataclass(frozen=True)
@@ -173,125 +104,6 @@ class RailsTransports:
             f"{', '.join(self.cuda_channels) or 'none'} for CUDA buffers{required}"
             + "".join(f" | {what}: {why}" for what, why in self.reasons)
         )
-
-
-def parse_name_list(
-    variable: str, raw: str | None, known: Sequence[str], same_host: Mapping[str, str], kind: str
-) -> NameList | None:
-    """A list of transports or channels; None where unset or empty."""
-    if raw is None or raw.strip() == "":
-        return None
-    text = raw.strip()
-    exclude = text.startswith("^")
-    names = tuple(dict.fromkeys(n.strip().lower() for n in text.removeprefix("^").split(",") if n.strip()))
-    help_text = f"a comma-separated list of {', '.join(known)}, or ^ and the ones to leave out (e.g. ^{known[0]})"
-    if not names:
-        raise ConfigError(f"{variable}={raw!r} names no {kind}; expected {help_text}")
-    for name in names:
-        if name in same_host:
-            raise ConfigError(
-                f"{variable}={raw!r}: {name} moves data through {same_host[name]}, but {_SAME_HOST} "
-                f"{kind}s: {', '.join(known)}"
-            )
-        if name in NOT_OFFERED_CHANNELS and kind == "channel":
-            raise ConfigError(f"{variable}={raw!r}: {NOT_OFFERED_CHANNELS[name]}; known: {', '.join(known)}")
-        if name not in known:
-            raise ConfigError(f"{variable}={raw!r}: unknown {kind} {name!r}; expected {help_text}")
-    return NameList(variable, raw, names, exclude)
-
-
-def parse_transports(raw: str | None) -> NameList | None:
-    transports = parse_name_list(TRANSPORTS, raw, NETWORK_TRANSPORTS, SAME_HOST_TRANSPORTS, "transport")
-    if transports is not None and transports.exclude and "uv" in transports.names:
-        raise ConfigError(
-            f"{TRANSPORTS}={raw!r}: uv cannot be left out: every rails pipe connects over TCP first and then "
-            f"moves to the best transport both ends offer. To require InfiniBand, list it: {TRANSPORTS}=ibv"
-        )
-    return transports
-
-
-def parse_channels(raw: str | None) -> NameList | None:
-    channels = parse_name_list(CHANNELS, raw, CPU_CHANNELS + CUDA_CHANNELS, SAME_HOST_CHANNELS, "channel")
-    if channels is not None and channels.exclude:
-        for kind, candidates in (("CPU", CPU_CHANNELS), ("CUDA", CUDA_CHANNELS)):
-            if all(name in channels.names for name in candidates):
-                raise ConfigError(
-                    f"{CHANNELS}={raw!r} leaves no channel for {kind} buffers; the rails need one of "
-                    f"{', '.join(candidates)}"
-                )
-    return channels
-
-
-def parse_ib_hca(raw: str | None, tensorpipe: bool = True) -> HcaSelection | None:
-    """FAIRRING_IB_HCA: as NCCL_IB_HCA, ^ (exclude) then = (exact names) apply to the whole list.
-
-    Any port may be selected for the NIXL rails (`tensorpipe` false); TensorPipe's use only port 1.
-    """
-    if raw is None or raw.strip() == "":
-        return None
-    exclude, exact, listed = split_list(raw)
-    help_text = (
-        "comma-separated device[:port] entries matched as name prefixes, a leading = for exact names, "
-        "a leading ^ to exclude them (e.g. mlx5, =mlx5_0:1,mlx5_1:1 or ^=mlx5_1)"
-    )
-    entries = []
-    for entry in listed:
-        name, _, port_text = entry.partition(":")
-        name = name.strip()
-        if not name:
-            raise ConfigError(f"{IB_HCA}={raw!r} has an empty entry; expected {help_text}")
-        if name.startswith(("=", "^")):
-            raise ConfigError(
-                f"{IB_HCA}={raw!r}: ^ and = apply to the whole list and come first (^=mlx5_0,mlx5_1); "
-                f"expected {help_text}"
-            )
-        port = None
-        if port_text:
-            if not port_text.strip().isdigit() or int(port_text) < 1:
-                raise ConfigError(f"{IB_HCA}={raw!r}: {port_text!r} is not a port number; expected {help_text}")
-            port = int(port_text)
-        # Leaving another port out is what TensorPipe does anyway; using one it cannot.
-        if tensorpipe and port not in (None, TENSORPIPE_PORT) and not exclude:
-            raise ConfigError(
-                f"{IB_HCA}={raw!r}: port {port} of {name} cannot be used: torch's TensorPipe always uses port "
-                f"{TENSORPIPE_PORT} (tensorpipe/transport/ibv/constants.h kPortNum); select {name}:1 or {name}, "
-                "or use the NIXL rails (FAIRRING_RAILS_TRANSPORT=nixl), which can use any port"
-            )
-        entries.append((name, port))
-    return HcaSelection(raw, tuple(entries), exclude, exact)
-
-
-def parse_gid_index(raw: str | None, tensorpipe: bool = True) -> int | None:
-    """FAIRRING_IB_GID_INDEX; None where unset. The TensorPipe rails can honour only their own, 0."""
-    if raw is None or raw.strip() == "":
-        return None
-    if not tensorpipe:
-        if not raw.strip().isdigit():
-            raise ConfigError(f"{IB_GID_INDEX}={raw!r} is not a GID index; expected a number such as 3")
-        return int(raw)
-    if raw.strip() != str(TENSORPIPE_GID_INDEX):
-        raise ConfigError(
-            f"{IB_GID_INDEX}={raw!r} cannot be honoured: torch's TensorPipe always uses GID index "
-            f"{TENSORPIPE_GID_INDEX} (tensorpipe/transport/ibv/constants.h kGlobalIdentifierIndex); unset it "
-            f"or use 0. Where GID 0 does not reach the peers (e.g. RoCE v2 routed fabrics) use the NIXL rails "
-            f"(FAIRRING_RAILS_TRANSPORT=nixl), which honour it, or TCP: {TRANSPORTS}=uv"
-        )
-    return TENSORPIPE_GID_INDEX
-
-
-def load_transport_settings(env: Mapping[str, str] | None = None, tensorpipe: bool = True) -> TransportSettings:
-    """Reads and validates the rails' transport variables from `env` (default os.environ).
-
-    `tensorpipe`: for the TensorPipe rails, which use only port 1 and GID index 0 of a device.
-    """
-    env = os.environ if env is None else env
-    return TransportSettings(
-        transports=parse_transports(env.get(TRANSPORTS)),
-        channels=parse_channels(env.get(CHANNELS)),
-        ib_hca=parse_ib_hca(env.get(IB_HCA), tensorpipe),
-        ib_disable=parse_flag(IB_DISABLE, env.get(IB_DISABLE)),
-        gid_index=parse_gid_index(env.get(IB_GID_INDEX), tensorpipe),
-    )
 
 
 def fork_verdict(fork: ForkFacts) -> tuple[bool, str]:
@@ -556,14 +368,14 @@ def needs_infiniband(settings: TransportSettings, cuda: bool) -> bool:
 _facts: dict[tuple[bool, bool], HostFacts] = {}
 
 
-def rails_transports(env: Mapping[str, str] | None = None, cuda: bool | None = None) -> RailsTransports:
-    """The decision for this process; `cuda`: whether its rails move CUDA buffers (default: a GPU is visible).
+def rails_transports(settings: TransportSettings, cuda: bool | None = None) -> RailsTransports:
+    """The decision for this process from its `settings` (Config.transport); `cuda`: whether its rails move
+    CUDA buffers (default: a GPU is visible).
 
     libibverbs is loaded, and so initialised (fairring set the fork-safety
     variables at import), only where sysfs shows devices and the settings
     allow InfiniBand.
     """
-    settings = load_transport_settings(env)
     if cuda is None:
         import torch
 

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
 import fairring
+from fairring.config import load_config
 from fairring.transports import rails_transports
 from harness import Layout, RankPool
 from reference import all_ranks_reduced, assert_matches, rank_tensor
@@ -158,9 +159,9 @@ if early:
         verbs.ibv_get_device_list.restype = ctypes.c_void_p
         verbs.ibv_get_device_list(None)
 import fairring
-from fairring.config import ConfigError
+from fairring.config import ConfigError, load_transport_settings
 from fairring.infiniband import IMPORT_STATE, probe_host
-from fairring.transports import decide, load_transport_settings
+from fairring.transports import decide
 facts = probe_host(os.environ["FAKE_ROOT"])
 decision = decide(load_transport_settings(), facts, cuda=False)
 try:
@@ -246,7 +247,7 @@ def all_reduce_and_check(seed: int) -> dict[str, object]:
 
 
 def rails_decision() -> dict[str, object]:
-    decision = rails_transports(cuda=False)
+    decision = rails_transports(load_config().transport, cuda=False)
     return {"transports": decision.transports, "fork": decision.reason("fork safety")}
 
 

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 
 from fairring.bench import model
+from fairring.sizes import GiB, KiB, MiB
 
 pytestmark = pytest.mark.timeout(60)
-
-KiB, MiB, GiB = model.KiB, model.MiB, model.GiB
 
 # Round numbers, so that expected times can be worked out by hand.
 HAND = model.Params(

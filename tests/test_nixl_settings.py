@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fairring import nixl
-from fairring.config import ConfigError
+from fairring.config import ConfigError, load_transport_settings
 from fairring.infiniband import HostFacts, IbDevice, IbPort
-from fairring.transports import load_transport_settings
 
 SEGMENTS = {"UCX_TCP_TX_SEG_SIZE": "1m", "UCX_TCP_RX_SEG_SIZE": "1m"}
 

@@ -33,7 +33,7 @@ STEP_TIMEOUT = timedelta(seconds=30)
 ENTRY_BYTES = 512 * 1024  # SharedMemorySteps::kEntryBytes
 
 
-def testing() -> Any:
+def c_testing() -> Any:
     """The extension's test-only functions, imported in the rank that calls them."""
     from fairring import _C
 
@@ -111,14 +111,14 @@ def exchange(steps: Any, rank: int, size: int, log: list[str], dtype_name: str, 
     for round_ in range(3):
         inputs = [values(r, round_, size * slot_numel, dtype, op) for r in range(size)]
         slot = torch.full((slot_numel,), 99, dtype=dtype)
-        testing().local_reduce_scatter(steps, slot, inputs[rank], op, seq=round_, slice=0, timeout=STEP_TIMEOUT)
+        c_testing().local_reduce_scatter(steps, slot, inputs[rank], op, seq=round_, slice=0, timeout=STEP_TIMEOUT)
         parts = torch.stack([x.view(size, slot_numel)[rank] for x in inputs]).to(torch.float64)
         expected = reduce(parts, dim=0).to(dtype)
         assert torch.equal(slot, expected), f"round {round_}: reduce-scatter differs from torch's {op}"
 
         slots = [values(r, 100 + round_, slot_numel, dtype, op) for r in range(size)]
         output = torch.full((size * slot_numel,), 99, dtype=dtype)
-        testing().local_all_gather(steps, output, slots[rank], seq=round_, slice=0, timeout=STEP_TIMEOUT)
+        c_testing().local_all_gather(steps, output, slots[rank], seq=round_, slice=0, timeout=STEP_TIMEOUT)
         assert torch.equal(output, torch.cat(slots)), f"round {round_}: all-gather differs from the slots"
     return steps.segment_name
 
@@ -150,7 +150,7 @@ def mismatched(steps: Any, rank: int, size: int, log: list[str], what: str) -> s
     slice_ = rank if what == "slice" else 0
     started = time.monotonic()
     with pytest.raises(RuntimeError) as error:
-        testing().local_reduce_scatter(steps, slot, input_, "sum", seq=7, slice=slice_, timeout=timedelta(seconds=5))
+        c_testing().local_reduce_scatter(steps, slot, input_, "sum", seq=7, slice=slice_, timeout=timedelta(seconds=5))
     assert time.monotonic() - started < 4, "the mismatch was found only by the timeout"
     return str(error.value)
 
@@ -173,7 +173,7 @@ def waits_alone(steps: Any, rank: int, size: int, log: list[str], how: str) -> t
         threading.Timer(0.3, steps.abort).start()
     started = time.monotonic()
     try:
-        testing().local_all_gather(steps, torch.empty(2 * 64), torch.ones(64), seq=0, slice=0, timeout=timeout)
+        c_testing().local_all_gather(steps, torch.empty(2 * 64), torch.ones(64), seq=0, slice=0, timeout=timeout)
     except RuntimeError as error:
         return time.monotonic() - started, str(error)
     return time.monotonic() - started, "returned"

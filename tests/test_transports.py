@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fairring.config import ConfigError
+from fairring.config import ConfigError, load_transport_settings, parse_ib_hca
 from fairring.infiniband import (
     ForkFacts,
     HostFacts,
@@ -25,10 +25,8 @@ from fairring.transports import (
     RailsTransports,
     decide,
     fork_verdict,
-    load_transport_settings,
     map_gpus_to_nics,
     needs_infiniband,
-    parse_ib_hca,
     rails_transports,
 )
 
@@ -491,9 +489,9 @@ def test_probe_host_asks_libibverbs_only_where_sysfs_shows_devices(tmp_path: Pat
 
 @pytest.mark.timeout(60)
 def test_rails_transports_on_this_machine() -> None:
-    result = rails_transports({}, cuda=False)
+    result = rails_transports(load_transport_settings({}), cuda=False)
     assert result.transports[-1] == "uv" and result.cpu_channels == ("basic",)
     if not Path("/sys/class/infiniband").is_dir():
         assert result.transports == ("uv",) and "no InfiniBand device" in result.reason("ibv")
     with pytest.raises(ConfigError, match="FAIRRING_TRANSPORTS='shm'"):
-        rails_transports({"FAIRRING_TRANSPORTS": "shm"}, cuda=False)
+        rails_transports(load_transport_settings({"FAIRRING_TRANSPORTS": "shm"}), cuda=False)

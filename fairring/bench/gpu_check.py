@@ -60,6 +60,7 @@ import torch
 import fairring
 from fairring import _C
 from fairring.config import (
+    CHANNELS,
     CUDA_ENGINE,
     FLAT_THRESHOLD,
     RAILS_TRANSPORT,
@@ -70,7 +71,6 @@ from fairring.config import (
 )
 from fairring.nixl import nixl_library
 from fairring.sizes import format_size, parse_size
-from fairring.transports import CHANNELS
 
 from . import free_port
 from .cuda_bench import MAX_WORLD, check_cases, dtype_name

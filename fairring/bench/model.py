@@ -17,7 +17,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fairring.sizes import GiB, KiB, MiB, parse_rate, parse_size
+from fairring.config import DEFAULT_SLICE_SIZE, DEFAULT_SLICES_IN_FLIGHT, DEFAULT_TOTAL_MEMORY
+from fairring.sizes import GiB, KiB, parse_rate, parse_size
 
 # Slices a tensor is cut into when it is long enough (plan.h kPipelineDepth).
 PIPELINE_DEPTH = 8
@@ -44,12 +45,12 @@ class Params:
 class FairringSettings:
     """The environment variables that shape a plan (docs/configuration.md)."""
 
-    slice_size: int = 4 * MiB  # FAIRRING_SLICE_SIZE
-    total_memory: int = 50 * MiB  # FAIRRING_TOTAL_MEMORY
+    slice_size: int = DEFAULT_SLICE_SIZE  # FAIRRING_SLICE_SIZE
+    total_memory: int = DEFAULT_TOTAL_MEMORY  # FAIRRING_TOTAL_MEMORY
     min_shard: int | None = None  # FAIRRING_MIN_SHARD_SIZE; None: no floor (the old behaviour)
     flat_threshold: int = 0  # FAIRRING_FLAT_THRESHOLD; smaller tensors take the delegate
     # FAIRRING_SLICES_IN_FLIGHT; None: as many as total_memory holds (engines before the cap)
-    slices_in_flight: int | None = 4
+    slices_in_flight: int | None = DEFAULT_SLICES_IN_FLIGHT
     adaptive: bool = True  # False: every slice is slice_size, as at commit b87b7f0 (the slice sweep)
     # Adaptive slices are no shorter than slice_size / this: 2 since commit 775dc7a, 4 before.
     shortest_slice_divisor: int = 2
