@@ -77,7 +77,7 @@ struct LocalGroups {
 };
 
 // The steps `groups` stand for on a machine of `localSize` ranks; throws
-// unless groups exist exactly when it has 2+ ranks.
+// unless groups exist exactly when it has 2+ ranks (backend/engine_factory.cpp).
 std::shared_ptr<LocalSteps> makeLocalSteps(LocalGroups groups, int localSize);
 
 } // namespace fairring
