@@ -176,9 +176,7 @@ class Config:
     rail_interfaces: str | tuple[str, ...] = "spread"
     # CUDA all-reduces take the Herring engine instead of NCCL (not yet validated on GPUs).
     cuda_engine: bool = False
-    # The rails keep to TCP even where InfiniBand (and GPUDirect) is viable.
-    ib_disable: bool = False
-    # The transport variables, parsed for the rails chosen (ib_disable among them).
+    # The transport variables, parsed for the rails chosen.
     transport: TransportSettings = TransportSettings()
     # CPU local steps go through Gloo over loopback instead of shared memory.
     shm_disable: bool = False
@@ -190,6 +188,11 @@ class Config:
     # What carries the rails between machines: TensorPipe, or NIXL with one of its backends.
     rails_transport: str = "tensorpipe"
     nixl_backend: str = "UCX"
+
+    @property
+    def ib_disable(self) -> bool:
+        """The rails keep to TCP even where InfiniBand (and GPUDirect) is viable."""
+        return self.transport.ib_disable
 
     @property
     def cpu_flat_threshold(self) -> int:
@@ -302,7 +305,6 @@ def load_config(env: Mapping[str, str] | None = None, tensorpipe_built: bool | N
         log_level=log_level,
         **_socket_settings(env),
         cuda_engine=cuda_engine,
-        ib_disable=transport.ib_disable,
         transport=transport,
         shm_disable=parse_flag(SHM_DISABLE, env.get(SHM_DISABLE)),
         timeline_directory=_timeline_directory(env.get(TIMELINE)),
