@@ -306,13 +306,13 @@ PYBIND11_MODULE(_C, module) {
       .def(
           py::init([](int64_t totalMemoryBytes,
                       int64_t sliceSizeBytes,
+                      int64_t maxSlicesInFlight,
                       int64_t minShardBytes,
                       int64_t cpuFlatThresholdBytes,
                       int64_t cudaFlatThresholdBytes,
                       fairring::RailsNetwork network,
                       bool cudaEngine,
-                      std::string timelineDirectory,
-                      int64_t maxSlicesInFlight) {
+                      std::string timelineDirectory) {
             fairring::Config config;
             config.totalMemoryBytes = totalMemoryBytes;
             config.maxSlicesInFlight = maxSlicesInFlight;
@@ -327,13 +327,13 @@ PYBIND11_MODULE(_C, module) {
           }),
           py::arg("total_memory_bytes"),
           py::arg("slice_size_bytes"),
+          py::arg("max_slices_in_flight"),
           py::arg("min_shard_bytes"),
           py::arg("cpu_flat_threshold_bytes"),
           py::arg("cuda_flat_threshold_bytes"),
           py::arg("network") = fairring::RailsNetwork{},
           py::arg("cuda_engine") = false,
-          py::arg("timeline_directory") = "",
-          py::arg("max_slices_in_flight") = fairring::Config{}.maxSlicesInFlight)
+          py::arg("timeline_directory") = "")
       .def_readonly("total_memory_bytes", &fairring::Config::totalMemoryBytes)
       .def_readonly(
           "max_slices_in_flight", &fairring::Config::maxSlicesInFlight)
@@ -408,7 +408,7 @@ PYBIND11_MODULE(_C, module) {
       py::arg("max_slice_bytes"),
       py::arg("min_shard_bytes"),
       py::arg("total_memory_bytes"),
-      py::arg("max_slices_in_flight") = fairring::PlanSettings{}.maxSlicesInFlight,
+      py::arg("max_slices_in_flight"),
       "The engine's plan for an all-reduce of `numel` elements (engine/plan.h), "
       "computed without running it.");
   module.def(

@@ -40,22 +40,23 @@ struct RailsNetwork {
 };
 
 // Engine settings, parsed and validated from the environment in Python
-// (fairring/config.py), which documents each one.
+// (fairring/config.py), which documents each one and is the one home of their
+// defaults: Python sets every field, so none has a default here.
 struct Config {
   // Upper bound on staging memory per device (FAIRRING_TOTAL_MEMORY).
-  int64_t totalMemoryBytes = 50 * 1024 * 1024;
+  int64_t totalMemoryBytes{};
   // Largest slice an all-reduce is cut into (FAIRRING_SLICE_SIZE).
-  int64_t sliceSizeBytes = 4 * 1024 * 1024;
+  int64_t sliceSizeBytes{};
   // At most this many full slices in flight (FAIRRING_SLICES_IN_FLIGHT;
   // see engine/plan.h).
-  int64_t maxSlicesInFlight = 4;
+  int64_t maxSlicesInFlight{};
   // Slices grow so that shards are at least this long, within the staging
   // memory (FAIRRING_MIN_SHARD_SIZE; see engine/plan.h).
-  int64_t minShardBytes = 256 * 1024;
+  int64_t minShardBytes{};
   // All-reduces smaller than this go to the delegate (FAIRRING_FLAT_THRESHOLD),
   // by device type: the Herring path's crossover differs.
-  int64_t cpuFlatThresholdBytes = 0;
-  int64_t cudaFlatThresholdBytes = 4 * 1024 * 1024;
+  int64_t cpuFlatThresholdBytes{};
+  int64_t cudaFlatThresholdBytes{};
 
   int64_t flatThresholdBytes(bool cuda) const {
     return cuda ? cudaFlatThresholdBytes : cpuFlatThresholdBytes;

@@ -12,7 +12,7 @@ import pytest
 
 from fairring import _C
 from fairring.bench import model
-from fairring.config import load_config
+from fairring.config import DEFAULT_SLICES_IN_FLIGHT, load_config
 from fairring.plan_log import describe_plans, floor_advice
 
 pytestmark = pytest.mark.timeout(60)
@@ -32,6 +32,7 @@ def shape(tensor_bytes: int, machines: int, *, min_shard: int, memory: int, slic
         max_slice_bytes=slice_size,
         min_shard_bytes=min_shard,
         total_memory_bytes=memory,
+        max_slices_in_flight=DEFAULT_SLICES_IN_FLIGHT,
     )
 
 
@@ -94,6 +95,7 @@ def test_small_clusters_keep_the_pipeline_depth() -> None:
         max_slice_bytes=4 * MiB,
         min_shard_bytes=256 * KiB,
         total_memory_bytes=50 * MiB,
+        max_slices_in_flight=DEFAULT_SLICES_IN_FLIGHT,
     )
     assert plan["slices"] == 8 and plan["shard_bytes"] == 512 * KiB
 
@@ -167,6 +169,7 @@ def test_the_scaling_model_plans_as_the_engine_does(min_shard: int) -> None:
                     max_slice_bytes=settings.slice_size,
                     min_shard_bytes=min_shard,
                     total_memory_bytes=settings.total_memory,
+                    max_slices_in_flight=settings.slices_in_flight,
                 )
                 plan = model.plan(tensor_bytes, machines, ranks, settings)
                 where = f"{machines} x {ranks}, {tensor_bytes} bytes"

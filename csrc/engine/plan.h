@@ -51,15 +51,16 @@ int64_t sliceNumelFor(int64_t sliceBytes, int64_t elementSize, int64_t unit);
 std::vector<Slice> makePlan(int64_t numel, int64_t sliceNumel, int64_t unit);
 
 // Everything besides the tensor that shapes its plan: the group's layout, the
-// device's transport floor and the user's settings. Equal on every rank.
+// device's transport floor and the user's settings (Config, whose defaults
+// live in fairring/config.py). Equal on every rank.
 struct PlanSettings {
-  int localSize = 1;
-  int machines = 1;
-  int64_t transportMinShardBytes = 1; // DeviceContext::minShardBytes()
-  int64_t maxSliceBytes = 4 << 20; // FAIRRING_SLICE_SIZE
-  int64_t minShardBytes = 0; // FAIRRING_MIN_SHARD_SIZE; 0: no floor
-  int64_t totalMemoryBytes = 50 << 20; // FAIRRING_TOTAL_MEMORY
-  int64_t maxSlicesInFlight = 4; // FAIRRING_SLICES_IN_FLIGHT
+  int localSize{};
+  int machines{};
+  int64_t transportMinShardBytes{}; // DeviceContext::minShardBytes()
+  int64_t maxSliceBytes{}; // FAIRRING_SLICE_SIZE
+  int64_t minShardBytes{}; // FAIRRING_MIN_SHARD_SIZE; 0: no floor
+  int64_t totalMemoryBytes{}; // FAIRRING_TOTAL_MEMORY
+  int64_t maxSlicesInFlight{}; // FAIRRING_SLICES_IN_FLIGHT
 };
 
 // The plan of one all-reduce, as the engine runs it.
