@@ -172,7 +172,7 @@ wheel-check: wheel
 # GPU as 2 machines), every dtype and op with 3 and 4 processes as machines, and a stress of
 # large slices over TensorPipe's cuda_basic channel, the bench's two processes on the NIXL rails
 # (where the nixl-cu13 wheel is importable, e.g. on PYTHONPATH), and writes one report: FAIRRING_GPU_REPORT
-# (default gpu-check-report.md). GPU_CHECK_ARGS go to `python -m fairring.bench.gpu_check` (see
+# (default gpu-check-report.md). GPU_CHECK_ARGS go to `python -m benchmarks.gpu_check` (see
 # its --help), e.g. --quick or "--device cpu" (with FAIRRING_WITH_CUDA=auto, where there is no
 # CUDA). A failed build writes the report too. Whole check: GPU_CHECK_SECONDS (the build's time
 # counts); each stage gets a bounded share, and one the time left cannot fit is reported skipped.
@@ -207,7 +207,7 @@ gpu-check:
 	  tail -n 60 "$$log" >&2; rm -f "$$log"; echo "gpu-check: FAILED (build); report: $$report" >&2; exit 1; \
 	fi; \
 	elapsed=$$(( $$(date +%s) - start )); \
-	$(PYTHON) -m fairring.bench.gpu_check --report "$$report" --build-log "$$log" --build-seconds $$elapsed \
+	$(PYTHON) -m benchmarks.gpu_check --report "$$report" --build-log "$$log" --build-seconds $$elapsed \
 	  --build-command "$$build" --budget $$(( $(GPU_CHECK_SECONDS) - elapsed )) $(GPU_CHECK_ARGS); \
 	status=$$?; rm -f "$$log"; \
 	if [ ! -s "$$report" ]; then echo "# fairring GPU check: FAILED (the check wrote no report; exit $$status)" >"$$report"; fi; \

@@ -1,4 +1,4 @@
-"""One rank of the GPU check's bench; `python -m fairring.bench.gpu_check` starts --world of them.
+"""One rank of the GPU check's bench; `python -m benchmarks.gpu_check` starts --world of them.
 
 The processes share one GPU (or, with --device cpu, the CPU) and are --world
 machines of one rank each (FAIRRING_MACHINE_ID differs), so every all-reduce
@@ -411,7 +411,7 @@ def die_with_parent() -> None:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m fairring.bench.cuda_bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cuda_bench", description=__doc__.split("\n")[0])
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--world", type=int, default=DEFAULT_WORLD, help=f"ranks, 2 to {MAX_WORLD} (default 2)")
     parser.add_argument("--port", type=int, required=True, help="the TCPStore's port (rank 0 serves it)")

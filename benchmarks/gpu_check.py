@@ -6,7 +6,7 @@ each with its own time limit inside --budget, so the whole check ends in time:
 
 1. environment: python, torch, CUDA, NCCL, the compiler, nvcc, fairring.build_info(), the GPUs;
 2. tests: `python -m pytest tests/test_cuda.py -rs -s -p no:cacheprovider`;
-3. bench: two processes on one GPU as two machines (fairring.bench.cuda_bench):
+3. bench: two processes on one GPU as two machines (benchmarks/cuda_bench.py):
    engine all-reduce throughput against fairring._C._testing.RailsEndpoint moving the same
    bytes between the same two processes, then every dtype and op checked against
    plain torch on the CPU;
@@ -29,8 +29,8 @@ recorded and the next one runs; the exit status is 1 if any stage failed (or no 
 0. --device cpu runs the same benches on CPU tensors (a smoke test for machines
 without a GPU; the stress scaled down) and skips the tests.
 
-    python -m fairring.bench.gpu_check --report gpu-check-report.md
-    python -m fairring.bench.gpu_check --device cpu --quick --report /tmp/report.md
+    python -m benchmarks.gpu_check --report gpu-check-report.md
+    python -m benchmarks.gpu_check --device cpu --quick --report /tmp/report.md
 """
 
 from __future__ import annotations
@@ -58,7 +58,9 @@ from typing import Any
 import torch
 
 import fairring
+from benchmarks.cuda_bench import MAX_WORLD, check_cases, dtype_name
 from fairring import _C
+from fairring.bench import free_port
 from fairring.config import (
     CHANNELS,
     CUDA_ENGINE,
@@ -72,10 +74,8 @@ from fairring.config import (
 from fairring.nixl import nixl_library
 from fairring.sizes import format_size, parse_size
 
-from . import free_port
-from .cuda_bench import MAX_WORLD, check_cases, dtype_name
-
-ROOT = Path(__file__).resolve().parents[2]
+# The checkout's root: every command runs there, so `python -m benchmarks.<name>` and the in-place build import.
+ROOT = Path(__file__).resolve().parents[1]
 TEST_COMMAND = ["-m", "pytest", "tests/test_cuda.py", "-rs", "-s", "-p", "no:cacheprovider"]
 DEFAULT_SIZES = {"cuda": "1MiB,4MiB,16MiB,64MiB,256MiB", "cpu": "1MiB,4MiB,16MiB"}
 QUICK_SIZES = {"cuda": "1MiB,16MiB,64MiB", "cpu": "64KiB,1MiB"}
@@ -146,7 +146,7 @@ class Step:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m fairring.bench.gpu_check",
+        prog="python -m benchmarks.gpu_check",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1],
@@ -333,7 +333,7 @@ def run_tests(args: argparse.Namespace, timeout: float) -> Stage:
 
 def rank_command(args: argparse.Namespace, world: int, rank: int, port: int, out: Path, phases: list[str]) -> list[str]:
     return [
-        sys.executable, "-m", "fairring.bench.cuda_bench", "--rank", str(rank), "--world", str(world),
+        sys.executable, "-m", "benchmarks.cuda_bench", "--rank", str(rank), "--world", str(world),
         "--port", str(port), "--device", args.device, *phases, "--op-timeout", str(args.op_timeout),
         "--out", str(out),
     ]  # fmt: skip
@@ -862,7 +862,7 @@ def main(argv: list[str]) -> int:
         "skipped_for_budget": left_out,
         "device": args.device,
         "seconds": time.monotonic() - started,
-        "command": display([sys.executable, "-m", "fairring.bench.gpu_check", *argv]),
+        "command": display([sys.executable, "-m", "benchmarks.gpu_check", *argv]),
         "environment": info,
         "stages": [{k: v for k, v in asdict(stage).items() if k != "output_tail"} for stage in stages],
         "bench": summaries.get(BENCH_STAGE, {}),

@@ -15,7 +15,7 @@ MiB = 1024 * 1024
 
 def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
     report = tmp_path / "report.md"
-    command = [sys.executable, "-m", "fairring.bench.gpu_check", "--device", "cpu", "--quick", "--report", str(report)]
+    command = [sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--quick", "--report", str(report)]
     command += ["--budget", "220"]
     run = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert report.exists(), run.stdout + run.stderr
