@@ -49,31 +49,19 @@ void checkCpuReduction(
     const std::vector<at::Tensor>& tensors) {
   for (const auto& tensor : tensors) {
     const at::ScalarType dtype = tensor.scalar_type();
-    switch (dtype) {
-      case at::kFloat:
-      case at::kDouble:
-      case at::kHalf:
-      case at::kBFloat16:
-      case at::kChar:
-      case at::kByte:
-      case at::kInt:
-      case at::kLong:
-      case at::kBool:
-      case at::kComplexFloat:
-      case at::kComplexDouble:
-        break;
-      default:
-        TORCH_CHECK(
-            false,
-            "fairring: ",
-            opName,
-            " of ",
-            dtype,
-            " CPU tensors is not supported (Gloo reduces float32, float64, "
-            "float16, bfloat16, int8, uint8, int32, int64, bool and complex); "
-            "convert the tensor first, e.g. to ",
-            at::isFloatingType(dtype) ? "float32" : "int64");
-    }
+    // Gloo reduces what the engine does, and bool and complex64/128.
+    const bool glooReduces = reducibleDtype(dtype) || dtype == at::kBool ||
+        dtype == at::kComplexFloat || dtype == at::kComplexDouble;
+    TORCH_CHECK(
+        glooReduces,
+        "fairring: ",
+        opName,
+        " of ",
+        dtype,
+        " CPU tensors is not supported (Gloo reduces float32, float64, "
+        "float16, bfloat16, int8, uint8, int32, int64, bool and complex); "
+        "convert the tensor first, e.g. to ",
+        at::isFloatingType(dtype) ? "float32" : "int64");
   }
   TORCH_CHECK(
       op != c10d::ReduceOp::PREMUL_SUM,

@@ -38,6 +38,22 @@ const char* reduceOpName(c10d::ReduceOp::RedOpType op) {
   return "unknown";
 }
 
+bool reducibleDtype(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kBFloat16:
+    case at::kChar:
+    case at::kByte:
+    case at::kInt:
+    case at::kLong:
+      return true;
+    default:
+      return false;
+  }
+}
+
 bool reductionSupported(at::ScalarType dtype, c10d::ReduceOp::RedOpType op) {
   switch (op) {
     case c10d::ReduceOp::SUM:
@@ -53,19 +69,7 @@ bool reductionSupported(at::ScalarType dtype, c10d::ReduceOp::RedOpType op) {
     default:
       return false;
   }
-  switch (dtype) {
-    case at::kFloat:
-    case at::kDouble:
-    case at::kHalf:
-    case at::kBFloat16:
-    case at::kChar:
-    case at::kByte:
-    case at::kInt:
-    case at::kLong:
-      return true;
-    default:
-      return false;
-  }
+  return reducibleDtype(dtype);
 }
 
 c10d::ReduceOp::RedOpType localReduceOp(c10d::ReduceOp::RedOpType op) {

@@ -9,9 +9,13 @@ namespace fairring {
 // (CPU kernels or CUDA kernels on the current stream): the same code serves
 // both. float16 and bfloat16 sums accumulate in float32 within reduceRows.
 
-// Whether the engine reduces `dtype` with `op`: SUM, MAX, MIN, PRODUCT on
-// float32/64, float16, bfloat16, int8, uint8, int32, int64; AVG on the
-// floating-point ones. (PREMUL_SUM arrives as SUM: see backend.cpp.)
+// The dtypes the engine reduces: float32/64, float16, bfloat16, int8, uint8,
+// int32, int64.
+bool reducibleDtype(at::ScalarType dtype);
+
+// Whether the engine reduces `dtype` with `op`: SUM, MAX, MIN, PRODUCT on the
+// reducible dtypes; AVG on the floating-point ones. (PREMUL_SUM arrives as
+// SUM: see backend/allreduce_args.cpp.)
 bool reductionSupported(at::ScalarType dtype, c10d::ReduceOp::RedOpType op);
 
 // The op's name as Python spells it, lower case ("sum", "premul_sum").

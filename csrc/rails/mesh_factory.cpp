@@ -2,7 +2,7 @@
 
 #include <c10/util/Exception.h>
 
-#include "rails/nixl/mesh.h"
+#include "rails/nixl/factory.h"
 #include "rails/tensorpipe/factory.h"
 
 namespace fairring::rails {
@@ -15,8 +15,7 @@ std::unique_ptr<Mesh> makeMesh(
     c10::Device device,
     std::chrono::milliseconds timeout) {
   if (network.transport == "nixl") {
-    return std::make_unique<nixl::NixlMesh>(
-        store, storePrefix, topology, network, device, timeout);
+    return makeNixlMesh(store, storePrefix, topology, network, device, timeout);
   }
   TORCH_CHECK(
       network.transport == "tensorpipe",

@@ -1,4 +1,5 @@
 #include "rails/nixl/mesh.h"
+#include "rails/nixl/factory.h"
 
 #include <cctype>
 #include <cstdlib>
@@ -1060,3 +1061,18 @@ std::string NixlMesh::downInterface() const {
 }
 
 } // namespace fairring::rails::nixl
+
+namespace fairring::rails {
+
+std::unique_ptr<Mesh> makeNixlMesh(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    const std::string& storePrefix,
+    const Topology& topology,
+    const RailsNetwork& network,
+    c10::Device device,
+    std::chrono::milliseconds timeout) {
+  return std::make_unique<nixl::NixlMesh>(
+      store, storePrefix, topology, network, device, timeout);
+}
+
+} // namespace fairring::rails
