@@ -9,7 +9,7 @@ own stream. Every result is checked against a torch reference; every wait is
 bounded by the group's timeout, whose error names the stage and slice each
 rank waits in.
 
-Negative controls: the old design (every stage on one stream), with the
+Negative controls: every stage on one stream, with the
 interleaving that deadlocks it forced, must be reported as stuck in a local
 step; and a reduce that ignores the shards' arrival fences must give wrong
 data that the check catches.
@@ -160,10 +160,10 @@ def forced_env(layout: Layout, rank: int, base: str) -> dict[str, str]:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("design", ["stream_per_stage", "one_stream"])
-def test_forced_interleaving_deadlocks_only_the_old_design(design: str) -> None:
+def test_forced_interleaving_deadlocks_only_one_stream_for_all_stages(design: str) -> None:
     """On each machine, one rank enqueues the next slice's reduce-scatter before an all-gather,
     the other the reverse. On one stream per stage this only slows the op; with all
-    stages on one stream (the old design) it is the cycle, which must be reported
+    stages on one stream (the negative control) it is the cycle, which must be reported
     within the group's timeout as a wait in a local step.
     """
     layout = Layout(2, 2)
@@ -174,7 +174,7 @@ def test_forced_interleaving_deadlocks_only_the_old_design(design: str) -> None:
     if design == "stream_per_stage":
         assert errors == [""] * layout.world_size, errors
         return
-    assert all(errors), f"the old design completed under the deadlocking interleaving: {errors}"
+    assert all(errors), f"one stream for all stages completed under the deadlocking interleaving: {errors}"
     # Each rank names where it waits: a stage of a slice, stuck behind the cycle.
     for error in errors:
         assert re.search(r"timed out after 20000 ms, .*slice \d+ of 8", error), error

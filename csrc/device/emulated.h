@@ -27,8 +27,8 @@ namespace fairring {
 // on it); users never see it. Its value is a comma-separated list of:
 //   seed=N              jitter seed (the rank is added), default 0
 //   jitter_us=N         at most this long before each item, default 200
-//   one_stream          all stages on one stream: the old design, which the
-//                       negative control must see deadlock
+//   one_stream          all stages on one stream, which the negative control
+//                       must see deadlock
 //   force=rs_first|ag_first
 //                       an all-gather (rs_first) or reduce-scatter (ag_first)
 //                       enqueue waits, up to 500 ms, for the other stage's next
