@@ -42,12 +42,12 @@ std::unique_ptr<Engine> makeEngine(
     context = makeCpuContext();
   }
   auto mesh = rails::makeMesh(
-      site.store,
-      "fairring/rails/" + c10::DeviceTypeName(device.type(), true) + "/",
-      topology,
-      site.config.network,
-      device,
-      site.timeout);
+      {site.store,
+       "fairring/rails/" + c10::DeviceTypeName(device.type(), true) + "/",
+       topology,
+       site.config.network,
+       device,
+       site.timeout});
   auto timeline = site.config.timelineDirectory.empty()
       ? nullptr
       : std::make_unique<Timeline>(

@@ -7,23 +7,17 @@
 
 namespace fairring::rails {
 
-std::unique_ptr<Mesh> makeMesh(
-    const c10::intrusive_ptr<c10d::Store>& store,
-    const std::string& storePrefix,
-    const Topology& topology,
-    const RailsNetwork& network,
-    c10::Device device,
-    std::chrono::milliseconds timeout) {
-  if (network.transport == "nixl") {
-    return makeNixlMesh(store, storePrefix, topology, network, device, timeout);
+std::unique_ptr<Mesh> makeMesh(const MeshSite& site) {
+  const std::string& transport = site.network.transport;
+  if (transport == "nixl") {
+    return makeNixlMesh(site);
   }
   TORCH_CHECK(
-      network.transport == "tensorpipe",
+      transport == "tensorpipe",
       "fairring: no rails transport '",
-      network.transport,
+      transport,
       "'; FAIRRING_RAILS_TRANSPORT takes tensorpipe or nixl");
-  return makeTensorpipeMesh(
-      store, storePrefix, topology, network, device, timeout);
+  return makeTensorpipeMesh(site);
 }
 
 } // namespace fairring::rails

@@ -1,27 +1,15 @@
 #pragma once
 
-#include <chrono>
 #include <memory>
-#include <string>
 
-#include <c10/core/Device.h>
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
-#include "config.h"
+#include "rails/mesh_site.h"
 #include "rails/transport.h"
-#include "topology.h"
 
 namespace fairring::rails {
 
-// The rails mesh of the transport `network` names (TensorPipe or NIXL), for
-// this rank of `topology`, carrying buffers on `device`. Collective, like
-// the meshes' own constructors; rendezvous keys go under `storePrefix`.
-std::unique_ptr<Mesh> makeMesh(
-    const c10::intrusive_ptr<c10d::Store>& store,
-    const std::string& storePrefix,
-    const Topology& topology,
-    const RailsNetwork& network,
-    c10::Device device,
-    std::chrono::milliseconds timeout);
+// The rails mesh of the transport `site.network` names (TensorPipe or NIXL),
+// for this rank of `site.topology`. Collective, like the meshes' own
+// constructors.
+std::unique_ptr<Mesh> makeMesh(const MeshSite& site);
 
 } // namespace fairring::rails

@@ -42,12 +42,7 @@ Endpoint::Endpoint(
       "fairring: a rails endpoint moves CPU or indexed CUDA tensors, not ",
       device);
   mesh_ = std::make_unique<TensorpipeMesh>(
-      store,
-      storePrefix,
-      topology,
-      network,
-      device,
-      timeout);
+      MeshSite{store, storePrefix, topology, network, device, timeout});
   lanes_ = std::make_unique<Lanes>(
       *mesh_, [this](int, bool, const std::string& message) {
         failAll(message);

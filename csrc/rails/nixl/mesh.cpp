@@ -121,25 +121,20 @@ class NixlConnection final : public Connection {
   const size_t neighbour_ = 0; // control connections
 };
 
-NixlMesh::NixlMesh(
-    const c10::intrusive_ptr<c10d::Store>& store,
-    const std::string& storePrefix,
-    const Topology& topology,
-    const RailsNetwork& network,
-    c10::Device device,
-    std::chrono::milliseconds timeout)
-    : topology_(topology),
-      device_(device),
-      timeout_(timeout),
-      store_(store),
-      storePrefix_(storePrefix + "nixl/"),
-      backendName_(network.nixlBackend),
-      interfaceName_(network.interfaceName),
-      api_(load(network.nixlLibrary)) {
+NixlMesh::NixlMesh(const MeshSite& site)
+    : topology_(site.topology),
+      device_(site.device),
+      timeout_(site.timeout),
+      store_(site.store),
+      storePrefix_(site.storePrefix + "nixl/"),
+      backendName_(site.network.nixlBackend),
+      interfaceName_(site.network.interfaceName),
+      api_(load(site.network.nixlLibrary)) {
   TORCH_CHECK(
-      device.is_cpu() || (device.is_cuda() && device.has_index()),
+      site.device.is_cpu() ||
+          (site.device.is_cuda() && site.device.has_index()),
       "fairring: the NIXL rails carry CPU or indexed CUDA buffers, not ",
-      device);
+      site.device);
   const int rank = topology_.rank();
   neighbours_ = topology_.neighbours();
   links_.resize(static_cast<size_t>(numMachines()) * kLanes);
@@ -1064,15 +1059,8 @@ std::string NixlMesh::downInterface() const {
 
 namespace fairring::rails {
 
-std::unique_ptr<Mesh> makeNixlMesh(
-    const c10::intrusive_ptr<c10d::Store>& store,
-    const std::string& storePrefix,
-    const Topology& topology,
-    const RailsNetwork& network,
-    c10::Device device,
-    std::chrono::milliseconds timeout) {
-  return std::make_unique<nixl::NixlMesh>(
-      store, storePrefix, topology, network, device, timeout);
+std::unique_ptr<Mesh> makeNixlMesh(const MeshSite& site) {
+  return std::make_unique<nixl::NixlMesh>(site);
 }
 
 } // namespace fairring::rails

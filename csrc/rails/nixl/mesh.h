@@ -21,6 +21,7 @@
 #include "config.h"
 #include "rails/nixl/library.h"
 #include "rails/nixl/wire.h"
+#include "rails/mesh_site.h"
 #include "rails/transport.h"
 #include "topology.h"
 
@@ -52,13 +53,7 @@ class NixlConnection;
 // runs every callback; shutdown() (and the destructor) joins it.
 class NixlMesh final : public Mesh {
  public:
-  NixlMesh(
-      const c10::intrusive_ptr<c10d::Store>& store,
-      const std::string& storePrefix,
-      const Topology& topology,
-      const RailsNetwork& network,
-      c10::Device device,
-      std::chrono::milliseconds timeout);
+  explicit NixlMesh(const MeshSite& site);
   ~NixlMesh() override;
 
   int machine() const override {

@@ -394,19 +394,13 @@ std::string listenUrl(const std::string& transport, const std::string& address) 
 
 } // namespace
 
-TensorpipeMesh::TensorpipeMesh(
-    const c10::intrusive_ptr<c10d::Store>& store,
-    const std::string& storePrefix,
-    const Topology& topology,
-    const RailsNetwork& network,
-    c10::Device device,
-    std::chrono::milliseconds timeout)
-    : topology_(topology),
-      listenHost_(network.listenAddress),
-      connections_(topology.numMachines()) {
+TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
+    : topology_(site.topology),
+      listenHost_(site.network.listenAddress),
+      connections_(site.topology.numMachines()) {
   neighbours_ = topology_.neighbours();
   const int rank = topology_.rank();
-  const tensorpipe::Device ownDevice = tensorpipeDevice(device);
+  const tensorpipe::Device ownDevice = tensorpipeDevice(site.device);
   controls_.resize(neighbours_.size());
   const auto neighbourIndex = [&](int peer) {
     return static_cast<size_t>(
@@ -419,9 +413,10 @@ TensorpipeMesh::TensorpipeMesh(
   // uv carries every pipe's handshake (the URL a peer dials is the uv one);
   // TensorPipe then moves the pipe's data to the highest-priority transport
   // that both ends registered, so the order given (best first) sets it.
-  std::vector<std::string> listenUrls{listenUrl("uv", network.listenAddress)};
+  std::vector<std::string> listenUrls{
+      listenUrl("uv", site.network.listenAddress)};
   std::vector<std::string> transportNames;
-  const auto& transports = network.transports;
+  const auto& transports = site.network.transports;
   for (size_t index = 0; index < transports.size(); ++index) {
     const auto& name = transports[index];
     const auto priority = static_cast<int64_t>(transports.size() - index) * 10;
@@ -436,7 +431,7 @@ TensorpipeMesh::TensorpipeMesh(
     if (!transport->isViable()) {
       // uv is always viable; ibv is not without libibverbs.so.1 or a device.
       TORCH_CHECK(
-          !network.isRequired(name),
+          !site.network.isRequired(name),
           "fairring: rank ", rank, ": the rails were asked to use TensorPipe's ",
           name, " transport (FAIRRING_TRANSPORTS), but it is not viable in this "
           "process (ibv needs libibverbs.so.1 and an active InfiniBand or RoCE "
@@ -446,16 +441,16 @@ TensorpipeMesh::TensorpipeMesh(
     context_->registerTransport(priority, name, std::move(transport));
     transportNames.push_back(name);
     if (name != "uv") {
-      listenUrls.push_back(listenUrl(name, network.listenAddress));
+      listenUrls.push_back(listenUrl(name, site.network.listenAddress));
     }
   }
   TORCH_CHECK(
       named(transportNames, "uv"),
       "fairring: the rails need TensorPipe's uv (TCP) transport for every "
       "pipe's handshake; it was not among ", transports.size(), " allowed");
-  std::vector<std::string> channelNames = device.is_cuda()
-      ? registerCudaChannels(*context_, network, rank)
-      : registerCpuChannels(*context_, network, rank);
+  std::vector<std::string> channelNames = site.device.is_cuda()
+      ? registerCudaChannels(*context_, site.network, rank)
+      : registerCpuChannels(*context_, site.network, rank);
   const auto joined = [](const std::vector<std::string>& names) {
     std::string text;
     for (const auto& name : names) {
@@ -463,20 +458,20 @@ TensorpipeMesh::TensorpipeMesh(
     }
     return text;
   };
-  transports_ = network.interfaceName + "; transports " +
+  transports_ = site.network.interfaceName + "; transports " +
       joined(transportNames) + "; channels " + joined(channelNames);
 
   listener_ = context_->listen(listenUrls);
   url_ = listener_->url("uv");
   // "<device index> <url>": what a connecting peer needs to know.
   const std::string published = std::to_string(ownDevice.index) + " " + url_;
-  store->set(
-      storePrefix + "url/" + std::to_string(rank),
+  site.store->set(
+      site.storePrefix + "url/" + std::to_string(rank),
       std::vector<uint8_t>(published.begin(), published.end()));
 
   // Rail peers on lower machines connect to us (every lane), and so do the
   // ranks of this machine with a lower local index (control).
-  accepted_ = std::make_shared<Accepted>(topology_, device.is_cuda());
+  accepted_ = std::make_shared<Accepted>(topology_, site.device.is_cuda());
   const auto& accepted = accepted_;
   const int expected =
       topology_.machine() * (kLanes + 1) + topology_.localRank();
@@ -491,7 +486,8 @@ TensorpipeMesh::TensorpipeMesh(
     const auto peerDeviceIndex =
         words.size() == 2 ? parseInt(words[0]) : std::nullopt;
     TORCH_CHECK(
-        peerDeviceIndex && plausibleDeviceIndex(*peerDeviceIndex, device.is_cuda()) &&
+        peerDeviceIndex &&
+            plausibleDeviceIndex(*peerDeviceIndex, site.device.is_cuda()) &&
             words[1].starts_with("uv://"),
         "fairring: rank ",
         rank,
@@ -541,16 +537,16 @@ TensorpipeMesh::TensorpipeMesh(
   if (!dials.empty()) {
     std::vector<std::string> keys;
     for (const auto& dial : dials) {
-      keys.push_back(storePrefix + "url/" + std::to_string(dial.first));
+      keys.push_back(site.storePrefix + "url/" + std::to_string(dial.first));
     }
-    const auto records = store->multiGet(keys);
+    const auto records = site.store->multiGet(keys);
     for (size_t index = 0; index < dials.size(); ++index) {
       connectTo(dials[index].first, dials[index].second, records.at(index));
     }
   }
 
   std::unique_lock<std::mutex> lock(accepted->mutex);
-  const bool complete = accepted->changed.wait_for(lock, timeout, [&] {
+  const bool complete = accepted->changed.wait_for(lock, site.timeout, [&] {
     return !accepted->error.empty() ||
         static_cast<int>(accepted->pipes.size()) == expected;
   });
@@ -569,7 +565,7 @@ TensorpipeMesh::TensorpipeMesh(
         missing << " " << peer;
       }
     }
-    failure = "timed out after " + std::to_string(timeout.count()) +
+    failure = "timed out after " + std::to_string(site.timeout.count()) +
         " ms waiting for rank(s)" + missing.str() + " to connect to " + url_;
     if (accepted->rejected > 0) {
       failure += "; " + accepted->noted();

@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "config.h"
+#include "rails/mesh_site.h"
 #include "rails/transport.h"
 #include "topology.h"
 
@@ -57,13 +58,7 @@ struct Accepted;
 // destructor) close the context and join that thread.
 class TensorpipeMesh final : public Mesh {
  public:
-  TensorpipeMesh(
-      const c10::intrusive_ptr<c10d::Store>& store,
-      const std::string& storePrefix,
-      const Topology& topology,
-      const RailsNetwork& network,
-      c10::Device device,
-      std::chrono::milliseconds timeout);
+  explicit TensorpipeMesh(const MeshSite& site);
   ~TensorpipeMesh() override;
 
   int machine() const override {

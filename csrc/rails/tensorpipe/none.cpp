@@ -11,13 +11,7 @@ bool tensorpipeBuilt() {
   return false;
 }
 
-std::unique_ptr<Mesh> makeTensorpipeMesh(
-    const c10::intrusive_ptr<c10d::Store>& /*store*/,
-    const std::string& /*storePrefix*/,
-    const Topology& /*topology*/,
-    const RailsNetwork& /*network*/,
-    c10::Device /*device*/,
-    std::chrono::milliseconds /*timeout*/) {
+std::unique_ptr<Mesh> makeTensorpipeMesh(const MeshSite& /*site*/) {
   TORCH_CHECK(
       false,
       "fairring was built without TensorPipe (FAIRRING_WITH_TENSORPIPE=0, or "
