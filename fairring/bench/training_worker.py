@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import fairring
+from fairring.config import load_config
 
 from .training_models import REAL_MODELS, SHAPED_MODELS, EmulatedNet
 from .worker import die_with_the_agent, environment
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     die_with_the_agent()
     dist.init_process_group("fairring")
-    cuda = torch.cuda.is_available() and os.environ.get("FAIRRING_CUDA_ENGINE") == "1"
+    cuda = torch.cuda.is_available() and load_config(os.environ).cuda_engine
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
