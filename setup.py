@@ -240,9 +240,9 @@ def _extension() -> CppExtension:
         library_dirs=cuda.library_dirs if cuda else [],
         libraries=cuda.libraries if cuda else [],
         # torch's CUDA headers trip -Winterference-size; it says nothing about our code.
-        # Hidden visibility, as pybind11 asks of a module: only PyInit__C is exported (no
-        # other library links against fairring's symbols), and pybind11's class_ is not
-        # more visible than its hidden base (-Wattributes).
+        # Hidden visibility, as pybind11 asks of a module: fairring's own symbols stay inside
+        # _C (PyInit__C is exported; no other library links against the rest), and pybind11's
+        # class_ is not more visible than its hidden base (-Wattributes).
         extra_compile_args=[
             "-std=c++20",
             "-O2",
