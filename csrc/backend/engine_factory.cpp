@@ -10,7 +10,10 @@
 #include "rails/mesh_factory.h"
 
 namespace fairring {
+namespace {
 
+// The steps `groups` stand for on a machine of `localSize` ranks; throws
+// unless groups exist exactly when it has 2+ ranks.
 std::shared_ptr<LocalSteps> makeLocalSteps(LocalGroups groups, int localSize) {
   const bool groupsMade = groups.reduceScatter && groups.allGather;
   TORCH_CHECK(
@@ -25,6 +28,8 @@ std::shared_ptr<LocalSteps> makeLocalSteps(LocalGroups groups, int localSize) {
   }
   return std::make_shared<CopySteps>();
 }
+
+} // namespace
 
 std::unique_ptr<Engine> makeEngine(
     c10::Device device,

@@ -23,7 +23,7 @@ struct LocalStepKey {
 
 // The engine's steps among the ranks of one machine: one implementation per
 // algorithm (local/shared_memory.h, local/group_steps.h, local/copy_steps.h),
-// chosen once per engine by makeLocalSteps.
+// chosen once per engine from LocalGroups (backend/engine_factory.cpp).
 //
 // Threads: the reduce-scatter stage calls reduceScatter and the all-gather
 // stage allGather, each in slice order (the same on every local rank, c10d's
@@ -75,9 +75,5 @@ struct LocalGroups {
   c10::intrusive_ptr<c10d::Backend> allGather;
   std::shared_ptr<LocalSteps> sharedMemory;
 };
-
-// The steps `groups` stand for on a machine of `localSize` ranks; throws
-// unless groups exist exactly when it has 2+ ranks (backend/engine_factory.cpp).
-std::shared_ptr<LocalSteps> makeLocalSteps(LocalGroups groups, int localSize);
 
 } // namespace fairring
