@@ -9,9 +9,9 @@ own stream. Every result is checked against a torch reference; every wait is
 bounded by the group's timeout, whose error names the stage and slice each
 rank waits in.
 
-Negative controls: every stage on one stream, with the
-interleaving that deadlocks it forced, must be reported as stuck in a local
-step; and a reduce that ignores the shards' arrival fences must give wrong
+Negative controls: a device that runs all work in launch order, with the
+engine's launch order off and the interleaving that deadlocks it forced, must
+be reported as stuck in a local step; and a reduce that ignores the shards' arrival fences must give wrong
 data that the check catches.
 """
 
@@ -158,26 +158,49 @@ def forced_env(layout: Layout, rank: int, base: str) -> dict[str, str]:
     return {"FAIRRING_TEST_EMULATED_DEVICE": f"{base},{force}"}
 
 
+# The device's queues, and whether the engine keeps its launch order: a GPU
+# with streams that progress on their own; one that runs all work in launch
+# order (CUDA_DEVICE_MAX_CONNECTIONS=1, MPS); and the negative control, that
+# GPU with the local steps launched as the stage threads get to them.
+DEVICE_DESIGNS = {
+    "streams": "",
+    "in_order": ",in_order",
+    "in_order_unordered_launch": ",in_order,unordered_launch",
+}
+
+
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("design", ["stream_per_stage", "one_stream"])
-def test_forced_interleaving_deadlocks_only_one_stream_for_all_stages(design: str) -> None:
-    """On each machine, one rank enqueues the next slice's reduce-scatter before an all-gather,
-    the other the reverse. On one stream per stage this only slows the op; with all
-    stages on one stream (the negative control) it is the cycle, which must be reported
-    within the group's timeout as a wait in a local step.
+@pytest.mark.parametrize("design", list(DEVICE_DESIGNS))
+def test_forced_interleaving_deadlocks_only_without_the_launch_order(design: str) -> None:
+    """On each machine, one rank would enqueue the next slice's reduce-scatter before an
+    all-gather, the other the reverse (each holds its enqueue up to 500 ms for the other
+    stage's). The launch order overrides both, so the ops complete even where the device
+    runs everything in launch order; without it (the negative control) that device
+    deadlocks, which must be reported within the group's timeout as a wait in a slice.
     """
     layout = Layout(2, 2)
-    base = "seed=5" + (",one_stream" if design == "one_stream" else "")
+    base = "seed=5" + DEVICE_DESIGNS[design]
+    negative = design == "in_order_unordered_launch"
+    # Ordered, each forced hold lasts its full 500 ms: 16 of them per rank.
+    timeout = 20 if negative else 90
     rank_env = {rank: forced_env(layout, rank, base) for rank in range(layout.world_size)}
-    with RankPool(layout, emulated(base, timeout=20), rank_env=rank_env) as ranks:
-        errors = ranks.run(few_multi_slice_ops, timeout=120)
-    if design == "stream_per_stage":
+    with RankPool(layout, emulated(base, timeout=timeout), rank_env=rank_env) as ranks:
+        errors = ranks.run(few_multi_slice_ops, timeout=150)
+    if not negative:
         assert errors == [""] * layout.world_size, errors
         return
-    assert all(errors), f"one stream for all stages completed under the deadlocking interleaving: {errors}"
+    assert all(errors), f"an in-order device completed under the deadlocking interleaving: {errors}"
     # Each rank names where it waits: a stage of a slice, stuck behind the cycle.
     for error in errors:
         assert re.search(r"timed out after 20000 ms, .*slice \d+ of 8", error), error
+
+
+@pytest.mark.timeout(300)
+def test_random_all_reduces_on_a_device_that_runs_in_launch_order() -> None:
+    """The random mix of ops on a device whose streams all feed one queue, every result checked."""
+    layout = Layout(2, 2)
+    with RankPool(layout, emulated("seed=9,in_order")) as ranks:
+        assert ranks.run(random_all_reduces, 80, 17, 6, timeout=240) == [80] * layout.world_size
 
 
 def reduce_without_arrival_fences() -> bool:

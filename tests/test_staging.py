@@ -96,3 +96,46 @@ def test_a_lease_holds_parts_shards_and_for_a_padded_slice_its_copy(
 ) -> None:
     assert _C.staging_bytes_for(slice_bytes, local_size, machines, padded=False) == unpadded
     assert _C.staging_bytes_for(slice_bytes, local_size, machines, padded=True) == padded
+
+
+def replay_fits(capacity: int, leases: list[int], window: int) -> bool:
+    """Whether the real ring grants every lease at once when lease s waits only for lease s - window."""
+    ring = _C._testing.StagingRing(capacity)
+    held: list = []
+    for size in leases:
+        if len(held) == window:
+            held.pop(0).release()
+        lease = ring.try_acquire(size)
+        if lease is None:
+            return False
+        held.append(lease)
+    return True
+
+
+def test_the_window_of_equal_leases_is_as_many_as_the_ring_holds() -> None:
+    assert _C._testing.staging_window(4 * 6144, [6144] * 10) == 4
+    assert _C._testing.staging_window(4 * 6144, [6144] * 3) == 3  # no more than there are
+    assert _C._testing.staging_window(6144, [6144] * 5) == 1
+    assert _C._testing.staging_window(4096, []) == 1
+
+
+def test_a_larger_last_lease_narrows_the_window() -> None:
+    # Three of 1024 fill the ring; a padded last one of 2048 would wait for a later release.
+    leases = [1024] * 6 + [2048]
+    window = _C._testing.staging_window(3 * 1024, leases)
+    assert window < 3 and replay_fits(3 * 1024, leases, window)
+    assert not replay_fits(3 * 1024, leases, 3)
+
+
+def test_the_window_is_the_largest_the_real_ring_never_blocks() -> None:
+    """Random lease lists: the ring grants every lease under the window, and not under one more."""
+    rng = random.Random(11)
+    for _ in range(300):
+        capacity = 64 * rng.randint(8, 200)
+        full = rng.randint(1, capacity // 64) * 64
+        leases = [full] * rng.randint(1, 12) + [rng.randint(1, capacity)]
+        window = _C._testing.staging_window(capacity, leases)
+        assert 1 <= window <= len(leases)
+        assert replay_fits(capacity, leases, window), (capacity, leases, window)
+        if window < len(leases):
+            assert not replay_fits(capacity, leases, window + 1), (capacity, leases, window)

@@ -174,6 +174,9 @@ c10::intrusive_ptr<c10d::Work> Backend::forwardTo(
   if (collective) {
     memoryOrder_.awaitOverlapping(touches, executor, timeout());
   }
+  if (!native) {
+    followEngineLaunches(type); // a native block launches at its end
+  }
   auto work = call(inner);
   if (collective && isCpu(inner)) {
     work = delegated_.watch(work, work->retrieveOpType(), *collective, {});
@@ -310,6 +313,20 @@ Engine* Backend::engineOn(c10::Device device) {
   // binds a rank to one device, so tensors elsewhere are unusual: the
   // delegate takes them.
   return engine->device() == device ? engine : nullptr;
+}
+
+void Backend::followEngineLaunches(c10::DeviceType type) {
+  if (type != c10::kCUDA) {
+    return;
+  }
+  Engine* engine = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    engine = engines_[slotOf(c10::kCUDA)].get();
+  }
+  if (engine != nullptr) { // engines live until the destructor
+    engine->awaitLaunchesOfIssuedOps();
+  }
 }
 
 std::unique_ptr<Engine> Backend::makeEngine(c10::Device device) {
@@ -809,6 +826,7 @@ c10::intrusive_ptr<c10d::Work> Backend::endCoalescing() {
     coalescing_.reset();
   }
   if (block.nativeBlock != nullptr) {
+    followEngineLaunches(block.type.value_or(c10::kCPU));
     // NCCL returns no Work for a block that issued nothing.
     if (auto native = block.nativeBlock->endCoalescing()) {
       block.works.push_back(std::move(native));

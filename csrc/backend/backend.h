@@ -287,6 +287,11 @@ class Backend final : public c10d::Backend {
       const std::vector<at::Tensor>& tensors,
       c10d::ReduceOp::RedOpType op);
   Engine* engineOn(c10::Device device);
+  // Before a NCCL operation is launched: the CUDA engine's local steps of
+  // every op issued so far are launched first, so that every rank launches
+  // them and the NCCL operation in one order (docs/design.md, "Launch
+  // order"). Nothing for CPU tensors, or before a CUDA engine exists.
+  void followEngineLaunches(c10::DeviceType type);
   // An engine on `device`, with its local groups and rails mesh (collective).
   std::unique_ptr<Engine> makeEngine(c10::Device device);
   // Fails every engine's pending ops because this rank `did` something

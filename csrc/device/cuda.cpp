@@ -92,6 +92,9 @@ class CudaStreams final : public StreamPolicy {
   int64_t minShardBytes() const override {
     return kCudaMinShardBytes;
   }
+  bool mayRunInLaunchOrder() const override {
+    return true;
+  }
 
   Fence recordCaller() override {
     // Never under graph capture: the backend refuses such an op before it

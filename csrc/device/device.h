@@ -115,6 +115,14 @@ class DeviceContext {
   // The smallest shard the rails may carry: all ranks derive the same plans
   // from it, as it depends on the device type only.
   virtual int64_t minShardBytes() const = 0;
+  // Whether the device may run the work of all its streams in the order it
+  // was launched (CUDA: with CUDA_DEVICE_MAX_CONNECTIONS=1, under MPS, where
+  // streams share a hardware queue), so that the engine must launch its
+  // local steps in one order on every rank (engine/launch_order.h). Not the
+  // CPU's, whose local steps block their thread rather than a queue.
+  virtual bool mayRunInLaunchOrder() const {
+    return false;
+  }
 
   // Ends the device work in flight: queued work is dropped. Any thread;
   // idempotent.

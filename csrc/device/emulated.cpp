@@ -146,9 +146,12 @@ class EmulatedStreams final : public StreamPolicy {
   EmulatedStreams(const EmulatedDeviceSettings& settings, int rank)
       : settings_(settings) {
     for (int stream = 0; stream < kStreams; ++stream) {
-      streams_[stream] = std::make_shared<EmulatedStream>(
-          settings.seed * 7919 + static_cast<uint64_t>(rank) * kStreams + stream,
-          settings.jitter);
+      streams_[stream] = settings.inOrder && stream > 0
+          ? streams_[0] // one queue for all: a fence is a position in it
+          : std::make_shared<EmulatedStream>(
+                settings.seed * 7919 +
+                    static_cast<uint64_t>(rank) * kStreams + stream,
+                settings.jitter);
     }
   }
 
@@ -160,6 +163,9 @@ class EmulatedStreams final : public StreamPolicy {
   }
   int64_t minShardBytes() const override {
     return kCudaMinShardBytes; // CUDA's plans
+  }
+  bool mayRunInLaunchOrder() const override {
+    return !settings_.unorderedLaunch;
   }
 
   Fence recordCaller() override {
@@ -337,8 +343,10 @@ std::optional<EmulatedDeviceSettings> emulatedDeviceFromEnv() {
       settings.seed = static_cast<uint64_t>(parseNumber(argument, item));
     } else if (key == "jitter_us") {
       settings.jitter = std::chrono::microseconds(parseNumber(argument, item));
-    } else if (key == "one_stream") {
-      settings.oneStream = true;
+    } else if (key == "in_order") {
+      settings.inOrder = true;
+    } else if (key == "unordered_launch") {
+      settings.unorderedLaunch = true;
     } else if (key == "ignore_arrivals") {
       settings.ignoreArrivals = true;
     } else if (key == "receive_delay_ms") {
@@ -363,9 +371,7 @@ std::unique_ptr<DeviceContext> makeEmulatedContext(
     const EmulatedDeviceSettings& settings,
     int rank) {
   return std::make_unique<StreamedContext>(
-      std::make_unique<EmulatedStreams>(settings, rank),
-      settings.oneStream ? StageStreams::kOneStream
-                         : StageStreams::kStreamPerStage);
+      std::make_unique<EmulatedStreams>(settings, rank));
 }
 
 } // namespace fairring

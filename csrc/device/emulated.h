@@ -27,20 +27,26 @@ namespace fairring {
 // on it); users never see it. Its value is a comma-separated list of:
 //   seed=N              jitter seed (the rank is added), default 0
 //   jitter_us=N         at most this long before each item, default 200
-//   one_stream          all stages on one stream, which the negative control
-//                       must see deadlock
+//   in_order            every stream of the process feeds one queue, in launch
+//                       order, as CUDA_DEVICE_MAX_CONNECTIONS=1 or MPS make a
+//                       GPU run them
+//   unordered_launch    the engine launches its local steps as its stage
+//                       threads get to them, not in its launch order
+//                       (negative control: in_order must then deadlock)
 //   force=rs_first|ag_first
 //                       an all-gather (rs_first) or reduce-scatter (ag_first)
 //                       enqueue waits, up to 500 ms, for the other stage's next
 //                       enqueue: opposite orders on two ranks of a machine
-//                       make the interleaving that deadlocks one_stream
+//                       make the interleaving that deadlocks in_order with
+//                       unordered_launch
 //   ignore_arrivals     device waits for the receive stream's fences are
 //                       dropped (negative control: wrong data must be caught)
 //   receive_delay_ms=N  each receive copy sleeps this long too
 struct EmulatedDeviceSettings {
   uint64_t seed = 0;
   std::chrono::microseconds jitter{200};
-  bool oneStream = false;
+  bool inOrder = false;
+  bool unorderedLaunch = false;
   enum class Force { kNone, kReduceScatterFirst, kAllGatherFirst };
   Force force = Force::kNone;
   bool ignoreArrivals = false;

@@ -5,29 +5,15 @@
 
 namespace fairring {
 
-namespace {
+static_assert(
+    StreamPolicy::kReduceScatterStream ==
+            static_cast<int>(Stage::kReduceScatter) &&
+        StreamPolicy::kReduceStream == static_cast<int>(Stage::kReduce) &&
+        StreamPolicy::kAllGatherStream == static_cast<int>(Stage::kAllGather),
+    "each stage's stream is numbered as the stage");
 
-std::array<int, kStages> stageStreamsOf(StageStreams layout) {
-  if (layout == StageStreams::kOneStream) {
-    return {
-        StreamPolicy::kReduceScatterStream,
-        StreamPolicy::kReduceScatterStream,
-        StreamPolicy::kReduceScatterStream};
-  }
-  return {
-      StreamPolicy::kReduceScatterStream,
-      StreamPolicy::kReduceStream,
-      StreamPolicy::kAllGatherStream};
-}
-
-} // namespace
-
-StreamedContext::StreamedContext(
-    std::unique_ptr<StreamPolicy> policy,
-    StageStreams stageStreams)
-    : DeviceContext(policy->device()),
-      policy_(std::move(policy)),
-      stageStreams_(stageStreamsOf(stageStreams)) {}
+StreamedContext::StreamedContext(std::unique_ptr<StreamPolicy> policy)
+    : DeviceContext(policy->device()), policy_(std::move(policy)) {}
 
 StreamedContext::~StreamedContext() {
   // The policy's threads run work that uses this context: joined first.
@@ -107,6 +93,10 @@ Fence StreamedContext::receivedFence(const rails::Buffer& received) {
 
 int64_t StreamedContext::minShardBytes() const {
   return policy_->minShardBytes();
+}
+
+bool StreamedContext::mayRunInLaunchOrder() const {
+  return policy_->mayRunInLaunchOrder();
 }
 
 void StreamedContext::abort() {

@@ -33,6 +33,8 @@ class StreamPolicy {
   virtual c10::Device device() const = 0;
   virtual std::vector<c10::Device> futureDevices() const = 0;
   virtual int64_t minShardBytes() const = 0;
+  // DeviceContext::mayRunInLaunchOrder.
+  virtual bool mayRunInLaunchOrder() const = 0;
 
   // Caller's thread: the caller's work so far, on its current stream.
   virtual Fence recordCaller() = 0;
@@ -61,12 +63,6 @@ class StreamPolicy {
   virtual void join() {}
 };
 
-// How the stages map onto streams. kStreamPerStage is the design
-// (docs/design.md, "Why no cross-rank wait cycle can form"); kOneStream is
-// the old one that design replaced, kept only as the tests' negative control
-// on the emulated device, where it must be seen to deadlock.
-enum class StageStreams { kStreamPerStage, kOneStream };
-
 // DeviceContext on a device with streams: which stream each piece of work
 // goes on, which fences it records and waits for, what memory is kept alive
 // on which streams. Each stage's work goes on its own stream, in slice
@@ -74,9 +70,7 @@ enum class StageStreams { kStreamPerStage, kOneStream };
 // and receive streams.
 class StreamedContext final : public DeviceContext {
  public:
-  StreamedContext(
-      std::unique_ptr<StreamPolicy> policy,
-      StageStreams stageStreams = StageStreams::kStreamPerStage);
+  explicit StreamedContext(std::unique_ptr<StreamPolicy> policy);
   ~StreamedContext() override;
 
   Fence adoptInput(const at::Tensor& flat, const at::Tensor& tensor) override;
@@ -92,16 +86,16 @@ class StreamedContext final : public DeviceContext {
   rails::Buffer receiveBuffer(const at::Tensor& tensor) override;
   Fence receivedFence(const rails::Buffer& received) override;
   int64_t minShardBytes() const override;
+  bool mayRunInLaunchOrder() const override;
   void abort() override;
   void join() override;
 
  private:
-  int streamOf(Stage stage) const {
-    return stageStreams_[static_cast<int>(stage)];
+  static int streamOf(Stage stage) {
+    return static_cast<int>(stage); // kReduceScatterStream, kReduceStream, kAllGatherStream
   }
 
   const std::unique_ptr<StreamPolicy> policy_;
-  const std::array<int, kStages> stageStreams_;
 };
 
 } // namespace fairring

@@ -52,7 +52,8 @@ Engine::Engine(
       sendOrder_(sendOrderOf(topology)),
       staging_(stagingCapacity(planSettings_), device_->memoryOptions()),
       completions_(device_->device()),
-      mesh_(std::move(mesh)) {
+      mesh_(std::move(mesh)),
+      launchOrder_(device_->mayRunInLaunchOrder()) {
   TORCH_CHECK(
       topology_.servesEngine(),
       "fairring: the engine needs 2+ machines with equally many ranks");
@@ -165,6 +166,9 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
     return result;
   }
   op->inputReady = device_->adoptInput(op->flat, op->tensor);
+  const int64_t window = launchOrder_.enforced()
+      ? launchWindow(plan, op->flat.element_size())
+      : 1;
 
   std::vector<std::shared_ptr<SliceWork>> slices;
   for (size_t i = 0; i < plan.size(); ++i) {
@@ -194,6 +198,7 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
     if (failed()) {
       return result; // stopped: fails once the cause is settled
     }
+    launchOrder_.issued(op->seq, static_cast<int64_t>(slices.size()), window);
     for (auto& slice : slices) {
       toReduceScatter_.push_back(std::move(slice));
     }
@@ -203,10 +208,13 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
   return result;
 }
 
-// The reduce-scatter thread: start, steps 1 and 2, in issue order.
+// The reduce-scatter thread: start, steps 1 and 2, in issue order, each
+// slice's step 1 in its turn.
 void Engine::reduceScatterLoop() {
-  while (auto slice = popWhenReady(
-             toReduceScatter_, [](const SliceWork&) { return true; })) {
+  while (auto slice = popWhenReady(toReduceScatter_, [this](const SliceWork& s) {
+           return launchOrder_.isNext(
+               LaunchOrder::Step::kReduceScatter, s.op->seq, s.index);
+         })) {
     slice->step = SliceStep::kStaging;
     if (!traced(Stage::kReduceScatter, *slice, [&] {
           return start(slice) && reduceScatter(slice);
@@ -233,12 +241,14 @@ void Engine::reduceLoop() {
   }
 }
 
-// The all-gather thread: step 5, once every reduced shard is here and the
-// rails are done reading this slice's staging.
+// The all-gather thread: step 5, once every reduced shard is here, the
+// rails are done reading this slice's staging and it is the slice's turn.
 void Engine::allGatherLoop() {
   const int peers = topology_.numMachines() - 1;
-  while (auto slice = popWhenReady(toAllGather_, [peers](const SliceWork& s) {
-           return s.reducedReceived == peers && s.writesPending == 0;
+  while (auto slice = popWhenReady(toAllGather_, [this, peers](const SliceWork& s) {
+           return s.reducedReceived == peers && s.writesPending == 0 &&
+               launchOrder_.isNext(
+                      LaunchOrder::Step::kAllGather, s.op->seq, s.index);
          })) {
     slice->step = SliceStep::kLocalAllGather;
     if (!traced(Stage::kAllGather, *slice, [&] { return allGather(slice); })) {
@@ -337,6 +347,7 @@ bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
         slice->shards[me].copy_(shardOf(*slice, me));
       }));
   slice->reduceScattered = device_->record(Stage::kReduceScatter);
+  launched(LaunchOrder::Step::kReduceScatter);
   // The rails read the slot from the host's side: it must be ready.
   if (!device_->waitOnHost(slice->reduceScattered, [this] { return failed(); })) {
     return false;
@@ -389,9 +400,39 @@ bool Engine::allGather(const std::shared_ptr<SliceWork>& slice) {
     std::lock_guard<std::mutex> lock(mutex_);
     lastReleased_ = done; // before the lease: whoever gets it sees this
   }
-  slice->lease.reset();
+  slice->lease.reset(); // before the turn passes: the window counts on it
+  launched(LaunchOrder::Step::kAllGather);
   ++slicesDone_;
   return true;
+}
+
+int64_t Engine::launchWindow(
+    const std::vector<Slice>& plan,
+    int64_t elementSize) const {
+  std::vector<int64_t> leaseBytes;
+  leaseBytes.reserve(plan.size());
+  for (const Slice& slice : plan) {
+    leaseBytes.push_back(stagingLayoutFor(
+                             slice.paddedNumel * elementSize,
+                             topology_.localSize(),
+                             topology_.numMachines(),
+                             slice.padded())
+                             .bytes);
+  }
+  return stagingWindow(staging_.capacity(), leaseBytes);
+}
+
+void Engine::launched(LaunchOrder::Step step) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    launchOrder_.launched(step);
+  }
+  progress_.notify_all();
+}
+
+void Engine::awaitLaunchesOfIssuedOps() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  progress_.wait(lock, [this] { return failed() || launchOrder_.drained(); });
 }
 
 std::function<void()> Engine::deviceWork(

@@ -20,6 +20,7 @@
 #include "config.h"
 #include "device/device.h"
 #include "engine/completions.h"
+#include "engine/launch_order.h"
 #include "engine/plan.h"
 #include "engine/staging.h"
 #include "engine/trace.h"
@@ -57,10 +58,12 @@ struct EngineStats {
 // Three stage threads, each taking slices strictly in issue order: the
 // reduce-scatter thread (start, 1, 2), the reduce thread (3, 4) and the
 // all-gather thread (5; releases the staging, completes the op). Each local
-// step has its own group, fed by one thread, so ranks never interleave them
-// differently. On CUDA each stage also has its own stream, and a stage waits
-// for an earlier stage's work through that slice's fences only: GPU order
-// depends on slice order alone (docs/design.md, "CUDA").
+// step has its own group, fed by one thread. On CUDA each stage also has its
+// own stream, and a stage waits for an earlier stage's work through that
+// slice's fences only; and since a GPU may run all streams in launch order,
+// the two local steps take turns in one order that depends on slice numbers
+// only, the same on every rank of a machine (engine/launch_order.h;
+// docs/design.md, "CUDA").
 //
 // Failures (docs/design.md, "Failures"). Every op has a deadline, its
 // timeout after it was issued; a watchdog thread fails the engine when one
@@ -137,6 +140,13 @@ class Engine {
   // in flight, and lets the stage threads return. Any thread; returns at once.
   void abort(const std::string& did);
 
+  // Blocks until the local steps of every op issued so far are launched on
+  // the device, or the engine has failed: a NCCL collective the caller
+  // launches next then follows them on every rank, as the launch order
+  // needs (docs/design.md, "Launch order"). At once where launches need no
+  // order (the CPU).
+  void awaitLaunchesOfIssuedOps();
+
   // Fails the engine with a cause this rank saw first hand and no rank is
   // more to blame for (`what` names the ranks), and announces it. Any
   // thread; returns at once.
@@ -194,6 +204,11 @@ class Engine {
       Queue& queue,
       const std::function<bool(const SliceWork&)>& ready);
   void push(Queue& queue, std::shared_ptr<SliceWork> slice);
+  // The window of an op of these slices (LaunchOrder::issued).
+  int64_t launchWindow(const std::vector<Slice>& plan, int64_t elementSize)
+      const;
+  // The launch of `step` that was next has been made.
+  void launched(LaunchOrder::Step step);
 
   // `work`, a stage's device work on `slice`, for DeviceContext::enqueue:
   // an error in it stops the engine with a cause that names the step.
@@ -266,6 +281,7 @@ class Engine {
   Queue toReduceScatter_;
   Queue toReduce_;
   Queue toAllGather_;
+  LaunchOrder launchOrder_;
   // The all-gather stage's fence for the last slice that gave its staging
   // back: a new lease waits for it before the memory is reused.
   Fence lastReleased_;

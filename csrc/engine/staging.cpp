@@ -47,7 +47,8 @@ void StagingRing::Lease::release() {
 
 StagingRing::StagingRing(int64_t capacityBytes, at::TensorOptions options)
     : capacity_(capacityBytes / kAlignment * kAlignment),
-      memory_(at::empty({capacity_}, options.dtype(at::kByte))) {
+      memory_(at::empty({capacity_}, options.dtype(at::kByte))),
+      extents_(capacity_) {
   TORCH_CHECK(
       capacity_ > 0,
       "fairring: staging memory of ",
@@ -79,15 +80,7 @@ std::optional<StagingRing::Lease> StagingRing::tryAcquire(int64_t bytes) {
   return placeLocked(bytes);
 }
 
-std::optional<StagingRing::Lease> StagingRing::placeLocked(int64_t bytes) {
-  const int64_t size = alignUp(std::max<int64_t>(bytes, 1));
-  TORCH_CHECK(
-      size <= capacity_,
-      "fairring: a slice needs ",
-      size,
-      " bytes of staging but FAIRRING_TOTAL_MEMORY holds only ",
-      capacity_);
-  // Live leases occupy [oldest.begin, newest.end), wrapping at most once.
+std::optional<int64_t> RingExtents::place(uint64_t id, int64_t size) {
   std::optional<int64_t> begin;
   if (extents_.empty()) {
     begin = 0;
@@ -105,36 +98,88 @@ std::optional<StagingRing::Lease> StagingRing::placeLocked(int64_t bytes) {
       begin = 0; // the rest of the end stays unused until this wraps again
     }
   }
-  if (!begin) {
-    return std::nullopt;
+  if (begin) {
+    extents_.push_back(Extent{id, *begin, *begin + size, false});
   }
-  const uint64_t id = nextId_++;
-  extents_.push_back(Extent{id, *begin, *begin + size, false});
-  bytesInUse_ += size;
-  peakBytesInUse_ = std::max(peakBytesInUse_, bytesInUse_);
-  peakLeasesInUse_ = std::max(peakLeasesInUse_, leasesInUseLocked());
-  return Lease(*this, id, *begin, size);
+  return begin;
 }
 
-int64_t StagingRing::leasesInUseLocked() const {
+int64_t RingExtents::release(uint64_t id) {
+  auto extent = std::find_if(
+      extents_.begin(), extents_.end(), [id](const Extent& e) {
+        return e.id == id;
+      });
+  TORCH_INTERNAL_ASSERT(extent != extents_.end() && !extent->released);
+  extent->released = true;
+  const int64_t size = extent->end - extent->begin;
+  while (!extents_.empty() && extents_.front().released) {
+    extents_.pop_front();
+  }
+  return size;
+}
+
+int64_t RingExtents::liveLeases() const {
   return std::count_if(extents_.begin(), extents_.end(), [](const Extent& e) {
     return !e.released;
   });
 }
 
+int64_t stagingLeaseBytes(int64_t bytes) {
+  return alignUp(std::max<int64_t>(bytes, 1));
+}
+
+int64_t stagingWindow(int64_t capacity, const std::vector<int64_t>& leaseBytes) {
+  const int64_t leases = static_cast<int64_t>(leaseBytes.size());
+  const int64_t ringBytes = capacity / kAlignment * kAlignment;
+  const int64_t smallest = leaseBytes.empty()
+      ? 1
+      : stagingLeaseBytes(
+            *std::min_element(leaseBytes.begin(), leaseBytes.end()));
+  // Replays the ring: lease s is taken once lease s - window is back.
+  const auto fits = [&](int64_t window) {
+    RingExtents ring(ringBytes);
+    for (int64_t s = 0; s < leases; ++s) {
+      if (s >= window) {
+        ring.release(static_cast<uint64_t>(s - window));
+      }
+      if (!ring.place(static_cast<uint64_t>(s), stagingLeaseBytes(leaseBytes[s]))) {
+        return false;
+      }
+    }
+    return true;
+  };
+  for (int64_t window = std::min(leases, ringBytes / smallest); window > 1;
+       --window) {
+    if (fits(window)) {
+      return window;
+    }
+  }
+  return 1;
+}
+
+std::optional<StagingRing::Lease> StagingRing::placeLocked(int64_t bytes) {
+  const int64_t size = stagingLeaseBytes(bytes);
+  TORCH_CHECK(
+      size <= capacity_,
+      "fairring: a slice needs ",
+      size,
+      " bytes of staging but FAIRRING_TOTAL_MEMORY holds only ",
+      capacity_);
+  const auto begin = extents_.place(nextId_, size);
+  if (!begin) {
+    return std::nullopt;
+  }
+  const uint64_t id = nextId_++;
+  bytesInUse_ += size;
+  peakBytesInUse_ = std::max(peakBytesInUse_, bytesInUse_);
+  peakLeasesInUse_ = std::max(peakLeasesInUse_, extents_.liveLeases());
+  return Lease(*this, id, *begin, size);
+}
+
 void StagingRing::release(uint64_t id) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto extent = std::find_if(
-        extents_.begin(), extents_.end(), [id](const Extent& e) {
-          return e.id == id;
-        });
-    TORCH_INTERNAL_ASSERT(extent != extents_.end() && !extent->released);
-    extent->released = true;
-    bytesInUse_ -= extent->end - extent->begin;
-    while (!extents_.empty() && extents_.front().released) {
-      extents_.pop_front();
-    }
+    bytesInUse_ -= extents_.release(id);
   }
   freed_.notify_all();
 }
@@ -150,7 +195,7 @@ StagingStats StagingRing::stats() const {
       capacity_,
       bytesInUse_,
       peakBytesInUse_,
-      leasesInUseLocked(),
+      extents_.liveLeases(),
       peakLeasesInUse_,
       static_cast<int64_t>(nextId_)};
 }

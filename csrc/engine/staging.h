@@ -6,6 +6,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -34,6 +35,44 @@ StagingLayout stagingLayoutFor(
     int machines,
     bool padded);
 
+
+// Where a ring's leases lie: live ones occupy [oldest begin, newest end),
+// wrapping at most once; a lease is placed after the newest, or at the start
+// when the rest of the end is too short. Pure bookkeeping, shared by
+// StagingRing and by stagingWindow's replay of it.
+class RingExtents {
+ public:
+  explicit RingExtents(int64_t capacity) : capacity_(capacity) {}
+
+  // Where `size` bytes (a multiple of the alignment) go now, under `id`, or
+  // nothing if they do not fit until older leases are back.
+  std::optional<int64_t> place(uint64_t id, int64_t size);
+  // Gives `id`'s bytes back (returns how many); its space is reused once
+  // every older lease is back too.
+  int64_t release(uint64_t id);
+  int64_t liveLeases() const;
+
+ private:
+  struct Extent {
+    uint64_t id;
+    int64_t begin;
+    int64_t end;
+    bool released;
+  };
+
+  const int64_t capacity_;
+  std::deque<Extent> extents_; // oldest first
+};
+
+// The bytes a lease of `bytes` takes: rounded up to the ring's alignment.
+int64_t stagingLeaseBytes(int64_t bytes);
+
+// The most leases of `leaseBytes` (in order) that a ring of `capacity` holds
+// at once when it starts empty, each lease taken only once the lease `window`
+// places before it is back and leases come back in order: the largest such
+// window, at least 1, under which no lease ever waits for a later one to come
+// back. The engine's launch order (engine/launch_order.h) relies on it.
+int64_t stagingWindow(int64_t capacity, const std::vector<int64_t>& leaseBytes);
 
 struct StagingStats {
   int64_t capacityBytes; // allocated once, at construction
@@ -111,22 +150,14 @@ class StagingRing {
   }
 
  private:
-  struct Extent {
-    uint64_t id;
-    int64_t begin;
-    int64_t end;
-    bool released;
-  };
-
   std::optional<Lease> placeLocked(int64_t bytes);
-  int64_t leasesInUseLocked() const;
   void release(uint64_t id);
 
   const int64_t capacity_;
   const at::Tensor memory_;
   mutable std::mutex mutex_;
   std::condition_variable freed_;
-  std::deque<Extent> extents_; // live leases, oldest first; guarded by mutex_
+  RingExtents extents_; // guarded by mutex_
   uint64_t nextId_ = 0; // guarded by mutex_
   int64_t bytesInUse_ = 0; // guarded by mutex_
   int64_t peakBytesInUse_ = 0; // guarded by mutex_

@@ -16,6 +16,7 @@
 #include "backend/ledger.h"
 #include "backend/memory_order.h"
 #include "bindings_shared.h"
+#include "engine/launch_order.h"
 #include "engine/plan.h"
 #include "engine/reduction.h"
 #include "engine/staging.h"
@@ -118,6 +119,50 @@ void bindTesting(py::module_& testing) {
       .def("stats", [](const StagingRing& ring) {
         return stagingDict(ring.stats());
       });
+  testing.def(
+      "staging_window",
+      &fairring::stagingWindow,
+      py::arg("capacity_bytes"),
+      py::arg("lease_bytes"),
+      "The most of these leases (in order) a ring holds at once when each "
+      "waits only for the lease `window` places earlier to come back.");
+  // The engine's launch order, on its own: tests drive it from two
+  // "threads" that try their next step in any order.
+  using fairring::LaunchOrder;
+  const auto stepNamed = [](const std::string& step) {
+    if (step == "rs") {
+      return LaunchOrder::Step::kReduceScatter;
+    }
+    if (step == "ag") {
+      return LaunchOrder::Step::kAllGather;
+    }
+    throw std::invalid_argument("a step is 'rs' or 'ag', not " + step);
+  };
+  py::class_<LaunchOrder>(testing, "LaunchOrder")
+      .def(py::init([] { return std::make_unique<LaunchOrder>(true); }))
+      .def(
+          "issued",
+          &LaunchOrder::issued,
+          py::arg("op"),
+          py::arg("slices"),
+          py::arg("window"))
+      .def(
+          "is_next",
+          [stepNamed](
+              const LaunchOrder& order,
+              const std::string& step,
+              uint64_t op,
+              int64_t index) { return order.isNext(stepNamed(step), op, index); },
+          py::arg("step"),
+          py::arg("op"),
+          py::arg("index"))
+      .def(
+          "launched",
+          [stepNamed](LaunchOrder& order, const std::string& step) {
+            order.launched(stepNamed(step));
+          },
+          py::arg("step"))
+      .def("drained", &LaunchOrder::drained);
   testing.def(
       "slice_numel_for",
       &fairring::sliceNumelFor,

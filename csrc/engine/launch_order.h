@@ -1,0 +1,110 @@
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+
+#include <c10/util/Exception.h>
+
+namespace fairring {
+
+// The one order in which an engine launches its local steps on a device that
+// may run work in launch order (docs/design.md, "Launch order"). It depends
+// on op and slice numbers only, so it is the same on every rank of a
+// machine, and every local step is its group's next operation on all of
+// them at once:
+//
+//   ops in issue order; within an op of S slices and window W, the
+//   reduce-scatters of slices 0 .. W-1, then for j = 0, 1, ...: the
+//   all-gather of slice j, then the reduce-scatter of slice j + W (while
+//   there is one).
+//
+// An op's first reduce-scatter follows the previous op's last all-gather:
+// when an all-gather is due, which ops come next is not yet known on every
+// rank, and the caller may be waiting for it before it issues them. W comes
+// from stagingWindow, so a slice whose turn it is never waits for staging
+// that only a later all-gather gives back.
+//
+// Plain state: its owner's lock (the engine's mutex_) guards it.
+class LaunchOrder {
+ public:
+  enum class Step { kReduceScatter, kAllGather };
+
+  // `enforced` false: any step may launch at any time (the CPU, where the
+  // local steps block their thread, not a device queue).
+  explicit LaunchOrder(bool enforced) : enforced_(enforced) {}
+
+  bool enforced() const {
+    return enforced_;
+  }
+  // Op `op` (the engine's number) was queued with `slices` slices, of which
+  // `window` (1 to `slices`) may be reduce-scattered before the first
+  // all-gather.
+  void issued(uint64_t op, int64_t slices, int64_t window);
+  // Whether `step` of slice `index` of op `op` is the next launch.
+  bool isNext(Step step, uint64_t op, int64_t index) const;
+  // The next launch was made.
+  void launched(Step step);
+  // Every step of every op issued so far was launched.
+  bool drained() const {
+    return ops_.empty();
+  }
+
+ private:
+  struct Pending {
+    uint64_t op;
+    int64_t slices;
+    int64_t window;
+  };
+  // How many reduce-scatters of the front op may be launched now.
+  int64_t reduceScattersAllowed() const;
+
+  const bool enforced_;
+  std::deque<Pending> ops_; // issued, not yet all launched
+  int64_t reduceScattersLaunched_ = 0; // of the front op
+  int64_t allGathersLaunched_ = 0; // of the front op
+};
+
+inline void LaunchOrder::issued(uint64_t op, int64_t slices, int64_t window) {
+  TORCH_INTERNAL_ASSERT(slices > 0 && window > 0 && window <= slices);
+  if (enforced_) {
+    ops_.push_back(Pending{op, slices, window});
+  }
+}
+
+inline int64_t LaunchOrder::reduceScattersAllowed() const {
+  const Pending& front = ops_.front();
+  return std::min(front.slices, allGathersLaunched_ + front.window);
+}
+
+inline bool LaunchOrder::isNext(Step step, uint64_t op, int64_t index) const {
+  if (!enforced_) {
+    return true;
+  }
+  if (ops_.empty() || ops_.front().op != op) {
+    return false;
+  }
+  const int64_t allowed = reduceScattersAllowed();
+  if (step == Step::kReduceScatter) {
+    return index == reduceScattersLaunched_ && index < allowed;
+  }
+  return index == allGathersLaunched_ && reduceScattersLaunched_ == allowed;
+}
+
+inline void LaunchOrder::launched(Step step) {
+  if (!enforced_) {
+    return;
+  }
+  TORCH_INTERNAL_ASSERT(!ops_.empty());
+  if (step == Step::kReduceScatter) {
+    ++reduceScattersLaunched_;
+    return;
+  }
+  if (++allGathersLaunched_ == ops_.front().slices) {
+    ops_.pop_front();
+    reduceScattersLaunched_ = 0;
+    allGathersLaunched_ = 0;
+  }
+}
+
+} // namespace fairring
