@@ -114,6 +114,18 @@ c10d::AllreduceOptions premultiplied(
   return sum;
 }
 
+bool ncclMisreadsPremulFactor(
+    const std::vector<at::Tensor>& tensors,
+    const c10d::AllreduceOptions& opts) {
+  const auto* supplement = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(
+      opts.reduceOp.supplement_.get());
+  return opts.reduceOp == c10d::ReduceOp::PREMUL_SUM && supplement != nullptr &&
+      !supplement->tensor_factor.defined() &&
+      std::any_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) {
+           return t.scalar_type() == at::kBFloat16;
+         });
+}
+
 // Whether the engine can take every tensor, all of one dtype and device so
 // that several travel as one packed tensor.
 bool engineHandlesAll(

@@ -37,6 +37,14 @@ c10d::AllreduceOptions premultiplied(
     std::vector<at::Tensor>& tensors,
     const c10d::AllreduceOptions& opts);
 
+// Whether NCCL would get this PREMUL_SUM wrong: ProcessGroupNCCL (measured
+// with torch 2.11 and NCCL 2.28) gives NCCL a scalar factor for bfloat16
+// tensors that NCCL reads as zero, so every result is 0. fairring
+// premultiplies such tensors itself and asks NCCL for a SUM.
+bool ncclMisreadsPremulFactor(
+    const std::vector<at::Tensor>& tensors,
+    const c10d::AllreduceOptions& opts);
+
 // Whether the engine can take every tensor, packed into one.
 bool engineHandlesAll(
     const std::vector<at::Tensor>& tensors,

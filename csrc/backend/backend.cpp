@@ -315,6 +315,11 @@ Engine* Backend::engineOn(c10::Device device) {
   return engine->device() == device ? engine : nullptr;
 }
 
+bool Backend::coalescingBlockOpen() {
+  std::lock_guard<std::mutex> lock(coalescingMutex_);
+  return coalescing_.has_value();
+}
+
 void Backend::followEngineLaunches(c10::DeviceType type) {
   if (type != c10::kCUDA) {
     return;
@@ -450,10 +455,13 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
                               : MemoryOrder::Executor::kNccl,
       timeout());
   std::vector<at::Tensor> aliases = withoutAutograd(tensors);
+  // NCCL's own PREMUL_SUM is kept where it works, and inside a native
+  // coalescing block, whose launch may not follow this thread's stream.
+  const bool premultiply = premul &&
+      (type == c10::kCPU || engine != nullptr ||
+       (ncclMisreadsPremulFactor(tensors, opts) && !coalescingBlockOpen()));
   const c10d::AllreduceOptions ownOpts =
-      premul && (type == c10::kCPU || engine != nullptr)
-      ? premultiplied(aliases, opts)
-      : opts;
+      premultiply ? premultiplied(aliases, opts) : opts;
   if (onEngine) {
     auto work = c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
         engine->allreduce(

@@ -292,6 +292,7 @@ class Backend final : public c10d::Backend {
   // them and the NCCL operation in one order (docs/design.md, "Launch
   // order"). Nothing for CPU tensors, or before a CUDA engine exists.
   void followEngineLaunches(c10::DeviceType type);
+  bool coalescingBlockOpen();
   // An engine on `device`, with its local groups and rails mesh (collective).
   std::unique_ptr<Engine> makeEngine(c10::Device device);
   // Fails every engine's pending ops because this rank `did` something
