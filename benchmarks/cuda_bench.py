@@ -1,8 +1,12 @@
 """One rank of the GPU check's bench; `python -m benchmarks.gpu_check` starts --world of them.
 
-The processes share one GPU (or, with --device cpu, the CPU) and are --world
-machines of one rank each (FAIRRING_MACHINE_ID differs), so every all-reduce
-crosses the rails. In order, each rank runs the phases it is given:
+The processes share one GPU (or, with --device cpu, the CPU); their
+FAIRRING_MACHINE_ID makes them machines of one rank each, so that every
+all-reduce crosses the rails, or of several, whose local steps then run on
+real NCCL groups: a distinct NCCL_HOSTID per process makes NCCL take every
+process for its own host, and connect them over its socket transport
+(docs/design.md, "One GPU, several processes"). In order, each rank runs the
+phases it is given:
 
 1. --sizes (two ranks only): times float32 all-reduces on fairring's engine,
    and the same bytes moved by fairring._C._testing.RailsEndpoint between the same two
@@ -12,11 +16,14 @@ crosses the rails. In order, each rank runs the phases it is given:
 2. --check-sizes: checks every dtype and reduce op at several sizes, many ops
    in flight, against plain torch on the CPU;
 3. --stress-rounds: rounds of --stress-ops float32 sums of --stress-bytes each,
-   all in flight at once, each result checked exactly on the device.
+   all in flight at once, each result checked exactly on the device;
+4. --compare-sizes: side by side in these processes, on the same tensors, the
+   order alternated each round: fairring's all-reduce, NCCL's (a NCCL group
+   of every rank; --device cuda) and, with --compare-gloo, Gloo's; every
+   result checked.
 
-NCCL refuses two ranks of one communicator on one GPU, so nothing here runs a
-CUDA collective other than fairring's all_reduce; every other collective (the
-barriers, the slowest-rank reductions) runs on a Gloo group of CPU tensors.
+The barriers and the slowest-rank reductions run on a Gloo group of CPU
+tensors, so that the timings include no other collective.
 Results go to <out>/rank<r>.json, rewritten after each phase, so what was
 measured survives a later crash or hang.
 """
@@ -194,6 +201,9 @@ class Bench:
             "fairring", store=self.store, rank=self.rank, world_size=self.world, timeout=self.timeout
         )
         self.gloo = dist.new_group(backend="gloo", timeout=self.timeout)
+        # NCCL's own all-reduce over the same processes, the baseline of --compare-sizes.
+        wants_nccl = bool(args.compare_sizes) and self.device.type == "cuda"
+        self.nccl = dist.new_group(backend="nccl", timeout=self.timeout) if wants_nccl else None
         self.endpoint: Any = None
 
     def sync(self) -> None:
@@ -384,6 +394,43 @@ def run_stress(bench: Bench, results: Results) -> None:
         results.save()
 
 
+def run_compare(bench: Bench, results: Results) -> None:
+    """fairring, NCCL and Gloo on the same tensors, rounds alternating their order."""
+    contenders: list[tuple[str, Any]] = [("fairring", None)]
+    if bench.nccl is not None:
+        contenders.append(("nccl", bench.nccl))
+    if bench.args.compare_gloo:
+        contenders.append(("gloo", bench.gloo))
+    rows: list[dict[str, Any]] = []
+    results.data["compare"] = {"contenders": [name for name, _ in contenders], "rows": rows}
+    expected = float(sum(r + 1 for r in range(bench.world)))
+    for nbytes in bench.args.compare_sizes:
+        tensor = torch.empty(nbytes // 4, dtype=torch.float32, device=bench.device)
+        seconds: dict[str, list[float]] = {name: [] for name, _ in contenders}
+        correct = {name: True for name, _ in contenders}
+        for iteration in range(bench.args.warmup + bench.args.iters):
+            order = contenders if iteration % 2 == 0 else contenders[::-1]
+            for name, group in order:
+                tensor.fill_(bench.rank + 1)
+                bench.sync()
+                bench.barrier()
+                start = time.perf_counter()
+                dist.all_reduce(tensor, group=group, async_op=True).wait(bench.timeout)
+                bench.sync()
+                elapsed = time.perf_counter() - start
+                correct[name] = correct[name] and bool(torch.all(tensor == expected))
+                if iteration >= bench.args.warmup:
+                    seconds[name].append(elapsed)
+        row: dict[str, Any] = {"bytes": nbytes}
+        for name, _ in contenders:
+            row[name] = summary(bench.slowest(seconds[name]), correct[name])
+        rows.append(row)
+        if bench.rank == 0:
+            medians = {name: round(row[name]["median_s"] * 1e3, 3) for name, _ in contenders}
+            print(f"compare: {nbytes} bytes: median ms {json.dumps(medians)}", flush=True)
+        results.save()
+
+
 def engine_counters(bench: Bench, results: Results) -> None:
     backend = dist.group.WORLD._get_backend(bench.device)
     results.data["engine_stats"] = backend.engine_stats(bench.device.type)
@@ -423,11 +470,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--stress-ops", type=int, default=4, help="stress: all-reduces in flight at once")
     parser.add_argument("--stress-bytes", type=int, default=0, help="stress: bytes of each (a multiple of 4)")
     parser.add_argument("--stress-rounds", type=int, default=0, help="stress: rounds (0: no stress)")
+    parser.add_argument("--compare-sizes", default="", help="side by side with NCCL: byte counts (multiples of 4)")
+    parser.add_argument("--compare-gloo", action="store_true", help="--compare-sizes includes Gloo")
     parser.add_argument("--op-timeout", type=float, default=60.0, help="seconds any one wait may take")
     parser.add_argument("--out", type=Path, required=True, help="folder for rank<r>.json")
     args = parser.parse_args(argv)
     args.sizes = [int(size) for size in args.sizes.split(",") if size]
     args.check_sizes = [int(numel) for numel in args.check_sizes.split(",") if numel]
+    args.compare_sizes = [int(size) for size in args.compare_sizes.split(",") if size]
+    if any(size <= 0 or size % 4 for size in args.compare_sizes):
+        parser.error("--compare-sizes must be positive multiples of 4 bytes")
     if not 2 <= args.world <= MAX_WORLD or not 0 <= args.rank < args.world:
         parser.error(f"--world must be 2 to {MAX_WORLD} and --rank 0 to --world - 1")
     if args.sizes and args.world != 2:
@@ -467,6 +519,7 @@ def main(argv: list[str]) -> int:
         ("throughput", run_throughput, bool(args.sizes)),
         ("correctness", run_correctness, bool(args.check_sizes)),
         ("stress", run_stress, args.stress_rounds > 0),
+        ("compare", run_compare, bool(args.compare_sizes)),
         ("engine", engine_counters, True),
     ]
     for name, phase, wanted in phases:

@@ -10,8 +10,17 @@ each with its own time limit inside --budget, so the whole check ends in time:
    engine all-reduce throughput against fairring._C._testing.RailsEndpoint moving the same
    bytes between the same two processes, then every dtype and op checked against
    plain torch on the CPU;
-4. correctness with 3 and 4 processes on the one GPU, each its own machine
-   (--worlds): every dtype and op, as in the bench;
+4. correctness on the layouts of --worlds: 2 and 3 machines of 2 ranks each,
+   whose local steps run on real NCCL groups (a distinct NCCL_HOSTID per
+   process, NCCL's socket transport on loopback), then 3 and 4 processes each
+   its own machine: every dtype and op, as in the bench; the layouts with
+   local steps run first, before the tests, the first of them with the GPU in
+   launch order (CUDA_DEVICE_MAX_CONNECTIONS=1) and the default flat threshold,
+   so that NCCL's own small all-reduces are launched among the engine's;
+4b. compare (--compare): on 2 machines x 2 ranks, fairring's engine, NCCL's
+   all-reduce and Gloo's on the same CUDA tensors in the same processes, the
+   order alternated each round, every result checked (one GPU over loopback,
+   time-sliced between the processes: not a cluster);
 5. stress: two processes with large slices (--stress-slice) and TensorPipe's
    cuda_basic channel (FAIRRING_CHANNELS=cuda_basic), --stress-ops all-reduces of
    --stress-bytes in flight at once for --stress-rounds rounds, each result checked
@@ -64,6 +73,8 @@ from fairring.bench import free_port
 from fairring.config import (
     CHANNELS,
     CUDA_ENGINE,
+    DEFAULT_CPU_FLAT_THRESHOLD,
+    DEFAULT_CUDA_FLAT_THRESHOLD,
     FLAT_THRESHOLD,
     RAILS_TRANSPORT,
     SLICE_SIZE,
@@ -79,6 +90,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TEST_COMMAND = ["-m", "pytest", "tests/test_cuda.py", "-rs", "-s", "-p", "no:cacheprovider"]
 DEFAULT_SIZES = {"cuda": "1MiB,4MiB,16MiB,64MiB,256MiB", "cpu": "1MiB,4MiB,16MiB"}
 QUICK_SIZES = {"cuda": "1MiB,16MiB,64MiB", "cpu": "64KiB,1MiB"}
+DEFAULT_COMPARE_SIZES = {"cuda": "1MiB,4MiB,16MiB,64MiB,256MiB", "cpu": "64KiB,1MiB,4MiB"}
+QUICK_COMPARE_SIZES = {"cuda": "1MiB,16MiB,64MiB", "cpu": "64KiB,1MiB"}
 DEFAULT_CHECK_SIZES = "1,1000,65537,1000003"
 QUICK_CHECK_SIZES = "1,1000,65537"
 # Large enough that one shard (half a slice, on two machines) fills cuda_basic's 16 MiB send
@@ -95,6 +108,7 @@ BENCH_WORLD = 2
 # left before it), the others less.
 BENCH_MINIMUM_S = 120.0
 WORLD_MINIMUM_S = 30.0
+COMPARE_MINIMUM_S = 45.0
 STRESS_MINIMUM_S = 60.0
 # A stage left less than this is skipped; writing the report takes the last few seconds.
 STAGE_MINIMUM_S = 10.0
@@ -112,8 +126,33 @@ NIXL_SIZES = {"cuda": "16MiB,64MiB", "cpu": "1MiB"}
 NIXL_MINIMUM_S = 45.0
 
 
-def world_stage(world: int) -> str:
-    return f"correctness: {world} processes as {world} machines"
+def parse_layout(spec: str) -> tuple[int, int]:
+    """ "4" (4 machines of one rank) or "2x2" (2 machines of 2 ranks): (machines, ranks per machine)."""
+    machines, _, local = spec.strip().partition("x")
+    return int(machines), int(local or 1)
+
+
+def world_stage(spec: str) -> str:
+    machines, local = parse_layout(spec)
+    if local == 1:
+        return f"correctness: {machines} processes as {machines} machines"
+    return f"correctness: {machines * local} processes as {machines} machines x {local} ranks"
+
+
+def as_users_run(args: argparse.Namespace, spec: str) -> dict[str, str]:
+    """The first layout with local steps runs as a Megatron-style job would: the GPU in launch order
+    (CUDA_DEVICE_MAX_CONNECTIONS=1) and the default flat threshold, so that NCCL's own all-reduces
+    of the small cases are launched among the engine's; the others run the engine at every size."""
+    first = next((other for other in args.world_list if parse_layout(other)[1] > 1), None)
+    if spec != first:
+        return {}
+    default = DEFAULT_CUDA_FLAT_THRESHOLD if args.device == "cuda" else DEFAULT_CPU_FLAT_THRESHOLD
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1", FLAT_THRESHOLD: str(default)}
+
+
+def compare_stage(spec: str) -> str:
+    machines, local = parse_layout(spec)
+    return f"compare: fairring, NCCL, Gloo on {machines} machines x {local} ranks"
 
 
 @dataclass
@@ -161,7 +200,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tests", choices=("auto", "run", "skip"), default="auto", help="auto: run with --device cuda")
     parser.add_argument("--tests-timeout", type=float, default=300.0, help="seconds for the tests (default 300)")
     parser.add_argument("--bench-timeout", type=float, default=240.0, help="seconds for the bench (default 240)")
-    parser.add_argument("--worlds", default="3,4", help="process counts of the correctness stages (default 3,4)")
+    parser.add_argument(
+        "--worlds",
+        default="2x2,3x2,3,4",
+        help="layouts of the correctness stages: N (N machines of one rank) or MxL (default 2x2,3x2,3,4)",
+    )
+    parser.add_argument("--compare", default="2x2", help="layout of the compare stage, MxL ('' to skip)")
+    parser.add_argument("--compare-sizes", help="compare sizes (default 1MiB,...,256MiB; cpu 64KiB,1MiB)")
+    parser.add_argument("--compare-timeout", type=float, default=150.0, help="seconds for the comparison")
     parser.add_argument("--worlds-timeout", type=float, default=90.0, help="seconds for each (default 90)")
     parser.add_argument("--stress-slice", help="stress: FAIRRING_SLICE_SIZE (default 32MiB, cpu 4MiB)")
     parser.add_argument("--stress-bytes", help="stress: bytes of each all-reduce (default 256MiB, cpu 32MiB)")
@@ -181,20 +227,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     quick = args.quick
     args.iters = args.iters if args.iters is not None else 3 if quick else 10
     args.warmup = args.warmup if args.warmup is not None else 1 if quick else 3
+    args.compare_iters = 3 if quick else 5
     sizes = args.sizes or (QUICK_SIZES if quick else DEFAULT_SIZES)[args.device]
     check_sizes = args.check_sizes or (QUICK_CHECK_SIZES if quick else DEFAULT_CHECK_SIZES)
     try:
         args.size_list = [parse_size("--sizes", text.strip()) for text in sizes.split(",")]
         args.check_size_list = [int(text.strip()) for text in check_sizes.split(",")]
-        args.world_list = [int(text.strip()) for text in args.worlds.split(",") if text.strip()]
+        args.world_list = [text.strip() for text in args.worlds.split(",") if text.strip()]
+        layouts = [parse_layout(spec) for spec in [*args.world_list, *([args.compare] if args.compare else [])]]
+        compare_sizes = args.compare_sizes or (QUICK_COMPARE_SIZES if quick else DEFAULT_COMPARE_SIZES)[args.device]
+        args.compare_size_list = [parse_size("--compare-sizes", text.strip()) for text in compare_sizes.split(",")]
         args.stress_slice = parse_size("--stress-slice", args.stress_slice or STRESS_SLICE[args.device])
         args.stress_bytes = parse_size("--stress-bytes", args.stress_bytes or STRESS_BYTES[args.device])
     except (ConfigError, ValueError) as error:
         parser.error(str(error))
     if any(size % 8 for size in args.size_list) or min(args.check_size_list) < 1:
         parser.error("--sizes must be multiples of 8 bytes and --check-sizes at least 1 element")
-    if any(not 2 <= world <= MAX_WORLD for world in args.world_list):
-        parser.error(f"--worlds takes process counts from 2 to {MAX_WORLD}")
+    if any(machines < 2 or local < 1 or not 2 <= machines * local <= MAX_WORLD for machines, local in layouts):
+        parser.error(f"--worlds and --compare take 2+ machines of 2 to {MAX_WORLD} processes in all")
     if args.stress_bytes % 4 or args.stress_ops < 1 or args.stress_rounds < 0:
         parser.error("--stress-bytes must be a multiple of 4, --stress-ops >= 1 and --stress-rounds >= 0")
     if args.iters < 1 or args.warmup < 0:
@@ -339,11 +389,27 @@ def rank_command(args: argparse.Namespace, world: int, rank: int, port: int, out
     ]  # fmt: skip
 
 
-def rank_settings(args: argparse.Namespace, world: int, rank: int, port: int, extra: dict[str, str]) -> dict[str, str]:
+# NCCL takes each process for a host of its own (NCCL_HOSTID), so it accepts several on the one GPU,
+# and connects them with its socket transport on loopback; NVLink SHARP and multi-node NVLink off.
+# The rank settings a report's commands show.
+SHOWN_SETTINGS = ("FAIRRING_", "TP_", "NCCL_", "CUDA_")
+NCCL_ON_ONE_GPU = {
+    "NCCL_SOCKET_IFNAME": "lo",
+    "NCCL_IB_DISABLE": "1",
+    "NCCL_NVLS_ENABLE": "0",
+    "NCCL_MNNVL_ENABLE": "0",
+}
+
+
+def rank_settings(
+    args: argparse.Namespace, world: int, rank: int, port: int, extra: dict[str, str], local: int = 1
+) -> dict[str, str]:
     """The rank's environment on top of this process's; `extra` (a stage's own) wins over --set."""
     return {
-        # Each process is its own machine; all share this host, so every path stays on loopback.
-        "FAIRRING_MACHINE_ID": f"machine-{rank}",
+        # Machines of `local` processes; all share this host, so every path stays on loopback.
+        "FAIRRING_MACHINE_ID": f"machine-{rank // local}",
+        "NCCL_HOSTID": f"fairring-gpu-check-{rank}",
+        **NCCL_ON_ONE_GPU,
         "TP_SOCKET_IFNAME": "lo",
         "GLOO_SOCKET_IFNAME": "lo",
         CUDA_ENGINE: "1",
@@ -388,17 +454,23 @@ def wait_ranks(ranks: list[subprocess.Popen[bytes]], timeout: float, out: Path) 
 
 
 def run_ranks(
-    args: argparse.Namespace, stage: Stage, world: int, phases: list[str], extra: dict[str, str], timeout: float
+    args: argparse.Namespace,
+    stage: Stage,
+    world: int,
+    phases: list[str],
+    extra: dict[str, str],
+    timeout: float,
+    local: int = 1,
 ) -> tuple[dict[int, dict[str, Any] | None], list[str]]:
-    """Runs `world` cuda_bench ranks for `stage`, each its own machine: each rank's results, and what
-    went wrong around them (killed, exit codes). Fills in the stage's commands, time and output."""
+    """Runs `world` cuda_bench ranks for `stage`, on machines of `local` ranks: each rank's results, and
+    what went wrong around them (killed, exit codes). Fills in the stage's commands, time and output."""
     port = free_port()
     results: dict[int, dict[str, Any] | None] = {}
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch)
-        settings = [rank_settings(args, world, rank, port, extra) for rank in range(world)]
+        settings = [rank_settings(args, world, rank, port, extra, local) for rank in range(world)]
         commands = [rank_command(args, world, rank, port, out, phases) for rank in range(world)]
-        shown = [{k: v for k, v in env.items() if k.startswith(("FAIRRING_", "TP_"))} for env in settings]
+        shown = [{k: v for k, v in env.items() if k.startswith(SHOWN_SETTINGS)} for env in settings]
         stage.commands = [
             " ".join([*(f"{k}={v}" for k, v in env.items()), display(command)])
             for env, command in zip(shown, commands, strict=True)
@@ -472,11 +544,25 @@ def why_no_nixl() -> str:
     return ""
 
 
-def run_world(args: argparse.Namespace, world: int, timeout: float) -> tuple[Stage, dict[str, Any]]:
-    stage = Stage(world_stage(world))
-    ranks, problems = run_ranks(args, stage, world, check_phases(args), {}, timeout)
+def run_world(args: argparse.Namespace, spec: str, timeout: float) -> tuple[Stage, dict[str, Any]]:
+    stage = Stage(world_stage(spec))
+    machines, local = parse_layout(spec)
+    extra = as_users_run(args, spec)
+    ranks, problems = run_ranks(args, stage, machines * local, check_phases(args), extra, timeout, local)
     summary = summarize(ranks, args, [])
     return conclude(stage, summary, problems, f"all {summary['correctness']['planned_per_rank']} cases correct")
+
+
+def run_compare(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
+    stage = Stage(compare_stage(args.compare))
+    machines, local = parse_layout(args.compare)
+    phases = [
+        "--compare-sizes", ",".join(str(size) for size in args.compare_size_list), "--compare-gloo",
+        "--iters", str(args.compare_iters), "--warmup", "1",
+    ]  # fmt: skip
+    ranks, problems = run_ranks(args, stage, machines * local, phases, {}, timeout, local)
+    summary = summarize_compare(ranks, args, machines * local)
+    return conclude(stage, summary, problems, "every result correct")
 
 
 def stress_plan(args: argparse.Namespace, settings: dict[str, str]) -> dict[str, Any]:
@@ -572,6 +658,49 @@ def summarize(ranks: dict[int, dict[str, Any] | None], args: argparse.Namespace,
         "gpu": (ranks.get(0) or {}).get("gpu"),
         "problems": problems,
     }
+
+
+def summarize_compare(ranks: dict[int, dict[str, Any] | None], args: argparse.Namespace, world: int) -> dict[str, Any]:
+    """Rank 0's rows (each the slower rank's median): time, busbw, and the engine against the others."""
+    problems: list[str] = []
+    for rank, result in ranks.items():
+        problems += rank_problems(rank, result)
+    compare = (ranks.get(0) or {}).get("compare", {})
+    contenders, rows = compare.get("contenders", []), compare.get("rows", [])
+    for row in rows:
+        for name in contenders:
+            if not row[name]["correct"]:
+                problems.append(f"{name} at {format_size(row['bytes'])} gave wrong results")
+            row[name]["busbw_GBps"] = row["bytes"] / row[name]["median_s"] / 1e9 * 2 * (world - 1) / world
+        for name in contenders[1:]:
+            row[f"fairring_vs_{name}"] = row[name]["median_s"] / row["fairring"]["median_s"]
+    if len(rows) != len(args.compare_size_list):
+        problems.append(f"compared at {len(rows)} of {len(args.compare_size_list)} sizes")
+    return {"layout": args.compare, "contenders": contenders, "rows": rows, "problems": problems}
+
+
+def compare_lines(summary: dict[str, Any]) -> list[str]:
+    contenders, rows = summary.get("contenders", []), summary.get("rows", [])
+    if not rows:
+        return ["Not run."]
+    lines = [
+        f"float32 all_reduce on {summary['layout']} (machines x ranks), the same tensors in the same processes,",
+        "the order alternated each round; median of the slower rank's times. fairring is its engine at every",
+        "size (FAIRRING_FLAT_THRESHOLD=0). One GPU time-sliced between the processes, NCCL over its socket",
+        "transport on loopback: this compares code paths on one machine, not a cluster.",
+        "",
+    ]
+    header = ["size", *(f"{name} ms" for name in contenders), *(f"{name} busbw GB/s" for name in contenders)]
+    header += [f"fairring vs {name}" for name in contenders[1:]]
+    body = []
+    for row in rows:
+        body.append([
+            format_size(row["bytes"]),
+            *(f"{row[name]['median_s'] * 1e3:.3f}" for name in contenders),
+            *(f"{row[name]['busbw_GBps']:.3f}" for name in contenders),
+            *(f"{row[f'fairring_vs_{name}']:.2f}x" for name in contenders[1:]),
+        ])  # fmt: skip
+    return lines + table(header, body)
 
 
 def summarize_stress(ranks: dict[int, dict[str, Any] | None], args: argparse.Namespace) -> dict[str, Any]:
@@ -755,9 +884,10 @@ def render(report: dict[str, Any], stages: list[Stage]) -> str:
     lines += throughput_lines(bench.get("throughput", [])) if bench else ["Not run."]
     lines += ["", "## Correctness", "", f"{BENCH_WORLD} processes as {BENCH_WORLD} machines (the bench):", ""]
     lines += correctness_lines(bench.get("correctness", {}), report["device"])
-    for world, summary in report["worlds"].items():
-        lines += ["", f"{world} processes as {world} machines:", ""]
+    for spec, summary in report["worlds"].items():
+        lines += ["", world_stage(spec).removeprefix("correctness: ") + ":", ""]
         lines += correctness_lines(summary.get("correctness", {}), report["device"])
+    lines += ["", "## Side by side", "", *compare_lines(report["compare"])]
     lines += ["", "## Stress", "", *stress_lines(report["stress"])]
     nixl = report["nixl"]
     lines += [
@@ -776,7 +906,7 @@ def render(report: dict[str, Any], stages: list[Stage]) -> str:
         "",
         f"reference endpoint: `{bench.get('reference_endpoint')}`",
     ]
-    by_stage = {BENCH_STAGE: bench, STRESS_STAGE: report["stress"], NIXL_STAGE: nixl}
+    by_stage = {BENCH_STAGE: bench, STRESS_STAGE: report["stress"], NIXL_STAGE: nixl, "compare": report["compare"]}
     by_stage.update({world_stage(world): summary for world, summary in report["worlds"].items()})
     problems = [f"{name}: {problem}" for name, summary in by_stage.items() for problem in summary.get("problems", [])]
     if problems:
@@ -796,13 +926,24 @@ def steps(args: argparse.Namespace) -> list[Step]:
         tests_skip = "skipped (--tests skip)"
     elif args.tests == "auto" and args.device == "cpu":
         tests_skip = "skipped (--device cpu)"
+
+    def world_step(spec: str) -> Step:
+        return Step(world_stage(spec), args.worlds_timeout, WORLD_MINIMUM_S, functools.partial(run_world, args, spec))
+
+    # In order of value: the local steps on real NCCL, which nothing else runs, come first.
+    with_local_steps = [spec for spec in args.world_list if parse_layout(spec)[1] > 1]
     return [
+        *(world_step(spec) for spec in with_local_steps),
+        Step(
+            compare_stage(args.compare or "2x2"),
+            args.compare_timeout,
+            COMPARE_MINIMUM_S,
+            functools.partial(run_compare, args),
+            "" if args.compare else "skipped (--compare '')",
+        ),
         Step(TESTS_STAGE, args.tests_timeout, 0.0, lambda seconds: (run_tests(args, seconds), {}), tests_skip),
         Step(BENCH_STAGE, args.bench_timeout, BENCH_MINIMUM_S, functools.partial(run_bench, args)),
-        *(
-            Step(world_stage(world), args.worlds_timeout, WORLD_MINIMUM_S, functools.partial(run_world, args, world))
-            for world in args.world_list
-        ),
+        *(world_step(spec) for spec in args.world_list if spec not in with_local_steps),
         Step(
             STRESS_STAGE,
             args.stress_timeout,
@@ -866,7 +1007,8 @@ def main(argv: list[str]) -> int:
         "environment": info,
         "stages": [{k: v for k, v in asdict(stage).items() if k != "output_tail"} for stage in stages],
         "bench": summaries.get(BENCH_STAGE, {}),
-        "worlds": {world: summaries.get(world_stage(world), {}) for world in args.world_list},
+        "worlds": {spec: summaries.get(world_stage(spec), {}) for spec in args.world_list},
+        "compare": summaries.get(compare_stage(args.compare), {}) if args.compare else {},
         "stress": summaries.get(STRESS_STAGE, {}),
         "nixl": summaries.get(NIXL_STAGE, {}),
     }

@@ -30,6 +30,9 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
     statuses = {stage["name"]: stage["status"] for stage in data["stages"]}
     assert statuses == {
         "build": "skipped",
+        "correctness: 4 processes as 2 machines x 2 ranks": "ok",
+        "correctness: 6 processes as 3 machines x 2 ranks": "ok",
+        "compare: fairring, NCCL, Gloo on 2 machines x 2 ranks": "ok",
         "tests: tests/test_cuda.py": "skipped",
         "bench: 2 processes as 2 machines": "ok",
         "correctness: 3 processes as 3 machines": "ok",
@@ -56,14 +59,24 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
     for stats in data["bench"]["engine_stats"].values():
         assert stats["ops"] > 0 and stats["rail_bytes_sent"] == stats["rail_bytes_received"] > 0
 
-    # Every rank of 3 and of 4 machines checked every case, on the engine.
-    assert sorted(data["worlds"]) == ["3", "4"]
-    for world, summary in data["worlds"].items():
-        assert summary["problems"] == [], world
+    # Every rank of every layout checked every case, on the engine, with its local steps where it has some.
+    assert sorted(data["worlds"]) == ["2x2", "3", "3x2", "4"]
+    for spec, summary in data["worlds"].items():
+        machines, _, local = spec.partition("x")
+        world = int(machines) * int(local or 1)
+        assert summary["problems"] == [], spec
         assert summary["correctness"]["all_passed"] is True and summary["correctness"]["planned_per_rank"] == 120
-        assert sorted(summary["engine_stats"]) == [str(rank) for rank in range(int(world))]
+        assert sorted(summary["engine_stats"]) == [str(rank) for rank in range(world)]
         for stats in summary["engine_stats"].values():
-            assert stats["ops"] == 120 and stats["flat_ops"] == 0, (world, stats)
+            assert stats["ops"] == 120 and stats["flat_ops"] == 0, (spec, stats)
+            assert (stats["local_steps"] == "none") == (not local), (spec, stats)
+
+    # Side by side on 2x2: on CPU tensors fairring and Gloo (NCCL needs CUDA), every result right.
+    compare = data["compare"]
+    assert compare["problems"] == [] and compare["contenders"] == ["fairring", "gloo"]
+    assert [row["bytes"] for row in compare["rows"]] == [64 * 1024, MiB]
+    for row in compare["rows"]:
+        assert row["fairring"]["correct"] and row["gloo"]["correct"] and row["fairring_vs_gloo"] > 0
 
     # The stress, scaled down: 4 rounds of 4 x 32 MiB in flight, slices of 4 MiB with cuda_basic required.
     stress = data["stress"]
