@@ -4,30 +4,30 @@ Needs no network and no virtual environment: run it with the python whose
 torch fairring was just built against (`make gpu-check` builds first). Stages,
 each with its own time limit inside --budget, so the whole check ends in time:
 
+Stages in order of value:
+
 1. environment: python, torch, CUDA, NCCL, the compiler, nvcc, fairring.build_info(), the GPUs;
-2. tests: `python -m pytest tests/test_cuda.py -rs -s -p no:cacheprovider`;
-3. bench: two processes on one GPU as two machines (benchmarks/cuda_bench.py):
+2. correctness on the layouts of --worlds with several ranks per machine (2x2, 3x2),
+   whose local steps run on real NCCL groups (a distinct NCCL_HOSTID per process,
+   NCCL's socket transport on loopback): every dtype and op against plain torch on
+   the CPU; the first layout with the GPU in launch order (CUDA_DEVICE_MAX_CONNECTIONS=1)
+   and the default flat threshold, so that NCCL's own small all-reduces are launched
+   among the engine's;
+3. compare (--compare): on 2 machines x 2 ranks, fairring's engine, NCCL's all-reduce
+   and Gloo's on the same tensors in the same processes, the order alternated each
+   round, every result checked (one GPU time-sliced between the processes: not a cluster);
+4. tests: `python -m pytest tests/test_cuda.py -rs -s -p no:cacheprovider`;
+5. bench: two processes on one GPU as two machines (benchmarks/cuda_bench.py):
    engine all-reduce throughput against fairring._C._testing.RailsEndpoint moving the same
-   bytes between the same two processes, then every dtype and op checked against
-   plain torch on the CPU;
-4. correctness on the layouts of --worlds: 2 and 3 machines of 2 ranks each,
-   whose local steps run on real NCCL groups (a distinct NCCL_HOSTID per
-   process, NCCL's socket transport on loopback), then 3 and 4 processes each
-   its own machine: every dtype and op, as in the bench; the layouts with
-   local steps run first, before the tests, the first of them with the GPU in
-   launch order (CUDA_DEVICE_MAX_CONNECTIONS=1) and the default flat threshold,
-   so that NCCL's own small all-reduces are launched among the engine's;
-4b. compare (--compare): on 2 machines x 2 ranks, fairring's engine, NCCL's
-   all-reduce and Gloo's on the same CUDA tensors in the same processes, the
-   order alternated each round, every result checked (one GPU over loopback,
-   time-sliced between the processes: not a cluster);
-5. stress: two processes with large slices (--stress-slice) and TensorPipe's
+   bytes between the same two processes, then every dtype and op checked;
+6. correctness on the layouts of --worlds of one rank per machine (3, 4 processes);
+7. stress: two processes with large slices (--stress-slice) and TensorPipe's
    cuda_basic channel (FAIRRING_CHANNELS=cuda_basic), --stress-ops all-reduces of
    --stress-bytes in flight at once for --stress-rounds rounds, each result checked
    exactly. It shows whether cuda_basic's shared pool of pinned chunks (16 x 1 MiB
    per TensorPipe context) can starve the reduced-shard writes (docs/design.md);
    a hang ends at the stage's time limit, reported with the ranks' output;
-6. nixl: the bench's two processes on the NIXL rails (FAIRRING_RAILS_TRANSPORT=nixl),
+8. nixl: the bench's two processes on the NIXL rails (FAIRRING_RAILS_TRANSPORT=nixl),
    the GPU staging registered with UCX; skipped, saying why, where NIXL is not
    installed (carry the nixl-cu13 wheel and put it on PYTHONPATH).
 

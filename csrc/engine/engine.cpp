@@ -53,7 +53,8 @@ Engine::Engine(
       staging_(stagingCapacity(planSettings_), device_->memoryOptions()),
       completions_(device_->device()),
       mesh_(std::move(mesh)),
-      launchOrder_(device_->mayRunInLaunchOrder()) {
+      // With one rank per machine no local step waits for another rank.
+      launchOrder_(device_->mayRunInLaunchOrder() && topology.localSize() > 1) {
   TORCH_CHECK(
       topology_.servesEngine(),
       "fairring: the engine needs 2+ machines with equally many ranks");
@@ -423,6 +424,9 @@ int64_t Engine::launchWindow(
 }
 
 void Engine::launched(LaunchOrder::Step step) {
+  if (!launchOrder_.enforced()) {
+    return; // nobody waits for a turn
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     launchOrder_.launched(step);

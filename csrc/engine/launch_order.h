@@ -31,7 +31,9 @@ class LaunchOrder {
   enum class Step { kReduceScatter, kAllGather };
 
   // `enforced` false: any step may launch at any time (the CPU, where the
-  // local steps block their thread, not a device queue).
+  // local steps block their thread, not a device queue; one rank per
+  // machine, where no local step waits for another rank). Then issued()
+  // keeps nothing and drained() is always true.
   explicit LaunchOrder(bool enforced) : enforced_(enforced) {}
 
   bool enforced() const {
