@@ -847,7 +847,11 @@ def stress_lines(stress: dict[str, Any]) -> list[str]:
 
 def render(report: dict[str, Any], stages: list[Stage]) -> str:
     env, bench = report["environment"], report["bench"]
-    if not report["passed"]:
+    if not report["complete"]:
+        verdict = "INCOMPLETE (the check is running or was cut short; stages not run yet say so)"
+        if not report["passed"]:
+            verdict += ", FAILED so far (" + ", ".join(report["failed_stages"]) + ")"
+    elif not report["passed"]:
         verdict = "FAILED (" + ", ".join(report["failed_stages"]) + ")"
     elif report["skipped_for_budget"]:
         verdict = "PASSED, but the budget left out: " + ", ".join(report["skipped_for_budget"])
@@ -955,8 +959,11 @@ def steps(args: argparse.Namespace) -> list[Step]:
     ]
 
 
-def run_steps(todo: list[Step], deadline: float) -> tuple[list[Stage], dict[str, dict[str, Any]], list[str]]:
-    """Each stage, what it found by stage name, and the stages the budget left out."""
+def run_steps(
+    todo: list[Step], deadline: float, written: Callable[[list[Stage], dict[str, dict[str, Any]], list[str]], None]
+) -> tuple[list[Stage], dict[str, dict[str, Any]], list[str]]:
+    """Each stage, what it found by stage name, and the stages the budget left out; `written` is
+    called after each stage, so that a check cut short has reported what it ran."""
     stages: list[Stage] = []
     summaries: dict[str, dict[str, Any]] = {}
     left_out: list[str] = []
@@ -976,28 +983,25 @@ def run_steps(todo: list[Step], deadline: float) -> tuple[list[Stage], dict[str,
         except Exception:
             stage = Stage(step.name, "failed", detail="the check itself failed", output_tail=tail(format_exc()))
         stages.append(stage)
+        not_yet = [Stage(later.name, detail="not run yet") for later in todo[index + 1 :]]
+        written(stages + not_yet, summaries, left_out)
     return stages, summaries, left_out
 
 
-def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    deadline = time.monotonic() + args.budget
-    started = time.monotonic()
-    info = environment()
-    stages = [build_stage(args)]
-    summaries: dict[str, dict[str, Any]] = {}
-    left_out: list[str] = []
-    no_gpu = args.device == "cuda" and not torch.cuda.is_available()
-    if no_gpu:
-        stages.append(Stage("environment", "failed", detail="no CUDA device is visible to torch (use --device cpu)"))
-        stages += [Stage(step.name, detail="skipped: no GPU") for step in steps(args)]
-    else:
-        ran, summaries, left_out = run_steps(steps(args), deadline)
-        stages += ran
-        if args.device == "cuda":
-            info["gpus"] = gpu_names()
+def write_report(
+    args: argparse.Namespace,
+    argv: list[str],
+    info: dict[str, Any],
+    started: float,
+    stages: list[Stage],
+    summaries: dict[str, dict[str, Any]],
+    left_out: list[str],
+    complete: bool = True,
+) -> bool:
+    """Writes the report as it stands (`complete`: every stage has had its turn); whether none failed."""
     failed = [stage.name for stage in stages if stage.status == "failed"]
     report = {
+        "complete": complete,
         "passed": not failed,
         "failed_stages": failed,
         "skipped_for_budget": left_out,
@@ -1012,12 +1016,40 @@ def main(argv: list[str]) -> int:
         "stress": summaries.get(STRESS_STAGE, {}),
         "nixl": summaries.get(NIXL_STAGE, {}),
     }
-    text = render(report, stages)
     args.report.parent.mkdir(parents=True, exist_ok=True)
-    args.report.write_text(text)
-    print(text.split("\n## Output", 1)[0])
-    print(f"gpu-check: {'PASSED' if not failed else 'FAILED: ' + ', '.join(failed)}; report: {args.report}")
-    return 0 if not failed else 1
+    partial = args.report.with_suffix(".partial")
+    partial.write_text(render(report, stages))
+    partial.replace(args.report)
+    return not failed
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    deadline = time.monotonic() + args.budget
+    started = time.monotonic()
+    info = environment()
+    if args.device == "cuda" and torch.cuda.is_available():
+        info["gpus"] = gpu_names()
+    built = [build_stage(args)]
+
+    def written(stages: list[Stage], summaries: dict[str, dict[str, Any]], left_out: list[str]) -> None:
+        write_report(args, argv, info, started, built + stages, summaries, left_out, complete=False)
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        missing = Stage("environment", "failed", detail="no CUDA device is visible to torch (use --device cpu)")
+        ran, summaries, left_out = (
+            [missing, *(Stage(step.name, detail="skipped: no GPU") for step in steps(args))],
+            {},
+            [],
+        )
+    else:
+        ran, summaries, left_out = run_steps(steps(args), deadline, written)
+    stages = built + ran
+    passed = write_report(args, argv, info, started, stages, summaries, left_out)
+    failed = [stage.name for stage in stages if stage.status == "failed"]
+    print(args.report.read_text().split("\n## Output", 1)[0])
+    print(f"gpu-check: {'PASSED' if passed else 'FAILED: ' + ', '.join(failed)}; report: {args.report}")
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

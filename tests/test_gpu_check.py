@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from nixl_support import NIXL_MISSING
@@ -91,3 +93,28 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
     assert len(stress["round_seconds"]) == 4 and min(stress["round_seconds"]) > 0
     for stats in stress["engine_stats"].values():
         assert stats["ops"] == 16 and stats["slices"] == 16 * 8, stats
+
+
+def test_a_check_cut_short_has_reported_the_stages_it_ran(tmp_path: Path) -> None:
+    """The report is written after each stage: killed after its first, it says what ran and what did not."""
+    report = tmp_path / "report.md"
+    command = [sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--quick", "--report", str(report)]
+    check = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not report.exists() and check.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        # SIGINT: the check's own cleanup (its ranks, their scratch folder) runs as it stops.
+        check.send_signal(signal.SIGINT)
+        try:
+            check.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            check.kill()
+            check.wait(timeout=30)
+    text = report.read_text()
+    assert text.startswith("# fairring GPU check: INCOMPLETE"), text[:300]
+    data = json.loads(text.rsplit("```json\n", 1)[1].rsplit("\n```", 1)[0])
+    statuses = [(stage["status"], stage["detail"]) for stage in data["stages"]]
+    assert statuses[1][0] == "ok", statuses  # the first stage after the build ran to its end
+    assert ("skipped", "not run yet") in statuses, statuses
