@@ -883,6 +883,7 @@ void Backend::setTimeout(std::chrono::milliseconds timeout) {
   if (auto cuda = cudaBackendIfCreated()) {
     cuda->setTimeout(timeout);
   }
+  forEachEngine([timeout](Engine& engine) { engine.setTimeout(timeout); });
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> Backend::getBackendOptions() {

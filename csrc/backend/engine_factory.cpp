@@ -38,6 +38,7 @@ std::unique_ptr<Engine> makeEngine(
   const Topology& topology = site.topology;
   auto localSteps = makeLocalSteps(
       site.innerGroups.localGroups(device), topology.localSize());
+  localSteps->setTimeout(site.timeout);
   std::unique_ptr<DeviceContext> context;
   if (device.is_cuda()) {
     context = makeCudaContext(device);

@@ -434,6 +434,10 @@ void Engine::launched(LaunchOrder::Step step) {
   progress_.notify_all();
 }
 
+void Engine::setTimeout(std::chrono::milliseconds timeout) {
+  localSteps_->setTimeout(timeout);
+}
+
 void Engine::awaitLaunchesOfIssuedOps() {
   std::unique_lock<std::mutex> lock(mutex_);
   progress_.wait(lock, [this] { return failed() || launchOrder_.drained(); });

@@ -85,6 +85,9 @@ class Engine {
  public:
   // How long a cause seen only second hand waits for a better one.
   static constexpr std::chrono::milliseconds kSettleGrace{2000};
+  // How long a normal shutdown waits for the device to finish what the
+  // engine launched before it closes the local steps (else: aborts them).
+  static constexpr std::chrono::seconds kDrainLimit{30};
 
   // What the engine asks of its owner and tells it. Each may be empty; none
   // may block.
@@ -146,6 +149,10 @@ class Engine {
   // needs (docs/design.md, "Launch order"). At once where launches need no
   // order (the CPU).
   void awaitLaunchesOfIssuedOps();
+
+  // The group's timeout changed (set_timeout): ops take theirs when issued;
+  // the local steps' groups, which time steps by it, get the new one.
+  void setTimeout(std::chrono::milliseconds timeout);
 
   // Fails the engine with a cause this rank saw first hand and no rank is
   // more to blame for (`what` names the ranks), and announces it. Any
@@ -236,6 +243,10 @@ class Engine {
       const;
   // Stops the engine (once) and fails the ops once the cause is settled.
   void stop(Cause cause);
+  // On a departure: whether the device finished the work launched so far
+  // (every op is settled, but on a device its last all-gathers may still
+  // run) within kDrainLimit.
+  bool drainDevice();
   // Handlers of the rails and the watch (transport thread).
   void onRailsFailure(int peerRank, bool mismatch, const std::string& message);
   void onNotice(int neighbour, const rails::Watch::Notice& notice);

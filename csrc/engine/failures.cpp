@@ -116,6 +116,16 @@ void Engine::onLost(int neighbour, const std::string& error) {
       true});
 }
 
+bool Engine::drainDevice() {
+  Fence last;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    last = lastReleased_;
+  }
+  const auto until = Clock::now() + kDrainLimit;
+  return device_->waitOnHost(last, [until] { return Clock::now() > until; });
+}
+
 void Engine::stop(Cause cause) {
   std::deque<std::shared_ptr<Op>> ops;
   bool first = false;
@@ -157,7 +167,14 @@ void Engine::stop(Cause cause) {
     watchdogWake_.notify_all();
     staging_.interrupt();
     lanes_->close("stopped");
-    localSteps_->abort();
+    // A departure leaves the local groups in good order: what runs on the
+    // machine's other ranks finishes first (docs/design.md, "Leaving in good
+    // order").
+    if (cause.departure && drainDevice()) {
+      localSteps_->close();
+    } else {
+      localSteps_->abort();
+    }
     device_->abort();
   }
   // Before any op's failure reaches its waiter, who may then exit: the

@@ -11,23 +11,14 @@ namespace fairring {
 
 namespace {
 
-// NCCL's watchdog ends a whole process when a step outlives its timeout, so
-// a NCCL step gets this long past the op's deadline: the engine's watchdog
-// fails the op first, with the cause it knows (Engine::kSettleGrace, twice,
-// and some to spare), and aborts the step.
-constexpr std::chrono::milliseconds kNcclStepLag{10000};
-
-// A step's own timeout: what is left of the op's time. A Gloo group gives up
-// on its own by the op's deadline, even where nothing aborts it.
-std::chrono::milliseconds stepTimeout(
-    const c10d::Backend& group,
-    LocalSteps::Clock::time_point deadline) {
-  const auto remaining = std::max(
+// A Gloo step's own timeout: what is left of the op's time, so that it gives
+// up by the op's deadline even where nothing aborts it. (A NCCL step is
+// timed by its group's timeout, which setTimeout keeps past the engine's.)
+std::chrono::milliseconds stepTimeout(LocalSteps::Clock::time_point deadline) {
+  return std::max(
       std::chrono::milliseconds(1),
       std::chrono::ceil<std::chrono::milliseconds>(
           deadline - LocalSteps::Clock::now()));
-  return group.getBackendName() == "nccl" ? remaining + kNcclStepLag
-                                          : remaining;
 }
 
 } // namespace
@@ -53,6 +44,10 @@ GroupSteps::~GroupSteps() {
   }
 }
 
+bool GroupSteps::isNccl() const {
+  return reduceScatter_->getBackendName() == "nccl";
+}
+
 void GroupSteps::reduceScatter(
     at::Tensor& slot,
     at::Tensor& parts,
@@ -62,7 +57,7 @@ void GroupSteps::reduceScatter(
     Clock::time_point deadline) {
   std::vector<int64_t> equalSplits;
   c10d::AllToAllOptions options;
-  options.timeout = stepTimeout(*reduceScatter_, deadline);
+  options.timeout = stepTimeout(deadline);
   // NCCL runs a synchronous step on the caller's current stream, the stage's
   // own (docs/design.md, "Streams and fences"), not on a stream of its own.
   options.asyncOp = false;
@@ -81,7 +76,7 @@ void GroupSteps::allGather(
     const LocalStepKey& /*key*/,
     Clock::time_point deadline) {
   c10d::AllgatherOptions options;
-  options.timeout = stepTimeout(*allGather_, deadline);
+  options.timeout = stepTimeout(deadline);
   options.asyncOp = false;
   at::Tensor in = part;
   waitForStep(*allGather_, allGather_->_allgather_base(output, in, options));
@@ -94,7 +89,7 @@ std::string GroupSteps::name() const {
 void GroupSteps::waitForStep(
     const c10d::Backend& group,
     const c10::intrusive_ptr<c10d::Work>& work) {
-  if (group.getBackendName() == "nccl") {
+  if (isNccl()) {
     if (work) {
       work->wait(); // the current stream waits, if it ran on another
     }
@@ -119,8 +114,15 @@ void GroupSteps::waitForStep(
   work->wait(); // done: rethrows the step's error, if any
 }
 
+void GroupSteps::setTimeout(std::chrono::milliseconds timeout) {
+  if (isNccl()) {
+    reduceScatter_->setTimeout(timeout + kNcclStepLag);
+    allGather_->setTimeout(timeout + kNcclStepLag);
+  }
+}
+
 void GroupSteps::abort() {
-  if (aborted_.exchange(true)) {
+  if (stopped_.exchange(true)) {
     return;
   }
   {
@@ -128,15 +130,62 @@ void GroupSteps::abort() {
     waits_->aborted = true;
   }
   waits_->changed.notify_all();
-  aborting_ = std::thread([reduceScatter = reduceScatter_, allGather = allGather_] {
-    reduceScatter->abort();
-    allGather->abort();
-  });
+  stopGroups(&c10d::Backend::abort);
+}
+
+void GroupSteps::close() {
+  if (!isNccl()) {
+    abort(); // Gloo flushes nothing; its steps are done on the host
+    return;
+  }
+  if (!stopped_.exchange(true)) {
+    stopGroups(&c10d::Backend::shutdown);
+  }
+}
+
+void GroupSteps::stopGroups(void (c10d::Backend::*stop)()) {
+  std::lock_guard<std::mutex> lock(waits_->mutex);
+  waits_->stopsRunning = 2;
+  for (const auto& group : {reduceScatter_, allGather_}) {
+    stopping_.emplace_back([group, stop, waits = waits_] {
+      try {
+        ((*group).*stop)();
+      } catch (const std::exception&) {
+        // Stopping is best effort: the engine has failed or is leaving.
+      }
+      {
+        std::lock_guard<std::mutex> lock(waits->mutex);
+        --waits->stopsRunning;
+      }
+      waits->changed.notify_all();
+    });
+  }
 }
 
 void GroupSteps::join() {
-  if (aborting_.joinable()) {
-    aborting_.join();
+  std::vector<std::thread> stopping;
+  bool stopped = false;
+  {
+    std::unique_lock<std::mutex> lock(waits_->mutex);
+    stopping.swap(stopping_);
+    stopped = waits_->changed.wait_for(
+        lock, kStopWait, [this] { return waits_->stopsRunning == 0; });
+  }
+  if (stopping.empty()) {
+    return;
+  }
+  for (auto& thread : stopping) {
+    if (stopped) {
+      thread.join();
+    } else {
+      thread.detach(); // it owns the group it stops and the waits
+    }
+  }
+  if (!stopped) {
+    TORCH_WARN(
+        "fairring: a local ", reduceScatter_->getBackendName(),
+        " group did not stop within ", kStopWait.count(),
+        " s; leaving it to finish on its own");
   }
 }
 

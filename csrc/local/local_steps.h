@@ -59,10 +59,22 @@ class LocalSteps {
   // or "none" with one rank per machine.
   virtual std::string name() const = 0;
 
+  // The group's timeout, set when the engine is made and by set_timeout:
+  // where a step's own watchdog times it by its group's timeout rather than
+  // the op's (NCCL), the steps launched from now on get this one, and enough
+  // more that the engine's watchdog, which names the cause, fails first.
+  virtual void setTimeout(std::chrono::milliseconds /*timeout*/) {}
   // Steps in flight and later ones throw at once. Any thread; idempotent.
   virtual void abort() = 0;
-  // After abort(), once nothing calls a step any more: the steps' own
-  // threads are joined.
+  // A normal shutdown, instead of abort(): no step is pending and the
+  // device has finished the steps launched here. What still runs on other
+  // ranks finishes first where the steps can say so (NCCL flushes what it
+  // sends); the wait is bounded. Any thread; once.
+  virtual void close() {
+    abort();
+  }
+  // After abort() or close(), once nothing calls a step any more: the
+  // steps' own threads are joined, each for a bounded time.
   virtual void join() {}
 };
 

@@ -20,9 +20,11 @@
 #include "engine/plan.h"
 #include "engine/reduction.h"
 #include "engine/staging.h"
+#include "local/group_steps.h"
 #include "local/shared_memory.h"
 #include "rails/tensorpipe/factory.h"
 #include "rails/watch.h"
+#include "testing/recording_group.h"
 
 namespace py = pybind11;
 
@@ -119,6 +121,54 @@ void bindTesting(py::module_& testing) {
       .def("stats", [](const StagingRing& ring) {
         return stagingDict(ring.stats());
       });
+  // GroupSteps over two recording groups named `backend_name` ("nccl",
+  // "gloo"): their timeouts set to `timeout_ms`, then stopped by `how`
+  // ("abort", "close", or "sequential_abort": each group's abort() in turn on
+  // this thread, the negative control of concurrent aborts), each stop call
+  // blocking up to `block_ms`; returns the seconds that stopping and join()
+  // took and what the groups saw, in order.
+  testing.def(
+      "stop_group_steps",
+      [](const std::string& backendName,
+         const std::string& how,
+         int64_t timeoutMs,
+         int64_t blockMs) {
+        auto log = std::make_shared<GroupLog>();
+        log->blockFor = std::chrono::milliseconds(blockMs);
+        auto reduceScatter =
+            c10::make_intrusive<RecordingGroup>("rs", backendName, log);
+        auto allGather =
+            c10::make_intrusive<RecordingGroup>("ag", backendName, log);
+        double seconds = 0;
+        std::vector<std::string> events;
+        {
+          py::gil_scoped_release released;
+          GroupSteps steps(reduceScatter, allGather);
+          steps.setTimeout(std::chrono::milliseconds(timeoutMs));
+          const auto start = std::chrono::steady_clock::now();
+          if (how == "abort") {
+            steps.abort();
+          } else if (how == "close") {
+            steps.close();
+          } else if (how == "sequential_abort") {
+            reduceScatter->abort();
+            allGather->abort();
+          } else {
+            throw std::invalid_argument("how: abort, close or sequential_abort");
+          }
+          steps.join();
+          seconds = std::chrono::duration<double>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
+          events = log->snapshot();
+          log->release(); // threads left to finish on their own now end
+        }
+        return py::make_tuple(seconds, events);
+      },
+      py::arg("backend_name"),
+      py::arg("how"),
+      py::arg("timeout_ms"),
+      py::arg("block_ms"));
   testing.def(
       "staging_window",
       &fairring::stagingWindow,
