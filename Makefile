@@ -103,7 +103,7 @@ SANITIZE_TESTS ?= .ci/sanitize_check.py tests/test_untrusted_peers.py tests/test
 	tests/test_mismatches.py tests/test_rails_protocol.py tests/test_staging.py tests/test_config.py \
 	tests/test_topology.py tests/test_engine.py tests/test_lifecycle.py tests/test_failures.py \
 	tests/test_shared_memory.py tests/test_memory_order.py tests/test_emulated_device.py \
-	tests/test_flight_recorder.py
+	tests/test_flight_recorder.py tests/test_group_steps.py tests/test_launch_order.py
 SANITIZE_DESELECT ?= not ddp_matches_gloo and not 1x4 and not (2x3 and not interleaved) and not link_goes_down \
 	and not (random_all_reduces and interleaved)
 SANITIZE_LOGS := build/sanitize-logs

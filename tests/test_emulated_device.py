@@ -158,12 +158,12 @@ def forced_env(layout: Layout, rank: int, base: str) -> dict[str, str]:
     return {"FAIRRING_TEST_EMULATED_DEVICE": f"{base},{force}"}
 
 
-# The device's queues, and whether the engine keeps its launch order: a GPU
-# with streams that progress on their own; one that runs all work in launch
-# order (CUDA_DEVICE_MAX_CONNECTIONS=1, MPS); and the negative control, that
-# GPU with the local steps launched as the stage threads get to them.
+# A device that runs all work in launch order (CUDA_DEVICE_MAX_CONNECTIONS=1,
+# MPS), with the engine's launch order, and the negative control: that device
+# with the local steps launched as the stage threads get to them. (Streams
+# that progress on their own only make more progress; the random tests run
+# them.)
 DEVICE_DESIGNS = {
-    "streams": "",
     "in_order": ",in_order",
     "in_order_unordered_launch": ",in_order,unordered_launch",
 }
@@ -174,9 +174,9 @@ DEVICE_DESIGNS = {
 def test_forced_interleaving_deadlocks_only_without_the_launch_order(design: str) -> None:
     """On each machine, one rank would enqueue the next slice's reduce-scatter before an
     all-gather, the other the reverse (each holds its enqueue up to 500 ms for the other
-    stage's). The launch order overrides both, so the ops complete even where the device
-    runs everything in launch order; without it (the negative control) that device
-    deadlocks, which must be reported within the group's timeout as a wait in a slice.
+    stage's). The launch order overrides both, so the ops complete on a device that runs
+    everything in launch order; without it (the negative control) that device deadlocks,
+    which must be reported within the group's timeout as a wait in a slice.
     """
     layout = Layout(2, 2)
     base = "seed=5" + DEVICE_DESIGNS[design]
