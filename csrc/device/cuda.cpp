@@ -8,6 +8,7 @@
 #include <c10/core/Event.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
@@ -22,6 +23,13 @@ struct CudaFence final : FenceState {
   CudaFence() : event(c10::DeviceType::CUDA) {}
   c10::Event event;
 };
+
+// The engine's threads may query events and allocate while another thread
+// of the user's captures a CUDA graph in cudaStreamCaptureModeGlobal, which
+// such calls from any thread would invalidate; in relaxed mode this thread's
+// calls are not prohibited. (TensorPipe's own threads are outside this.)
+using RelaxedCapture = c10::cuda::CUDAStreamCaptureModeGuard;
+constexpr cudaStreamCaptureMode kRelaxed = cudaStreamCaptureModeRelaxed;
 
 const c10::Event& eventOf(const Fence& fence) {
   return static_cast<const CudaFence*>(fence.state())->event;
@@ -104,6 +112,7 @@ class CudaStreams final : public StreamPolicy {
 
   void issue(int stream, Stage /*issuer*/, std::function<void()> work)
       override {
+    const RelaxedCapture relaxed(kRelaxed);
     const c10::cuda::CUDAStreamGuard onStream(cudaStream(stream));
     work();
   }
@@ -119,6 +128,7 @@ class CudaStreams final : public StreamPolicy {
   }
 
   bool query(const Fence& fence) override {
+    const RelaxedCapture relaxed(kRelaxed);
     return fence.state() == nullptr || eventOf(fence).query();
   }
 

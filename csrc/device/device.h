@@ -124,8 +124,11 @@ class DeviceContext {
     return false;
   }
 
-  // Ends the device work in flight: queued work is dropped. Any thread;
-  // idempotent.
+  // Ends the device work in flight where the device can: the emulated
+  // device drops its queued work. CUDA cannot take back launched work: its
+  // local steps end with their groups' abort, the rest runs out on streams
+  // nothing else uses, and staging stays alive until it has (adoptStaging).
+  // Any thread; idempotent.
   virtual void abort() {}
   // After abort() and once the engine's stage threads have returned: the
   // device's own threads (an emulated device's streams) are joined, so no
