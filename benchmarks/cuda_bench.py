@@ -17,7 +17,11 @@ phases it is given:
    in flight, against plain torch on the CPU;
 3. --stress-rounds: rounds of --stress-ops float32 sums of --stress-bytes each,
    all in flight at once, each result checked exactly on the device;
-4. --compare-sizes: side by side in these processes, on the same tensors, the
+4. --order-checks: an engine all-reduce followed, without a wait, by a broadcast
+   of the same tensor (which the delegate runs), and an all-reduce whose
+   is_completed() is polled and whose tensor is read, without wait(), once it
+   says True: both against torch;
+5. --compare-sizes: side by side in these processes, on the same tensors, the
    order alternated each round: fairring's all-reduce, NCCL's (a NCCL group
    of every rank; --device cuda) and, with --compare-gloo, Gloo's; every
    result checked.
@@ -394,6 +398,33 @@ def run_stress(bench: Bench, results: Results) -> None:
         results.save()
 
 
+def run_order_checks(bench: Bench, results: Results) -> None:
+    """Collectives on the same memory follow each other; is_completed() means done on the device."""
+    numel = 1 << 22  # 16 MiB of float32: the engine's at every flat threshold up to that
+    checks: dict[str, Any] = {}
+    results.data["order"] = checks
+    expected = expected_result(bench.world, numel, torch.float32, 7, "sum")
+    tensor = rank_input(bench.rank, bench.world, numel, torch.float32, 7, "sum").to(bench.device)
+    bench.barrier()
+    reduced = dist.all_reduce(tensor, async_op=True)
+    broadcast = dist.broadcast(tensor, src=0, async_op=True)  # must broadcast the reduced tensor
+    reduced.wait(bench.timeout)
+    broadcast.wait(bench.timeout)
+    checks["all_reduce_then_broadcast"] = compare(tensor.cpu(), expected)
+    tensor = rank_input(bench.rank, bench.world, numel, torch.float32, 8, "sum").to(bench.device)
+    bench.sync()
+    bench.barrier()
+    work = dist.all_reduce(tensor, async_op=True)
+    deadline = time.monotonic() + bench.args.op_timeout
+    while not work.is_completed() and time.monotonic() < deadline:
+        time.sleep(0.0005)
+    # Read on the current stream without wait(): right only if "completed" meant done on the device.
+    expected = expected_result(bench.world, numel, torch.float32, 8, "sum")
+    checks["is_completed_means_done"] = compare(tensor.cpu(), expected)
+    work.wait(bench.timeout)
+    results.save()
+
+
 def run_compare(bench: Bench, results: Results) -> None:
     """fairring, NCCL and Gloo on the same tensors, rounds alternating their order."""
     contenders: list[tuple[str, Any]] = [("fairring", None)]
@@ -470,6 +501,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--stress-ops", type=int, default=4, help="stress: all-reduces in flight at once")
     parser.add_argument("--stress-bytes", type=int, default=0, help="stress: bytes of each (a multiple of 4)")
     parser.add_argument("--stress-rounds", type=int, default=0, help="stress: rounds (0: no stress)")
+    parser.add_argument("--order-checks", action="store_true", help="same memory, then is_completed()")
     parser.add_argument("--compare-sizes", default="", help="side by side with NCCL: byte counts (multiples of 4)")
     parser.add_argument("--compare-gloo", action="store_true", help="--compare-sizes includes Gloo")
     parser.add_argument("--op-timeout", type=float, default=60.0, help="seconds any one wait may take")
@@ -519,6 +551,7 @@ def main(argv: list[str]) -> int:
         ("throughput", run_throughput, bool(args.sizes)),
         ("correctness", run_correctness, bool(args.check_sizes)),
         ("stress", run_stress, args.stress_rounds > 0),
+        ("order", run_order_checks, args.order_checks),
         ("compare", run_compare, bool(args.compare_sizes)),
         ("engine", engine_counters, True),
     ]

@@ -508,7 +508,7 @@ def conclude(stage: Stage, summary: dict[str, Any], problems: list[str], passed:
 
 
 def check_phases(args: argparse.Namespace) -> list[str]:
-    return ["--check-sizes", ",".join(str(n) for n in args.check_size_list)]
+    return ["--check-sizes", ",".join(str(n) for n in args.check_size_list), "--order-checks"]
 
 
 def bench_phases(args: argparse.Namespace, sizes: list[int]) -> list[str]:
@@ -630,6 +630,11 @@ def summarize(ranks: dict[int, dict[str, Any] | None], args: argparse.Namespace,
             problems.append(f"rank {rank} checked {len(cases)} of {planned} correctness cases")
     if failed_cases:
         problems.append(f"{len(failed_cases)} correctness case(s) failed")
+    order = {rank: (result or {}).get("order", {}) for rank, result in ranks.items()}
+    for rank, checks in order.items():
+        for name, check in checks.items():
+            if not check.get("ok"):
+                problems.append(f"rank {rank}: {name} failed: {check}")
     rows = (ranks.get(0) or {}).get("throughput", [])
     for row in rows:
         for part in ("engine", "reference_sequential", "reference_concurrent"):
@@ -650,6 +655,10 @@ def summarize(ranks: dict[int, dict[str, Any] | None], args: argparse.Namespace,
             "sizes": args.check_size_list,
             "failed_count": len(failed_cases),
             "failed": failed_cases[:200],
+        },
+        "order_checks": {
+            "ranks": sum(1 for checks in order.values() if checks),
+            "all_passed": all(check.get("ok") for checks in order.values() for check in checks.values()),
         },
         "throughput": rows,
         "engine_stats": {rank: (result or {}).get("engine_stats") for rank, result in ranks.items()},

@@ -69,8 +69,10 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
         assert summary["problems"] == [], spec
         assert summary["correctness"]["all_passed"] is True and summary["correctness"]["planned_per_rank"] == 120
         assert sorted(summary["engine_stats"]) == [str(rank) for rank in range(world)]
+        # The same memory twice, then is_completed(), on every rank: two more engine ops each.
+        assert summary["order_checks"] == {"ranks": world, "all_passed": True}, spec
         for stats in summary["engine_stats"].values():
-            assert stats["ops"] == 120 and stats["flat_ops"] == 0, (spec, stats)
+            assert stats["ops"] == 122 and stats["flat_ops"] == 0, (spec, stats)
             assert (stats["local_steps"] == "none") == (not local), (spec, stats)
 
     # Side by side on 2x2: on CPU tensors fairring and Gloo (NCCL needs CUDA), every result right.

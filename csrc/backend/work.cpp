@@ -4,6 +4,8 @@
 #include <condition_variable>
 #include <mutex>
 
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
 namespace fairring {
@@ -16,8 +18,27 @@ FutureWork::FutureWork(
     const std::vector<at::Tensor>& inputs)
     : c10d::Work(-1, opType, profilingTitle, inputs),
       future_(std::move(future)),
+      deviceEnd_(
+          future_->devices().empty() ? nullptr : std::make_shared<DeviceEnd>()),
       title_(profilingTitle),
       seq_(seq) {
+  if (deviceEnd_) {
+    // A future's callback runs with a current stream per device that waits
+    // for the future's events: an event recorded there marks their end.
+    future_->addCallback([end = deviceEnd_](c10::ivalue::Future& done) {
+      std::vector<c10::Event> events;
+      if (!done.hasError()) {
+        for (const c10::Device& device : done.devices()) {
+          const c10::impl::VirtualGuardImpl impl(device.type());
+          events.emplace_back(device.type());
+          events.back().record(impl.getStream(device));
+        }
+      }
+      std::lock_guard<std::mutex> lock(end->mutex);
+      end->events = std::move(events);
+      end->recorded = true;
+    });
+  }
   // c10d::Work opened a profiler range if a profiler is on; it ends when
   // the operation does: in the future's callback, or in wait() if that
   // wakes first (a profiler stopped right after wait() still sees it end).
@@ -36,7 +57,18 @@ void FutureWork::ProfilingRange::end() {
 }
 
 bool FutureWork::isCompleted() {
-  return future_->completed();
+  if (!future_->completed()) {
+    return false;
+  }
+  if (!deviceEnd_) {
+    return true;
+  }
+  std::lock_guard<std::mutex> lock(deviceEnd_->mutex);
+  return deviceEnd_->recorded &&
+      std::all_of(
+             deviceEnd_->events.begin(),
+             deviceEnd_->events.end(),
+             [](const c10::Event& event) { return event.query(); });
 }
 
 bool FutureWork::isSuccess() const {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <ATen/core/ivalue.h>
+#include <c10/core/Event.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 namespace fairring {
@@ -27,6 +28,7 @@ class FutureWork final : public c10d::Work {
       uint64_t seq,
       const std::vector<at::Tensor>& inputs);
 
+  // Done, on the device too where it has one (failed: at once).
   bool isCompleted() override;
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
@@ -54,7 +56,18 @@ class FutureWork final : public c10d::Work {
     std::once_flag ended_;
   };
 
+  // Where the operation ends on a device: once the future completed, an
+  // event per device recorded on a stream that waits for the future's own,
+  // so that isCompleted() means done on the device, as NCCL's Work does
+  // (the future completes when the last work is launched).
+  struct DeviceEnd {
+    std::mutex mutex;
+    bool recorded = false; // the future completed and its events are here
+    std::vector<c10::Event> events;
+  };
+
   const c10::intrusive_ptr<c10::ivalue::Future> future_;
+  const std::shared_ptr<DeviceEnd> deviceEnd_; // null: no device
   const char* const title_;
   const uint64_t seq_;
   std::shared_ptr<ProfilingRange> profilingRange_; // null: no profiler
