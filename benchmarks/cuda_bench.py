@@ -21,7 +21,10 @@ phases it is given:
    of the same tensor (which the delegate runs), and an all-reduce whose
    is_completed() is polled and whose tensor is read, without wait(), once it
    says True: both against torch;
-5. --compare-sizes: side by side in these processes, on the same tensors, the
+5. --kill-rank R (last): every rank all-reduces 4 MiB in a stream; rank R kills
+   itself (SIGKILL) after a few, and each survivor records its first error, how
+   long after the kill it came, and how long destroying the group then took;
+6. --compare-sizes: side by side in these processes, on the same tensors, the
    order alternated each round: fairring's all-reduce, NCCL's (a NCCL group
    of every rank; --device cuda) and, with --compare-gloo, Gloo's; every
    result checked.
@@ -209,6 +212,7 @@ class Bench:
         wants_nccl = bool(args.compare_sizes) and self.device.type == "cuda"
         self.nccl = dist.new_group(backend="nccl", timeout=self.timeout) if wants_nccl else None
         self.endpoint: Any = None
+        self.closed = False  # the group was destroyed already (--kill-rank)
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -292,7 +296,8 @@ class Bench:
     def close(self) -> None:
         if self.endpoint is not None:
             self.endpoint.close()
-        dist.destroy_process_group()
+        if not self.closed:
+            dist.destroy_process_group()
 
 
 def wait_all(transfers: list[Any], timeout: float) -> None:
@@ -425,6 +430,44 @@ def run_order_checks(bench: Bench, results: Results) -> None:
     results.save()
 
 
+def run_kill(bench: Bench, results: Results) -> None:
+    """A rank killed mid-stream: every survivor's first error names it, in time, and teardown returns."""
+    victim, fault = bench.args.kill_rank, bench.args.out / "fault"
+    outcome: dict[str, Any] = {"victim": victim}
+    results.data["failure"] = outcome
+    tensor = torch.ones(1 << 20, device=bench.device)
+    for _ in range(3):  # the engine made and every path warm
+        dist.all_reduce(tensor)
+    bench.sync()
+    bench.barrier()
+    if bench.rank == victim:
+        fault.write_text(str(time.time()))
+        results.data["done"] = True
+        results.save()
+        os.kill(os.getpid(), signal.SIGKILL)
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < 4 * bench.args.op_timeout:
+            dist.all_reduce(tensor)
+            bench.sync()
+        outcome["first"] = f"no error in {4 * bench.args.op_timeout:.0f} s"
+    except Exception as error:  # what the survivor sees is the result
+        outcome["first"] = str(error)
+    failed_at = time.time()
+    with contextlib.suppress(OSError, ValueError):
+        outcome["seconds"] = failed_at - float(fault.read_text())
+    outcome["names_victim"] = f"rank {victim}" in outcome["first"]
+    results.save()
+    destroying = time.monotonic()
+    try:
+        dist.destroy_process_group()
+    except Exception as error:
+        outcome["destroy_error"] = str(error)
+    outcome["destroy_seconds"] = time.monotonic() - destroying
+    bench.closed = True
+    results.save()
+
+
 def run_compare(bench: Bench, results: Results) -> None:
     """fairring, NCCL and Gloo on the same tensors, rounds alternating their order."""
     contenders: list[tuple[str, Any]] = [("fairring", None)]
@@ -502,6 +545,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--stress-bytes", type=int, default=0, help="stress: bytes of each (a multiple of 4)")
     parser.add_argument("--stress-rounds", type=int, default=0, help="stress: rounds (0: no stress)")
     parser.add_argument("--order-checks", action="store_true", help="same memory, then is_completed()")
+    parser.add_argument("--kill-rank", type=int, help="last phase: this rank kills itself mid-stream")
     parser.add_argument("--compare-sizes", default="", help="side by side with NCCL: byte counts (multiples of 4)")
     parser.add_argument("--compare-gloo", action="store_true", help="--compare-sizes includes Gloo")
     parser.add_argument("--op-timeout", type=float, default=60.0, help="seconds any one wait may take")
@@ -520,6 +564,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--iters must be >= 1, --warmup >= 0, and --sizes positive multiples of 8 bytes")
     if any(numel < 1 for numel in args.check_sizes):
         parser.error("--check-sizes must be positive")
+    if args.kill_rank is not None and not 0 <= args.kill_rank < args.world:
+        parser.error("--kill-rank must name a rank")
     if args.stress_rounds and (args.stress_ops < 1 or args.stress_bytes <= 0 or args.stress_bytes % 4):
         parser.error("--stress-rounds needs --stress-ops >= 1 and --stress-bytes a positive multiple of 4")
     return args
@@ -554,6 +600,7 @@ def main(argv: list[str]) -> int:
         ("order", run_order_checks, args.order_checks),
         ("compare", run_compare, bool(args.compare_sizes)),
         ("engine", engine_counters, True),
+        ("failure", run_kill, args.kill_rank is not None),  # destroys the group
     ]
     for name, phase, wanted in phases:
         if not wanted:

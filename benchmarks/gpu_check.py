@@ -109,6 +109,13 @@ BENCH_WORLD = 2
 BENCH_MINIMUM_S = 120.0
 WORLD_MINIMUM_S = 30.0
 COMPARE_MINIMUM_S = 45.0
+# The failure stage: 2 machines x 2 ranks, the last killed; each op's timeout, and how much later than it a
+# survivor may see the failure (the engine's settling, then NCCL's abort) or take to tear down.
+FAILURE_STAGE = "failure: rank 3 of 2 machines x 2 ranks killed mid-stream"
+FAILURE_WORLD, FAILURE_LOCAL = 4, 2
+FAILURE_OP_TIMEOUT_S = 20.0
+FAILURE_SLACK_S = 15.0
+FAILURE_MINIMUM_S = 40.0
 STRESS_MINIMUM_S = 60.0
 # A stage left less than this is skipped; writing the report takes the last few seconds.
 STAGE_MINIMUM_S = 10.0
@@ -208,6 +215,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--compare", default="2x2", help="layout of the compare stage, MxL ('' to skip)")
     parser.add_argument("--compare-sizes", help="compare sizes (default 1MiB,...,256MiB; cpu 64KiB,1MiB)")
     parser.add_argument("--compare-timeout", type=float, default=150.0, help="seconds for the comparison")
+    parser.add_argument("--failure-timeout", type=float, default=90.0, help="seconds for the failure stage")
     parser.add_argument("--worlds-timeout", type=float, default=90.0, help="seconds for each (default 90)")
     parser.add_argument("--stress-slice", help="stress: FAIRRING_SLICE_SIZE (default 32MiB, cpu 4MiB)")
     parser.add_argument("--stress-bytes", help="stress: bytes of each all-reduce (default 256MiB, cpu 32MiB)")
@@ -384,7 +392,7 @@ def run_tests(args: argparse.Namespace, timeout: float) -> Stage:
 def rank_command(args: argparse.Namespace, world: int, rank: int, port: int, out: Path, phases: list[str]) -> list[str]:
     return [
         sys.executable, "-m", "benchmarks.cuda_bench", "--rank", str(rank), "--world", str(world),
-        "--port", str(port), "--device", args.device, *phases, "--op-timeout", str(args.op_timeout),
+        "--port", str(port), "--device", args.device, "--op-timeout", str(args.op_timeout), *phases,
         "--out", str(out),
     ]  # fmt: skip
 
@@ -424,16 +432,19 @@ def rank_settings(
     }
 
 
-def wait_ranks(ranks: list[subprocess.Popen[bytes]], timeout: float, out: Path) -> tuple[list[int | None], str]:
-    """Exit codes (None: killed); why they were killed, if they were."""
+def wait_ranks(
+    ranks: list[subprocess.Popen[bytes]], timeout: float, out: Path, victim: int | None = None
+) -> tuple[list[int | None], str]:
+    """Exit codes (None: killed); why they were killed, if they were. `victim` is meant to die."""
     deadline = time.monotonic() + timeout
     first_failure: float | None = None
     finished: float | None = None
+    others = [r for r in range(len(ranks)) if r != victim]
     while any(rank.poll() is None for rank in ranks):
         now = time.monotonic()
-        if first_failure is None and any(rank.returncode not in (None, 0) for rank in ranks):
+        if first_failure is None and any(ranks[r].returncode not in (None, 0) for r in others):
             first_failure = now
-        if finished is None and all((out / f"rank{r}.finished").exists() for r in range(len(ranks))):
+        if finished is None and all((out / f"rank{r}.finished").exists() for r in others):
             finished = now
         if now > deadline:
             why = f"killed after {timeout:.0f} s"
@@ -461,6 +472,7 @@ def run_ranks(
     extra: dict[str, str],
     timeout: float,
     local: int = 1,
+    victim: int | None = None,
 ) -> tuple[dict[int, dict[str, Any] | None], list[str]]:
     """Runs `world` cuda_bench ranks for `stage`, on machines of `local` ranks: each rank's results, and
     what went wrong around them (killed, exit codes). Fills in the stage's commands, time and output."""
@@ -482,7 +494,7 @@ def run_ranks(
             for rank, command in enumerate(commands):
                 env = {**os.environ, **settings[rank]}
                 ranks.append(run_command(command, env, out / f"rank{rank}.log"))
-            codes, why = wait_ranks(ranks, timeout, out)
+            codes, why = wait_ranks(ranks, timeout, out, victim)
         finally:
             for process in ranks:
                 kill(process)
@@ -495,7 +507,11 @@ def run_ranks(
             logs.append(f"--- rank {rank} ({ended}) ---\n{log}")
         stage.output_tail = "\n".join(logs)
     problems = [why] if why else []
-    problems += [f"rank {r} exited with code {code}" for r, code in enumerate(codes) if code not in (0, None)]
+    problems += [
+        f"rank {r} exited with code {code}" for r, code in enumerate(codes) if code not in (0, None) and r != victim
+    ]
+    if victim is not None and codes[victim] != -signal.SIGKILL:
+        problems.append(f"rank {victim}, meant to kill itself, ended with {codes[victim]}")
     return results, problems
 
 
@@ -551,6 +567,31 @@ def run_world(args: argparse.Namespace, spec: str, timeout: float) -> tuple[Stag
     ranks, problems = run_ranks(args, stage, machines * local, check_phases(args), extra, timeout, local)
     summary = summarize(ranks, args, [])
     return conclude(stage, summary, problems, f"all {summary['correctness']['planned_per_rank']} cases correct")
+
+
+def run_failure(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
+    """Rank 3 of 2x2 killed mid-stream: each survivor names it within its timeout, then tears down."""
+    stage = Stage(FAILURE_STAGE)
+    victim = FAILURE_WORLD - 1
+    phases = ["--kill-rank", str(victim), "--op-timeout", str(FAILURE_OP_TIMEOUT_S)]
+    ranks, problems = run_ranks(
+        args, stage, FAILURE_WORLD, phases, {FLAT_THRESHOLD: "0"}, timeout, FAILURE_LOCAL, victim
+    )
+    outcomes = {rank: (result or {}).get("failure", {}) for rank, result in ranks.items() if rank != victim}
+    for rank, outcome in outcomes.items():
+        if not outcome:
+            problems.append(f"rank {rank} recorded no failure")
+            continue
+        if not outcome.get("names_victim"):
+            problems.append(f"rank {rank}'s error does not name rank {victim}: {str(outcome.get('first'))[:300]}")
+        if outcome.get("seconds", float("inf")) > FAILURE_OP_TIMEOUT_S + FAILURE_SLACK_S:
+            problems.append(f"rank {rank} saw the failure after {outcome.get('seconds')} s")
+        if outcome.get("destroy_seconds", float("inf")) > FAILURE_SLACK_S or "destroy_error" in outcome:
+            problems.append(
+                f"rank {rank}'s teardown: {outcome.get('destroy_seconds')} s, {outcome.get('destroy_error')}"
+            )
+    summary = {"victim": victim, "outcomes": outcomes, "problems": []}
+    return conclude(stage, summary, problems, f"every survivor named rank {victim} and tore down")
 
 
 def run_compare(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
@@ -686,6 +727,23 @@ def summarize_compare(ranks: dict[int, dict[str, Any] | None], args: argparse.Na
     if len(rows) != len(args.compare_size_list):
         problems.append(f"compared at {len(rows)} of {len(args.compare_size_list)} sizes")
     return {"layout": args.compare, "contenders": contenders, "rows": rows, "problems": problems}
+
+
+def failure_lines(summary: dict[str, Any]) -> list[str]:
+    outcomes = summary.get("outcomes", {})
+    if not outcomes:
+        return ["Not run."]
+    lines = [f"Rank {summary['victim']} killed itself (SIGKILL) mid-stream; what each survivor saw:", ""]
+    rows = [
+        [
+            rank,
+            f"{outcome.get('seconds', float('nan')):.2f}",
+            f"{outcome.get('destroy_seconds', float('nan')):.2f}",
+            str(outcome.get("first", ""))[:200].replace("|", "/").replace("\n", " "),
+        ]
+        for rank, outcome in sorted(outcomes.items())
+    ]
+    return lines + table(["rank", "error after s", "teardown s", "first error"], rows)
 
 
 def compare_lines(summary: dict[str, Any]) -> list[str]:
@@ -901,6 +959,7 @@ def render(report: dict[str, Any], stages: list[Stage]) -> str:
         lines += ["", world_stage(spec).removeprefix("correctness: ") + ":", ""]
         lines += correctness_lines(summary.get("correctness", {}), report["device"])
     lines += ["", "## Side by side", "", *compare_lines(report["compare"])]
+    lines += ["", "## A rank killed", "", *failure_lines(report["failure"])]
     lines += ["", "## Stress", "", *stress_lines(report["stress"])]
     nixl = report["nixl"]
     lines += [
@@ -920,6 +979,7 @@ def render(report: dict[str, Any], stages: list[Stage]) -> str:
         f"reference endpoint: `{bench.get('reference_endpoint')}`",
     ]
     by_stage = {BENCH_STAGE: bench, STRESS_STAGE: report["stress"], NIXL_STAGE: nixl, "compare": report["compare"]}
+    by_stage["failure"] = report["failure"]
     by_stage.update({world_stage(world): summary for world, summary in report["worlds"].items()})
     problems = [f"{name}: {problem}" for name, summary in by_stage.items() for problem in summary.get("problems", [])]
     if problems:
@@ -954,6 +1014,7 @@ def steps(args: argparse.Namespace) -> list[Step]:
             functools.partial(run_compare, args),
             "" if args.compare else "skipped (--compare '')",
         ),
+        Step(FAILURE_STAGE, args.failure_timeout, FAILURE_MINIMUM_S, functools.partial(run_failure, args)),
         Step(TESTS_STAGE, args.tests_timeout, 0.0, lambda seconds: (run_tests(args, seconds), {}), tests_skip),
         Step(BENCH_STAGE, args.bench_timeout, BENCH_MINIMUM_S, functools.partial(run_bench, args)),
         *(world_step(spec) for spec in args.world_list if spec not in with_local_steps),
@@ -1022,6 +1083,7 @@ def write_report(
         "bench": summaries.get(BENCH_STAGE, {}),
         "worlds": {spec: summaries.get(world_stage(spec), {}) for spec in args.world_list},
         "compare": summaries.get(compare_stage(args.compare), {}) if args.compare else {},
+        "failure": summaries.get(FAILURE_STAGE, {}),
         "stress": summaries.get(STRESS_STAGE, {}),
         "nixl": summaries.get(NIXL_STAGE, {}),
     }

@@ -35,6 +35,7 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
         "correctness: 4 processes as 2 machines x 2 ranks": "ok",
         "correctness: 6 processes as 3 machines x 2 ranks": "ok",
         "compare: fairring, NCCL, Gloo on 2 machines x 2 ranks": "ok",
+        "failure: rank 3 of 2 machines x 2 ranks killed mid-stream": "ok",
         "tests: tests/test_cuda.py": "skipped",
         "bench: 2 processes as 2 machines": "ok",
         "correctness: 3 processes as 3 machines": "ok",
@@ -81,6 +82,12 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
     assert [row["bytes"] for row in compare["rows"]] == [64 * 1024, MiB]
     for row in compare["rows"]:
         assert row["fairring"]["correct"] and row["gloo"]["correct"] and row["fairring_vs_gloo"] > 0
+
+    # Rank 3 killed: ranks 0-2 each raised an error naming it, within the op's timeout, and tore down.
+    failure = data["failure"]
+    assert failure["problems"] == [] and sorted(failure["outcomes"]) == ["0", "1", "2"], failure
+    for outcome in failure["outcomes"].values():
+        assert outcome["names_victim"] and outcome["seconds"] < 35 and outcome["destroy_seconds"] < 15, outcome
 
     # The stress, scaled down: 4 rounds of 4 x 32 MiB in flight, slices of 4 MiB with cuda_basic required.
     stress = data["stress"]
