@@ -16,6 +16,9 @@ Stages in order of value:
 3. compare (--compare): on 2 machines x 2 ranks, fairring's engine, NCCL's all-reduce
    and Gloo's on the same tensors in the same processes, the order alternated each
    round, every result checked (one GPU time-sliced between the processes: not a cluster);
+3b. failure: rank 3 of 2 machines x 2 ranks kills itself mid-stream; each survivor's
+   first error must name it within the op's timeout (20 s) and 15 s, and its
+   teardown return within 15 s;
 4. tests: `python -m pytest tests/test_cuda.py -rs -s -p no:cacheprovider`;
 5. bench: two processes on one GPU as two machines (benchmarks/cuda_bench.py):
    engine all-reduce throughput against fairring._C._testing.RailsEndpoint moving the same
