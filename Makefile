@@ -168,16 +168,18 @@ wheel-check: wheel
 
 # The GPU check: on a machine with a GPU and torch but no network (no venv, no pip), prints what
 # it found (python, torch and its CUDA, the CUDA headers, the compiler, nvcc, cores), builds
-# fairring against $(PYTHON)'s torch, runs tests/test_cuda.py, a CUDA bench (2 processes on one
-# GPU as 2 machines), every dtype and op with 3 and 4 processes as machines, and a stress of
-# large slices over TensorPipe's cuda_basic channel, the bench's two processes on the NIXL rails
-# (where the nixl-cu13 wheel is importable, e.g. on PYTHONPATH), and writes one report: FAIRRING_GPU_REPORT
-# (default gpu-check-report.md). GPU_CHECK_ARGS go to `python -m benchmarks.gpu_check` (see
+# fairring against $(PYTHON)'s torch, then in order of value: every dtype and op on 2x2 and 3x2
+# machines x ranks with real NCCL local steps (one process per rank on the one GPU, each its own
+# NCCL host), fairring beside NCCL and Gloo on 2x2, a rank of 2x2 killed, tests/test_cuda.py, a
+# CUDA bench (2 processes as 2 machines), every dtype and op with 3 and 4 processes as machines,
+# a stress of large slices over TensorPipe's cuda_basic channel, the bench's two processes on the
+# NIXL rails (where the nixl-cu13 wheel is importable, e.g. on PYTHONPATH); the report,
+# FAIRRING_GPU_REPORT (default gpu-check-report.md), is rewritten after every stage. GPU_CHECK_ARGS go to `python -m benchmarks.gpu_check` (see
 # its --help), e.g. --quick or "--device cpu" (with FAIRRING_WITH_CUDA=auto, where there is no
 # CUDA). A failed build writes the report too. Whole check: GPU_CHECK_SECONDS (the build's time
 # counts); each stage gets a bounded share, and one the time left cannot fit is reported skipped.
 GPU_REPORT ?= gpu-check-report.md
-GPU_CHECK_SECONDS ?= 560
+GPU_CHECK_SECONDS ?= 540
 GPU_BUILD_SECONDS ?= 240
 .PHONY: gpu-check
 gpu-check:
