@@ -23,6 +23,9 @@ Stages in order of value:
 5. bench: two processes on one GPU as two machines (benchmarks/cuda_bench.py):
    engine all-reduce throughput against fairring._C._testing.RailsEndpoint moving the same
    bytes between the same two processes, then every dtype and op checked;
+5b. training: `python -m fairring.bench --study training --quick --loopback --cuda`
+   (without --cuda on the CPU): tiny models trained by DDP on 2x2, fairring's losses
+   against NCCL's (Gloo's) from the same weights on the same data;
 6. correctness on the layouts of --worlds of one rank per machine (3, 4 processes);
 7. stress: two processes with large slices (--stress-slice) and TensorPipe's
    cuda_basic channel (FAIRRING_CHANNELS=cuda_basic), --stress-ops all-reduces of
@@ -119,6 +122,8 @@ FAILURE_WORLD, FAILURE_LOCAL = 4, 2
 FAILURE_OP_TIMEOUT_S = 20.0
 FAILURE_SLACK_S = 15.0
 FAILURE_MINIMUM_S = 40.0
+TRAINING_STAGE = "training: the study's quick part on 2 machines x 2 ranks"
+TRAINING_MINIMUM_S = 60.0
 STRESS_MINIMUM_S = 60.0
 # A stage left less than this is skipped; writing the report takes the last few seconds.
 STAGE_MINIMUM_S = 10.0
@@ -219,6 +224,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--compare-sizes", help="compare sizes (default 1MiB,...,256MiB; cpu 64KiB,1MiB)")
     parser.add_argument("--compare-timeout", type=float, default=150.0, help="seconds for the comparison")
     parser.add_argument("--failure-timeout", type=float, default=90.0, help="seconds for the failure stage")
+    parser.add_argument("--training-timeout", type=float, default=150.0, help="seconds for the training stage")
     parser.add_argument("--worlds-timeout", type=float, default=90.0, help="seconds for each (default 90)")
     parser.add_argument("--stress-slice", help="stress: FAIRRING_SLICE_SIZE (default 32MiB, cpu 4MiB)")
     parser.add_argument("--stress-bytes", help="stress: bytes of each all-reduce (default 256MiB, cpu 32MiB)")
@@ -597,6 +603,54 @@ def run_failure(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[s
     return conclude(stage, summary, problems, f"every survivor named rank {victim} and tore down")
 
 
+def run_training(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
+    """The training study's quick part: tiny models trained by DDP on 2x2, fairring against the
+    baseline (NCCL on a GPU, Gloo on the CPU) from the same weights on the same data."""
+    stage = Stage(TRAINING_STAGE)
+    problems: list[str] = []
+    records: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "training.json"
+        command = [sys.executable, "-m", "fairring.bench", "--study", "training", "--quick", "--loopback"]
+        command += ["--json", str(path), "--plots", scratch, *(["--cuda"] if args.device == "cuda" else [])]
+        stage.commands = [display(command)]
+        print(f"gpu-check: {display(command)} (at most {timeout:.0f} s)", flush=True)
+        log = Path(scratch) / "output"
+        started = time.monotonic()
+        process = run_command(command, None, log)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            problems.append(f"killed after {timeout:.0f} s")
+            process.terminate()  # the bench stops its torchrun agents, which run in sessions of their own
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+        finally:
+            kill(process)
+        stage.seconds, stage.output_tail = time.monotonic() - started, tail(log.read_text(errors="replace"))
+        if process.returncode not in (0, None) and not problems:
+            problems.append(f"exit code {process.returncode}")
+        if path.exists():
+            records = json.loads(path.read_text())["records"]
+    fairring_records = [record for record in records if record["backend"] == "fairring"]
+    if len(fairring_records) != 2 or len(records) != 4:
+        problems.append(f"{len(records)} records, {len(fairring_records)} of them fairring's (expected 4, 2)")
+    for record in fairring_records:
+        # fp32 to 1e-5 relative, bf16 autocast to 1e-2, as the study's own reading.
+        tolerance = 1e-2 if record["autocast"] else 1e-5
+        if record.get("loss_gap") is None or record["loss_gap"] >= tolerance:
+            problems.append(f"{record['model']}: loss gap {record.get('loss_gap')} against {record.get('baseline')}")
+        if not record.get("engine_all_reduces"):
+            problems.append(f"{record['model']}: no bucket went to the engine")
+    rows = [
+        {key: record.get(key) for key in ("model", "backend", "median_s", "speedup_vs_baseline", "loss_gap")}
+        for record in records
+    ]
+    return conclude(stage, {"rows": rows, "problems": []}, problems, "losses agree with the baseline's")
+
+
 def run_compare(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
     stage = Stage(compare_stage(args.compare))
     machines, local = parse_layout(args.compare)
@@ -730,6 +784,23 @@ def summarize_compare(ranks: dict[int, dict[str, Any] | None], args: argparse.Na
     if len(rows) != len(args.compare_size_list):
         problems.append(f"compared at {len(rows)} of {len(args.compare_size_list)} sizes")
     return {"layout": args.compare, "contenders": contenders, "rows": rows, "problems": problems}
+
+
+def training_lines(summary: dict[str, Any]) -> list[str]:
+    rows = summary.get("rows", [])
+    if not rows:
+        return ["Not run."]
+    body = [
+        [
+            row["model"],
+            row["backend"],
+            f"{row['median_s']:.3f}" if row.get("median_s") else "-",
+            f"{row['speedup_vs_baseline']:.2f}x" if row.get("speedup_vs_baseline") else "",
+            f"{row['loss_gap']:.1e}" if row.get("loss_gap") is not None else "",
+        ]
+        for row in rows
+    ]
+    return table(["model", "backend", "step s", "vs baseline", "loss gap"], body)
 
 
 def failure_lines(summary: dict[str, Any]) -> list[str]:
@@ -963,6 +1034,7 @@ def render(report: dict[str, Any], stages: list[Stage]) -> str:
         lines += correctness_lines(summary.get("correctness", {}), report["device"])
     lines += ["", "## Side by side", "", *compare_lines(report["compare"])]
     lines += ["", "## A rank killed", "", *failure_lines(report["failure"])]
+    lines += ["", "## Training", "", *training_lines(report["training"])]
     lines += ["", "## Stress", "", *stress_lines(report["stress"])]
     nixl = report["nixl"]
     lines += [
@@ -983,6 +1055,7 @@ def render(report: dict[str, Any], stages: list[Stage]) -> str:
     ]
     by_stage = {BENCH_STAGE: bench, STRESS_STAGE: report["stress"], NIXL_STAGE: nixl, "compare": report["compare"]}
     by_stage["failure"] = report["failure"]
+    by_stage["training"] = report["training"]
     by_stage.update({world_stage(world): summary for world, summary in report["worlds"].items()})
     problems = [f"{name}: {problem}" for name, summary in by_stage.items() for problem in summary.get("problems", [])]
     if problems:
@@ -1020,6 +1093,7 @@ def steps(args: argparse.Namespace) -> list[Step]:
         Step(FAILURE_STAGE, args.failure_timeout, FAILURE_MINIMUM_S, functools.partial(run_failure, args)),
         Step(TESTS_STAGE, args.tests_timeout, 0.0, lambda seconds: (run_tests(args, seconds), {}), tests_skip),
         Step(BENCH_STAGE, args.bench_timeout, BENCH_MINIMUM_S, functools.partial(run_bench, args)),
+        Step(TRAINING_STAGE, args.training_timeout, TRAINING_MINIMUM_S, functools.partial(run_training, args)),
         *(world_step(spec) for spec in args.world_list if spec not in with_local_steps),
         Step(
             STRESS_STAGE,
@@ -1087,6 +1161,7 @@ def write_report(
         "worlds": {spec: summaries.get(world_stage(spec), {}) for spec in args.world_list},
         "compare": summaries.get(compare_stage(args.compare), {}) if args.compare else {},
         "failure": summaries.get(FAILURE_STAGE, {}),
+        "training": summaries.get(TRAINING_STAGE, {}),
         "stress": summaries.get(STRESS_STAGE, {}),
         "nixl": summaries.get(NIXL_STAGE, {}),
     }

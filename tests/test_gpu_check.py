@@ -38,6 +38,7 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
         "failure: rank 3 of 2 machines x 2 ranks killed mid-stream": "ok",
         "tests: tests/test_cuda.py": "skipped",
         "bench: 2 processes as 2 machines": "ok",
+        "training: the study's quick part on 2 machines x 2 ranks": "ok",
         "correctness: 3 processes as 3 machines": "ok",
         "correctness: 4 processes as 4 machines": "ok",
         "stress: cuda_basic, large slices": "ok",
@@ -88,6 +89,15 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
     assert failure["problems"] == [] and sorted(failure["outcomes"]) == ["0", "1", "2"], failure
     for outcome in failure["outcomes"].values():
         assert outcome["names_victim"] and outcome["seconds"] < 35 and outcome["destroy_seconds"] < 15, outcome
+
+    # The training study's quick part: both tiny models on both backends, losses in agreement.
+    rows = data["training"]["rows"]
+    assert sorted((row["model"], row["backend"]) for row in rows) == [
+        ("cnn-tiny", "fairring"),
+        ("cnn-tiny", "gloo"),
+        ("gpt-tiny", "fairring"),
+        ("gpt-tiny", "gloo"),
+    ], rows
 
     # The stress, scaled down: 4 rounds of 4 x 32 MiB in flight, slices of 4 MiB with cuda_basic required.
     stress = data["stress"]

@@ -79,9 +79,10 @@ def run_agents(
         # Emulated machines share this host: keep every path on loopback.
         environment.setdefault("TP_SOCKET_IFNAME", "lo")
         environment.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        environment.setdefault("NCCL_SOCKET_IFNAME", "lo")  # the baseline's, and the delegate's
     else:
         master, port = hosts[0].address, MASTER_PORT_IN_NAMESPACE
-        environment.update(TP_SOCKET_IFNAME="eth0", GLOO_SOCKET_IFNAME="eth0")
+        environment.update(TP_SOCKET_IFNAME="eth0", GLOO_SOCKET_IFNAME="eth0", NCCL_SOCKET_IFNAME="eth0")
     agents: list[subprocess.Popen[bytes]] = []
     logs: list[tempfile._TemporaryFileWrapper[bytes] | None] = []
     try:

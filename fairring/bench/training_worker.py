@@ -24,7 +24,7 @@ import fairring
 from fairring.config import load_config
 
 from .training_models import REAL_MODELS, SHAPED_MODELS, EmulatedNet
-from .worker import die_with_the_agent, environment
+from .worker import die_with_the_agent, environment, rank_device
 
 # The losses compared between the backends: the first this many steps.
 PARITY_STEPS = 20
@@ -184,11 +184,10 @@ def print_row(record: dict[str, object]) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     die_with_the_agent()
+    gpu = rank_device() if load_config(os.environ).cuda_engine else None
     dist.init_process_group("fairring")
-    cuda = torch.cuda.is_available() and load_config(os.environ).cuda_engine
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
+    cuda = gpu is not None
+    device = gpu if gpu is not None else torch.device("cpu")
     baseline_name = "nccl" if cuda else "gloo"
     baseline = dist.new_group(backend=baseline_name)
     machines = int(os.environ.get("GROUP_WORLD_SIZE", 1))

@@ -140,6 +140,25 @@ def environment(device_type: str) -> dict[str, object]:
 PR_SET_PDEATHSIG = 1
 
 
+def rank_device() -> torch.device | None:
+    """This rank's GPU, made current, or None where there is none; call before any NCCL group exists.
+
+    The bench's machines are emulated on this host, so its ranks share its GPUs
+    (LOCAL_RANK's, round robin). Where two ranks get one GPU, each process is
+    its own NCCL host (NCCL_HOSTID), as NCCL refuses two ranks of one host on
+    one GPU and then connects them through its socket transport
+    (docs/design.md, "One GPU, several processes").
+    """
+    if not torch.cuda.is_available():
+        return None
+    gpus = torch.cuda.device_count()
+    if gpus < int(os.environ.get("WORLD_SIZE", 1)):
+        os.environ.setdefault("NCCL_HOSTID", f"fairring-bench-rank-{os.environ.get('RANK', 0)}")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % gpus)
+    torch.cuda.set_device(device)
+    return device
+
+
 def die_with_the_agent() -> None:
     """torchrun starts each rank in a session of its own: have the kernel kill the rank if its agent
     dies (killed by the bench on a time-out, say), rather than leave it running with no one to stop
@@ -159,11 +178,9 @@ def rails_description(config: Config) -> str:
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
     die_with_the_agent()
+    device = rank_device()
     dist.init_process_group("fairring")
     rank, size = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else None
-    if device is not None:
-        torch.cuda.set_device(device)
     baseline_name = "nccl" if device is not None else "gloo"
     gloo = dist.new_group(backend="gloo")
     config = load_config(os.environ)
