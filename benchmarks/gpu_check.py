@@ -408,6 +408,8 @@ def rank_command(args: argparse.Namespace, world: int, rank: int, port: int, out
 
 # NCCL takes each process for a host of its own (NCCL_HOSTID), so it accepts several on the one GPU,
 # and connects them with its socket transport on loopback; NVLink SHARP and multi-node NVLink off.
+# NCCL's INFO lines (NCCL_DEBUG=INFO) that say which transport and interface it uses.
+NCCL_TRANSPORT_LINE = re.compile(r"NCCL INFO ((?:Using network|NET/\w+ : Using|NCCL version) [^\n]*)")
 # The rank settings a report's commands show.
 SHOWN_SETTINGS = ("FAIRRING_", "TP_", "NCCL_", "CUDA_")
 NCCL_ON_ONE_GPU = {
@@ -511,7 +513,11 @@ def run_ranks(
         logs = []
         for rank in range(world):
             results[rank] = read_results(out / f"rank{rank}.json")
-            log = tail((out / f"rank{rank}.log").read_text(errors="replace"), 6000)
+            full = (out / f"rank{rank}.log").read_text(errors="replace")
+            if results[rank] is not None:
+                # Where the stage asked NCCL for its INFO lines: what it connected through.
+                results[rank]["nccl_info"] = sorted(set(NCCL_TRANSPORT_LINE.findall(full)))[:8]
+            log = tail(full, 6000)
             ended = "killed" if codes[rank] is None else f"exit code {codes[rank]}"
             logs.append(f"--- rank {rank} ({ended}) ---\n{log}")
         stage.output_tail = "\n".join(logs)
@@ -658,8 +664,12 @@ def run_compare(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[s
         "--compare-sizes", ",".join(str(size) for size in args.compare_size_list), "--compare-gloo",
         "--iters", str(args.compare_iters), "--warmup", "1",
     ]  # fmt: skip
-    ranks, problems = run_ranks(args, stage, machines * local, phases, {}, timeout, local)
+    nccl_info = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+    ranks, problems = run_ranks(args, stage, machines * local, phases, nccl_info, timeout, local)
     summary = summarize_compare(ranks, args, machines * local)
+    summary["nccl_info"] = (ranks.get(0) or {}).get("nccl_info", [])
+    if args.device == "cuda" and not any("Using network" in line for line in summary["nccl_info"]):
+        problems.append("NCCL said nothing of its network: its INFO lines are missing")
     return conclude(stage, summary, problems, "every result correct")
 
 
@@ -824,7 +834,9 @@ def compare_lines(summary: dict[str, Any]) -> list[str]:
     contenders, rows = summary.get("contenders", []), summary.get("rows", [])
     if not rows:
         return ["Not run."]
+    nccl = [f"- `{line}`" for line in summary.get("nccl_info", [])]
     lines = [
+        *(["NCCL, rank 0 (NCCL_DEBUG=INFO):", "", *nccl, ""] if nccl else []),
         f"float32 all_reduce on {summary['layout']} (machines x ranks), the same tensors in the same processes,",
         "the order alternated each round; median of the slower rank's times. fairring is its engine at every",
         "size (FAIRRING_FLAT_THRESHOLD=0). One GPU time-sliced between the processes, NCCL over its socket",
