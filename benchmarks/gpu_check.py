@@ -26,6 +26,9 @@ Stages in order of value:
 5b. training: `python -m fairring.bench --study training --quick --loopback --cuda`
    (without --cuda on the CPU): tiny models trained by DDP on 2x2, fairring's losses
    against NCCL's (Gloo's) from the same weights on the same data;
+5c. network: the microbenchmark on 2 hosts x 2 ranks in network namespaces whose NICs
+   are shaped to 10 Gbit/s, the engine at every size against NCCL (Gloo); skipped,
+   saying why, where namespaces cannot be made;
 6. correctness on the layouts of --worlds of one rank per machine (3, 4 processes);
 7. stress: two processes with large slices (--stress-slice) and TensorPipe's
    cuda_basic channel (FAIRRING_CHANNELS=cuda_basic), --stress-ops all-reduces of
@@ -51,6 +54,7 @@ without a GPU; the stress scaled down) and skips the tests.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
 import json
@@ -76,6 +80,7 @@ import fairring
 from benchmarks.cuda_bench import MAX_WORLD, check_cases, dtype_name
 from fairring import _C
 from fairring.bench import free_port
+from fairring.bench.netns import netns_available
 from fairring.config import (
     CHANNELS,
     CUDA_ENGINE,
@@ -124,6 +129,10 @@ FAILURE_SLACK_S = 15.0
 FAILURE_MINIMUM_S = 40.0
 TRAINING_STAGE = "training: the study's quick part on 2 machines x 2 ranks"
 TRAINING_MINIMUM_S = 60.0
+NETWORK_LINK = "10gbit"
+NETWORK_STAGE = f"network: 2 hosts x 2 ranks, NICs shaped to {NETWORK_LINK}"
+NETWORK_SIZES = {"cuda": "16MiB,64MiB", "cpu": "256KiB,1MiB"}
+NETWORK_MINIMUM_S = 60.0
 STRESS_MINIMUM_S = 60.0
 # A stage left less than this is skipped; writing the report takes the last few seconds.
 STAGE_MINIMUM_S = 10.0
@@ -225,6 +234,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--compare-timeout", type=float, default=150.0, help="seconds for the comparison")
     parser.add_argument("--failure-timeout", type=float, default=90.0, help="seconds for the failure stage")
     parser.add_argument("--training-timeout", type=float, default=150.0, help="seconds for the training stage")
+    parser.add_argument("--network-timeout", type=float, default=120.0, help="seconds for the shaped-network stage")
     parser.add_argument("--worlds-timeout", type=float, default=90.0, help="seconds for each (default 90)")
     parser.add_argument("--stress-slice", help="stress: FAIRRING_SLICE_SIZE (default 32MiB, cpu 4MiB)")
     parser.add_argument("--stress-bytes", help="stress: bytes of each all-reduce (default 256MiB, cpu 32MiB)")
@@ -609,16 +619,14 @@ def run_failure(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[s
     return conclude(stage, summary, problems, f"every survivor named rank {victim} and tore down")
 
 
-def run_training(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
-    """The training study's quick part: tiny models trained by DDP on 2x2, fairring against the
-    baseline (NCCL on a GPU, Gloo on the CPU) from the same weights on the same data."""
-    stage = Stage(TRAINING_STAGE)
+def run_fairring_bench(stage: Stage, arguments: list[str], timeout: float) -> tuple[list[dict[str, Any]], list[str]]:
+    """`python -m fairring.bench <arguments>` for `stage`, at most `timeout` s: its records, and what
+    went wrong around them. Fills in the stage's command, time and output."""
     problems: list[str] = []
     records: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as scratch:
-        path = Path(scratch) / "training.json"
-        command = [sys.executable, "-m", "fairring.bench", "--study", "training", "--quick", "--loopback"]
-        command += ["--json", str(path), "--plots", scratch, *(["--cuda"] if args.device == "cuda" else [])]
+        path = Path(scratch) / "records.json"
+        command = [sys.executable, "-m", "fairring.bench", *arguments, "--json", str(path), "--plots", scratch]
         stage.commands = [display(command)]
         print(f"gpu-check: {display(command)} (at most {timeout:.0f} s)", flush=True)
         log = Path(scratch) / "output"
@@ -629,10 +637,8 @@ def run_training(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[
         except subprocess.TimeoutExpired:
             problems.append(f"killed after {timeout:.0f} s")
             process.terminate()  # the bench stops its torchrun agents, which run in sessions of their own
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                pass
         finally:
             kill(process)
         stage.seconds, stage.output_tail = time.monotonic() - started, tail(log.read_text(errors="replace"))
@@ -640,6 +646,15 @@ def run_training(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[
             problems.append(f"exit code {process.returncode}")
         if path.exists():
             records = json.loads(path.read_text())["records"]
+    return records, problems
+
+
+def run_training(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
+    """The training study's quick part: tiny models trained by DDP on 2x2, fairring against the
+    baseline (NCCL on a GPU, Gloo on the CPU) from the same weights on the same data."""
+    stage = Stage(TRAINING_STAGE)
+    arguments = ["--study", "training", "--quick", "--loopback", *(["--cuda"] if args.device == "cuda" else [])]
+    records, problems = run_fairring_bench(stage, arguments, timeout)
     fairring_records = [record for record in records if record["backend"] == "fairring"]
     if len(fairring_records) != 2 or len(records) != 4:
         problems.append(f"{len(records)} records, {len(fairring_records)} of them fairring's (expected 4, 2)")
@@ -655,6 +670,30 @@ def run_training(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[
         for record in records
     ]
     return conclude(stage, {"rows": rows, "problems": []}, problems, "losses agree with the baseline's")
+
+
+def run_network(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
+    """The microbenchmark on 2 hosts x 2 ranks (network namespaces) whose NICs are shaped to
+    NETWORK_LINK: the engine at every size against the baseline, on the device's tensors."""
+    stage = Stage(NETWORK_STAGE)
+    arguments = ["--hosts", "2", "--ranks-per-host", "2", "--link", NETWORK_LINK]
+    arguments += ["--sizes", NETWORK_SIZES[args.device], "-n", "3", "-w", "1"]
+    arguments += ["--set", f"{CUDA_ENGINE}=1", "--set", f"{FLAT_THRESHOLD}=0"]
+    records, problems = run_fairring_bench(stage, arguments, timeout)
+    problems += [
+        f"{r['backend']} at {format_size(int(r['bytes']))} gave wrong results" for r in records if not r["correct"]
+    ]
+    expected = 2 * len(NETWORK_SIZES[args.device].split(","))
+    if len(records) != expected:
+        problems.append(f"{len(records)} records of {expected}")
+    keys = ("backend", "bytes", "median_s", "busbw_GBps", "speedup_vs_baseline", "fraction_of_bound_speed", "device")
+    rows = [{key: record.get(key) for key in keys} for record in records]
+    return conclude(stage, {"link": NETWORK_LINK, "rows": rows, "problems": []}, problems, "every result correct")
+
+
+def why_no_netns() -> str:
+    available, reason = netns_available()
+    return "" if available else f"skipped: {reason}"
 
 
 def run_compare(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
@@ -794,6 +833,24 @@ def summarize_compare(ranks: dict[int, dict[str, Any] | None], args: argparse.Na
     if len(rows) != len(args.compare_size_list):
         problems.append(f"compared at {len(rows)} of {len(args.compare_size_list)} sizes")
     return {"layout": args.compare, "contenders": contenders, "rows": rows, "problems": problems}
+
+
+def network_lines(summary: dict[str, Any]) -> list[str]:
+    rows = summary.get("rows", [])
+    if not rows:
+        return ["Not run."]
+    body = [
+        [
+            format_size(int(row["bytes"])),
+            row["backend"],
+            f"{row['median_s'] * 1e3:.1f}",
+            f"{row['busbw_GBps']:.3f}",
+            f"{row['speedup_vs_baseline']:.2f}x",
+            percent(row.get("fraction_of_bound_speed")),
+        ]
+        for row in rows
+    ]
+    return table(["size", "backend", "ms", "busbw GB/s", "vs baseline", "of bound"], body)
 
 
 def training_lines(summary: dict[str, Any]) -> list[str]:
@@ -1047,6 +1104,7 @@ def render(report: dict[str, Any], stages: list[Stage]) -> str:
     lines += ["", "## Side by side", "", *compare_lines(report["compare"])]
     lines += ["", "## A rank killed", "", *failure_lines(report["failure"])]
     lines += ["", "## Training", "", *training_lines(report["training"])]
+    lines += ["", f"## Shaped network ({NETWORK_LINK})", "", *network_lines(report["network"])]
     lines += ["", "## Stress", "", *stress_lines(report["stress"])]
     nixl = report["nixl"]
     lines += [
@@ -1068,6 +1126,7 @@ def render(report: dict[str, Any], stages: list[Stage]) -> str:
     by_stage = {BENCH_STAGE: bench, STRESS_STAGE: report["stress"], NIXL_STAGE: nixl, "compare": report["compare"]}
     by_stage["failure"] = report["failure"]
     by_stage["training"] = report["training"]
+    by_stage["network"] = report["network"]
     by_stage.update({world_stage(world): summary for world, summary in report["worlds"].items()})
     problems = [f"{name}: {problem}" for name, summary in by_stage.items() for problem in summary.get("problems", [])]
     if problems:
@@ -1106,6 +1165,13 @@ def steps(args: argparse.Namespace) -> list[Step]:
         Step(TESTS_STAGE, args.tests_timeout, 0.0, lambda seconds: (run_tests(args, seconds), {}), tests_skip),
         Step(BENCH_STAGE, args.bench_timeout, BENCH_MINIMUM_S, functools.partial(run_bench, args)),
         Step(TRAINING_STAGE, args.training_timeout, TRAINING_MINIMUM_S, functools.partial(run_training, args)),
+        Step(
+            NETWORK_STAGE,
+            args.network_timeout,
+            NETWORK_MINIMUM_S,
+            functools.partial(run_network, args),
+            why_no_netns(),
+        ),
         *(world_step(spec) for spec in args.world_list if spec not in with_local_steps),
         Step(
             STRESS_STAGE,
@@ -1174,6 +1240,7 @@ def write_report(
         "compare": summaries.get(compare_stage(args.compare), {}) if args.compare else {},
         "failure": summaries.get(FAILURE_STAGE, {}),
         "training": summaries.get(TRAINING_STAGE, {}),
+        "network": summaries.get(NETWORK_STAGE, {}),
         "stress": summaries.get(STRESS_STAGE, {}),
         "nixl": summaries.get(NIXL_STAGE, {}),
     }
