@@ -45,6 +45,7 @@ import os
 import signal
 import statistics
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -403,9 +404,14 @@ def run_stress(bench: Bench, results: Results) -> None:
         results.save()
 
 
+# The order checks' tensors: on a GPU 16 MiB of float32, the engine's at every flat threshold up to
+# that; on the CPU (the check's smoke mode, every rank on a few cores) 256 KiB.
+ORDER_NUMEL = {"cuda": 1 << 22, "cpu": 1 << 16}
+
+
 def run_order_checks(bench: Bench, results: Results) -> None:
     """Collectives on the same memory follow each other; is_completed() means done on the device."""
-    numel = 1 << 22  # 16 MiB of float32: the engine's at every flat threshold up to that
+    numel = ORDER_NUMEL[bench.device.type]
     checks: dict[str, Any] = {}
     results.data["order"] = checks
     expected = expected_result(bench.world, numel, torch.float32, 7, "sum")
@@ -428,6 +434,75 @@ def run_order_checks(bench: Bench, results: Results) -> None:
     checks["is_completed_means_done"] = compare(tensor.cpu(), expected)
     work.wait(bench.timeout)
     results.save()
+    order_checks_of_issue(bench, checks)
+    results.save()
+
+
+def order_checks_of_issue(bench: Bench, checks: dict[str, Any]) -> None:
+    """The same tensor twice in flight, a coalescing block, and two groups at once from two threads."""
+    numel = ORDER_NUMEL[bench.device.type] // 2
+    single = expected_result(bench.world, numel, torch.float32, 9, "sum")
+    tensor = rank_input(bench.rank, bench.world, numel, torch.float32, 9, "sum").to(bench.device)
+    bench.barrier()
+    works = [dist.all_reduce(tensor, async_op=True) for _ in range(2)]  # the second reduces the first's result
+    for work in works:
+        work.wait(bench.timeout)
+    checks["same_tensor_back_to_back"] = compare(tensor.cpu(), single * bench.world)
+    tensors = [
+        rank_input(bench.rank, bench.world, numel, torch.float32, 10 + i, "sum").to(bench.device) for i in range(3)
+    ]
+    bench.barrier()
+    with dist._coalescing_manager(device=bench.device, async_ops=True) as block:
+        for coalesced in tensors:
+            dist.all_reduce(coalesced)
+    block.wait()
+    checks["coalesced"] = compare(
+        torch.cat([t.cpu() for t in tensors]),
+        torch.cat([expected_result(bench.world, numel, torch.float32, 10 + i, "sum") for i in range(3)]),
+    )
+    if bench.device.type == "cuda" and os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
+        # Two engines' launches interleave by timing: on a GPU in launch order, NCCL's rule for
+        # several communicators makes that the user's to avoid (docs/design.md, "What stays the user's").
+        return
+    checks["two_groups_two_threads"] = two_groups_at_once(bench)
+
+
+def two_groups_at_once(bench: Bench) -> dict[str, Any]:
+    """The world group from this thread and a second fairring group from another, both in flight."""
+    second = dist.new_group(backend="fairring", timeout=bench.timeout)
+    for group in (None, second):  # each engine made from one thread, in one order
+        dist.all_reduce(torch.ones(8, device=bench.device), group=group)
+    outcomes: dict[str, dict[str, Any]] = {}
+    numel = ORDER_NUMEL[bench.device.type] // 4
+
+    def stream(name: str, group: Any, seed: int) -> None:
+        if bench.device.type == "cuda":
+            torch.cuda.set_device(bench.device)
+        try:
+            pending = []
+            for index in range(12):
+                case = seed + index
+                tensor = rank_input(bench.rank, bench.world, numel, torch.float32, case, "sum").to(bench.device)
+                pending.append((dist.all_reduce(tensor, group=group, async_op=True), tensor, case))
+                if len(pending) == 3 or index == 11:
+                    for work, done, checked in pending:
+                        work.wait(bench.timeout)
+                        result = compare(done.cpu(), expected_result(bench.world, numel, torch.float32, checked, "sum"))
+                        if not result["ok"]:
+                            outcomes[name] = result
+                            return
+                    pending = []
+            outcomes[name] = {"ok": True}
+        except Exception as error:
+            outcomes[name] = {"ok": False, "error": str(error)}
+
+    other = threading.Thread(target=stream, args=("second", second, 2000))
+    other.start()
+    stream("world", None, 1000)
+    other.join()
+    dist.destroy_process_group(second)
+    failed = {name: outcome for name, outcome in outcomes.items() if not outcome["ok"]}
+    return {"ok": len(outcomes) == 2 and not failed, **({"failed": failed} if failed else {})}
 
 
 def run_kill(bench: Bench, results: Results) -> None:

@@ -13,9 +13,14 @@ Stages in order of value:
    the CPU; the first layout with the GPU in launch order (CUDA_DEVICE_MAX_CONNECTIONS=1)
    and the default flat threshold, so that NCCL's own small all-reduces are launched
    among the engine's;
-3. compare (--compare): on 2 machines x 2 ranks, fairring's engine, NCCL's all-reduce
-   and Gloo's on the same tensors in the same processes, the order alternated each
-   round, every result checked (one GPU time-sliced between the processes: not a cluster);
+   Each also runs cuda_bench's order checks: an all-reduce then a broadcast of the same
+   tensor, is_completed() against a read without wait(), the same tensor twice in
+   flight, a coalescing block, and a second group in flight from another thread (left
+   out with CUDA_DEVICE_MAX_CONNECTIONS=1, where two engines are the user's to avoid);
+3. compare (--compare): on 2 machines x 2 ranks and 2 x 1, fairring's engine, NCCL's
+   all-reduce and Gloo's on the same tensors in the same processes, the order
+   alternated each round, every result checked, NCCL's INFO lines on its transport
+   quoted (one GPU time-sliced between the processes: not a cluster);
 3b. failure: rank 3 of 2 machines x 2 ranks kills itself mid-stream; each survivor's
    first error must name it within the op's timeout (20 s) and 15 s, and its
    teardown return within 15 s;
@@ -229,7 +234,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default="2x2,3x2,3,4",
         help="layouts of the correctness stages: N (N machines of one rank) or MxL (default 2x2,3x2,3,4)",
     )
-    parser.add_argument("--compare", default="2x2", help="layout of the compare stage, MxL ('' to skip)")
+    parser.add_argument("--compare", default="2x2,2x1", help="layouts of the compare stages, MxL ('' for none)")
     parser.add_argument("--compare-sizes", help="compare sizes (default 1MiB,...,256MiB; cpu 64KiB,1MiB)")
     parser.add_argument("--compare-timeout", type=float, default=150.0, help="seconds for the comparison")
     parser.add_argument("--failure-timeout", type=float, default=90.0, help="seconds for the failure stage")
@@ -261,7 +266,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.size_list = [parse_size("--sizes", text.strip()) for text in sizes.split(",")]
         args.check_size_list = [int(text.strip()) for text in check_sizes.split(",")]
         args.world_list = [text.strip() for text in args.worlds.split(",") if text.strip()]
-        layouts = [parse_layout(spec) for spec in [*args.world_list, *([args.compare] if args.compare else [])]]
+        args.compare_list = [text.strip() for text in args.compare.split(",") if text.strip()]
+        layouts = [parse_layout(spec) for spec in [*args.world_list, *args.compare_list]]
         compare_sizes = args.compare_sizes or (QUICK_COMPARE_SIZES if quick else DEFAULT_COMPARE_SIZES)[args.device]
         args.compare_size_list = [parse_size("--compare-sizes", text.strip()) for text in compare_sizes.split(",")]
         args.stress_slice = parse_size("--stress-slice", args.stress_slice or STRESS_SLICE[args.device])
@@ -696,16 +702,16 @@ def why_no_netns() -> str:
     return "" if available else f"skipped: {reason}"
 
 
-def run_compare(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
-    stage = Stage(compare_stage(args.compare))
-    machines, local = parse_layout(args.compare)
+def run_compare(args: argparse.Namespace, spec: str, timeout: float) -> tuple[Stage, dict[str, Any]]:
+    stage = Stage(compare_stage(spec))
+    machines, local = parse_layout(spec)
     phases = [
         "--compare-sizes", ",".join(str(size) for size in args.compare_size_list), "--compare-gloo",
         "--iters", str(args.compare_iters), "--warmup", "1",
     ]  # fmt: skip
     nccl_info = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
     ranks, problems = run_ranks(args, stage, machines * local, phases, nccl_info, timeout, local)
-    summary = summarize_compare(ranks, args, machines * local)
+    summary = summarize_compare(ranks, args, spec)
     summary["nccl_info"] = (ranks.get(0) or {}).get("nccl_info", [])
     if args.device == "cuda" and not any("Using network" in line for line in summary["nccl_info"]):
         problems.append("NCCL said nothing of its network: its INFO lines are missing")
@@ -816,9 +822,11 @@ def summarize(ranks: dict[int, dict[str, Any] | None], args: argparse.Namespace,
     }
 
 
-def summarize_compare(ranks: dict[int, dict[str, Any] | None], args: argparse.Namespace, world: int) -> dict[str, Any]:
+def summarize_compare(ranks: dict[int, dict[str, Any] | None], args: argparse.Namespace, spec: str) -> dict[str, Any]:
     """Rank 0's rows (each the slower rank's median): time, busbw, and the engine against the others."""
     problems: list[str] = []
+    machines, local = parse_layout(spec)
+    world = machines * local
     for rank, result in ranks.items():
         problems += rank_problems(rank, result)
     compare = (ranks.get(0) or {}).get("compare", {})
@@ -832,7 +840,7 @@ def summarize_compare(ranks: dict[int, dict[str, Any] | None], args: argparse.Na
             row[f"fairring_vs_{name}"] = row[name]["median_s"] / row["fairring"]["median_s"]
     if len(rows) != len(args.compare_size_list):
         problems.append(f"compared at {len(rows)} of {len(args.compare_size_list)} sizes")
-    return {"layout": args.compare, "contenders": contenders, "rows": rows, "problems": problems}
+    return {"layout": spec, "contenders": contenders, "rows": rows, "problems": problems}
 
 
 def network_lines(summary: dict[str, Any]) -> list[str]:
@@ -1101,7 +1109,9 @@ def render(report: dict[str, Any], stages: list[Stage]) -> str:
     for spec, summary in report["worlds"].items():
         lines += ["", world_stage(spec).removeprefix("correctness: ") + ":", ""]
         lines += correctness_lines(summary.get("correctness", {}), report["device"])
-    lines += ["", "## Side by side", "", *compare_lines(report["compare"])]
+    lines += ["", "## Side by side"]
+    for summary in report["compare"].values():
+        lines += ["", *compare_lines(summary)]
     lines += ["", "## A rank killed", "", *failure_lines(report["failure"])]
     lines += ["", "## Training", "", *training_lines(report["training"])]
     lines += ["", f"## Shaped network ({NETWORK_LINK})", "", *network_lines(report["network"])]
@@ -1123,7 +1133,8 @@ def render(report: dict[str, Any], stages: list[Stage]) -> str:
         "",
         f"reference endpoint: `{bench.get('reference_endpoint')}`",
     ]
-    by_stage = {BENCH_STAGE: bench, STRESS_STAGE: report["stress"], NIXL_STAGE: nixl, "compare": report["compare"]}
+    by_stage = {BENCH_STAGE: bench, STRESS_STAGE: report["stress"], NIXL_STAGE: nixl}
+    by_stage.update({compare_stage(spec): summary for spec, summary in report["compare"].items()})
     by_stage["failure"] = report["failure"]
     by_stage["training"] = report["training"]
     by_stage["network"] = report["network"]
@@ -1150,17 +1161,15 @@ def steps(args: argparse.Namespace) -> list[Step]:
     def world_step(spec: str) -> Step:
         return Step(world_stage(spec), args.worlds_timeout, WORLD_MINIMUM_S, functools.partial(run_world, args, spec))
 
+    def compare_step(spec: str) -> Step:
+        run = functools.partial(run_compare, args, spec)
+        return Step(compare_stage(spec), args.compare_timeout, COMPARE_MINIMUM_S, run)
+
     # In order of value: the local steps on real NCCL, which nothing else runs, come first.
     with_local_steps = [spec for spec in args.world_list if parse_layout(spec)[1] > 1]
     return [
         *(world_step(spec) for spec in with_local_steps),
-        Step(
-            compare_stage(args.compare or "2x2"),
-            args.compare_timeout,
-            COMPARE_MINIMUM_S,
-            functools.partial(run_compare, args),
-            "" if args.compare else "skipped (--compare '')",
-        ),
+        *(compare_step(spec) for spec in args.compare_list),
         Step(FAILURE_STAGE, args.failure_timeout, FAILURE_MINIMUM_S, functools.partial(run_failure, args)),
         Step(TESTS_STAGE, args.tests_timeout, 0.0, lambda seconds: (run_tests(args, seconds), {}), tests_skip),
         Step(BENCH_STAGE, args.bench_timeout, BENCH_MINIMUM_S, functools.partial(run_bench, args)),
@@ -1237,7 +1246,7 @@ def write_report(
         "stages": [{k: v for k, v in asdict(stage).items() if k != "output_tail"} for stage in stages],
         "bench": summaries.get(BENCH_STAGE, {}),
         "worlds": {spec: summaries.get(world_stage(spec), {}) for spec in args.world_list},
-        "compare": summaries.get(compare_stage(args.compare), {}) if args.compare else {},
+        "compare": {spec: summaries.get(compare_stage(spec), {}) for spec in args.compare_list},
         "failure": summaries.get(FAILURE_STAGE, {}),
         "training": summaries.get(TRAINING_STAGE, {}),
         "network": summaries.get(NETWORK_STAGE, {}),
