@@ -37,6 +37,22 @@ auto transferMethod(Method method) {
   };
 }
 
+// Python drops its last reference to an endpoint with the GIL held, and the
+// destructor joins TensorPipe, whose callbacks may drop the last reference
+// to a tensor Python made, which takes the GIL: it runs without it (as the
+// product's Backend does, csrc/bindings.cpp).
+struct DestroyWithoutGil {
+  void operator()(Endpoint* endpoint) const {
+    if (PyGILState_Check()) {
+      py::gil_scoped_release noGil;
+      std::default_delete<Endpoint>()(endpoint);
+    } else {
+      std::default_delete<Endpoint>()(endpoint);
+    }
+  }
+};
+using EndpointHolder = std::unique_ptr<Endpoint, DestroyWithoutGil>;
+
 } // namespace
 
 void bindTensorpipe(py::module_& module) {
@@ -66,7 +82,7 @@ void bindTensorpipe(py::module_& module) {
           py::call_guard<py::gil_scoped_release>(),
           "Blocks until the transfer is done; raises its failure, or on "
           "timeout (seconds).");
-  py::class_<Endpoint>(module, "RailsEndpoint")
+  py::class_<Endpoint, EndpointHolder>(module, "RailsEndpoint")
       .def(
           py::init([](c10::intrusive_ptr<c10d::Store> store,
                       const std::string& prefix,
@@ -75,13 +91,14 @@ void bindTensorpipe(py::module_& module) {
                       c10::Device device,
                       const fairring::RailsNetwork& network,
                       std::chrono::milliseconds timeout) {
-            return std::make_unique<Endpoint>(
-                store,
-                prefix,
-                fairring::Topology(rank, std::move(machines)),
-                device,
-                network,
-                timeout);
+            return EndpointHolder(std::make_unique<Endpoint>(
+                                      store,
+                                      prefix,
+                                      fairring::Topology(rank, std::move(machines)),
+                                      device,
+                                      network,
+                                      timeout)
+                                      .release());
           }),
           py::arg("store"),
           py::arg("prefix"),
