@@ -184,7 +184,18 @@ def _cuda_build() -> CudaBuild | None:
         report = "\n  ".join(missing)
         if mode == "1":
             sys.exit(f"fairring: FAIRRING_WITH_CUDA=1 but the CUDA path cannot be built:\n  {report}")
-        print(f"fairring: building without the CUDA path:\n  {report}")
+        if torch.version.cuda is None:
+            print(f"fairring: building without the CUDA path:\n  {report}")
+        else:
+            # A CUDA torch without fairring's CUDA path sends every CUDA tensor to NCCL alone:
+            # stderr and a banner, since pip shows a build's stdout only with -v.
+            banner = "=" * 78
+            print(
+                f"{banner}\nWARNING: fairring is being built WITHOUT its CUDA path, although torch "
+                f"{torch.__version__} has CUDA {torch.version.cuda}:\n  {report}\nfairring.build_info()"
+                f'["cuda_path"] will be False. Set FAIRRING_WITH_CUDA=1 to make this an error.\n{banner}',
+                file=sys.stderr,
+            )
         return None
     print(f"fairring: building the CUDA path (CUDA {torch.version.cuda}, headers in {build.include_dirs})")
     return build
@@ -250,6 +261,9 @@ def _extension() -> CppExtension:
             "-Wno-unused-parameter",
             "-Wno-interference-size",
             "-fvisibility=hidden",
+            # Python's CFLAGS add -g, a third of each file's compile time; torch ships without
+            # debug info too. The sanitizer flags, after these, put line tables back.
+            "-g0",
             *sanitize_compile,
         ],
         extra_link_args=sanitize_link,
@@ -264,7 +278,8 @@ def _version() -> str:
 
 
 setup(
-    name="fairring",
+    # "fairring" on the package index is an unrelated project; the import name stays fairring.
+    name="torch-fairring",
     version=_version(),
     description="A Herring-style all-reduce as a PyTorch c10d backend",
     license="BSD-3-Clause",
