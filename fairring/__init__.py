@@ -48,6 +48,17 @@ def _load_extension():  # type: ignore[no-untyped-def]
 
 _C = _load_extension()
 
+if torch.version.cuda is not None and not _C.build_info()["cuda_path"]:
+    # Every CUDA tensor then goes to NCCL alone, whatever FAIRRING_CUDA_ENGINE says.
+    import warnings
+
+    warnings.warn(
+        f"fairring was built without its CUDA path although torch {torch.__version__} has CUDA: CUDA "
+        "all-reduces go to NCCL and FAIRRING_CUDA_ENGINE has no effect. Rebuild with FAIRRING_WITH_CUDA=1 "
+        "to see what the build is missing (docs/configuration.md#building).",
+        stacklevel=2,
+    )
+
 
 def build_info() -> dict[str, object]:
     """What the extension was built with: versions and whether the CUDA path is in.
@@ -62,6 +73,7 @@ def build_info() -> dict[str, object]:
 from ._ddp import name_fairring_in_ddp_logging  # noqa: E402
 from ._introspection import backend_of  # noqa: E402
 from ._registration import BACKEND_NAME, register  # noqa: E402
+from .options import Options  # noqa: E402
 
 register()
 name_fairring_in_ddp_logging(BACKEND_NAME)
@@ -70,6 +82,7 @@ __all__ = [
     "BACKEND_NAME",
     "Config",
     "ConfigError",
+    "Options",
     "TopologyError",
     "__version__",
     "backend_of",

@@ -10,7 +10,10 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from .config import SLICE_SIZE, TOTAL_MEMORY, Config, ConfigError, apply_log_level, load_config
+from .config import IB_HCA, SLICE_SIZE, TOTAL_MEMORY, Config, ConfigError, apply_log_level, load_config
+from .infiniband import fork_safety_set_by_fairring
+from .interfaces import NCCL_SOCKET_IFNAME, SOCKET_IFNAME
+from .options import Options, group_options, nccl_options
 from .plan_log import describe_plans, floor_advice
 from .rails_network import rails_network
 from .rendezvous import rendezvous
@@ -25,28 +28,34 @@ _logged_config = False
 
 
 def _create_backend(dist_options: Any, backend_options: Any) -> _C.Backend:
-    """torch's extended-API creator: one backend per process group."""
+    """torch's extended-API creator: one backend per process group; `backend_options` is pg_options."""
     return create_backend(
         dist_options.store,
         dist_options.group_rank,
         dist_options.group_size,
         dist_options.timeout,
         str(dist_options.group_id),
+        group_options(backend_options),
     )
 
 
-def create_backend(store: dist.Store, rank: int, size: int, timeout: timedelta, group_name: str) -> _C.Backend:
+def create_backend(
+    store: dist.Store, rank: int, size: int, timeout: timedelta, group_name: str, options: Options | None = None
+) -> _C.Backend:
     """A fairring backend for rank `rank` of a group of `size` ranks meeting in `store`.
 
     Costs about what a Gloo group costs: the engine, its local groups, rails
     and staging are made by the group's first all-reduce that needs them.
     """
     global _logged_config
-    config = load_config()
-    apply_log_level(config)
+    options = Options() if options is None else options
+    env_config = load_config()
+    apply_log_level(env_config)
     if not _logged_config:
-        logger.debug("effective configuration: %s", config.describe())
+        logger.debug("effective configuration: %s", env_config.describe())
+        log_inherited_settings(env_config)
         _logged_config = True
+    config = env_config.with_group_options(options.engine, options.flat_threshold)
     if config.launcher_attempt is not None:
         store = dist.PrefixStore(f"fairring-attempt{config.launcher_attempt}/", store)
 
@@ -81,13 +90,36 @@ def create_backend(store: dist.Store, rank: int, size: int, timeout: timedelta, 
         ),
         timeout,
         cpu_backend,
-        InnerGroups(store, topology, timeout, config.shm_disable),
+        InnerGroups(store, topology, timeout, config, options),
     )
+
+
+def log_inherited_settings(config: Config) -> None:
+    """Once, at INFO: settings fairring took from NCCL's variables, and the process-wide ones it made."""
+    if config.socket_ifname_variable == NCCL_SOCKET_IFNAME:
+        logger.info(
+            "the rails use the interfaces %s=%s selects; set %s to choose them apart from NCCL's",
+            NCCL_SOCKET_IFNAME,
+            config.socket_ifname,
+            SOCKET_IFNAME,
+        )
+    hca = config.transport.ib_hca
+    if hca is not None and not hca.explicit:
+        logger.info(
+            "the rails may use the InfiniBand devices %s selects; set %s to choose them apart", hca.setting(), IB_HCA
+        )
+    made = fork_safety_set_by_fairring()
+    if made:
+        logger.info(
+            "fairring set %s for this process at import: libibverbs' fork protection, so that forked workers "
+            "(DataLoader) do not corrupt memory the rails registered; set them before importing fairring to choose",
+            " and ".join(f"{name}=1" for name in made),
+        )
 
 
 def check_staging_fits(config: Config, topology: _C.Topology) -> None:
     """The staging pool must hold at least one slice; say which variable to change if not."""
-    if not topology.serves_engine:
+    if not topology.serves_engine or config.engine_off:
         return  # no engine, no staging
     needed = _C.staging_bytes_for(config.slice_size, topology.local_size, topology.num_machines)
     if config.total_memory < needed:
@@ -101,7 +133,7 @@ def check_staging_fits(config: Config, topology: _C.Topology) -> None:
 
 def log_plans(config: Config, topology: _C.Topology) -> None:
     """At DEBUG, the plan of each size class; on rank 0, a warning if large ones are over-sharded."""
-    if not topology.serves_engine:
+    if not topology.serves_engine or config.engine_off:
         return
     for device in ("cpu", "cuda") if config.cuda_engine else ("cpu",):
         if logger.isEnabledFor(logging.DEBUG):
@@ -120,11 +152,16 @@ class InnerGroups:
     a device, split_group), so every rank makes the same groups in the same order.
     """
 
-    def __init__(self, store: dist.Store, topology: _C.Topology, timeout: timedelta, shm_disable: bool) -> None:
+    def __init__(
+        self, store: dist.Store, topology: _C.Topology, timeout: timedelta, config: Config, options: Options
+    ) -> None:
         self._store = store
         self._topology = topology
         self._timeout = timeout
-        self._shm_disable = shm_disable
+        self._shm_disable = config.shm_disable
+        self._slice_bytes = config.slice_size
+        # The group's pg_options: split_group's children inherit them, as NCCL's do.
+        self._options = options
 
     def delegate(self, device_type: str) -> dist.Backend:
         """The group over every rank for tensors of `device_type` other than the CPU: NCCL."""
@@ -166,6 +203,8 @@ class InnerGroups:
                 group.bound_device_id = target
             group.eager_connect_single_device(target)
             groups.append(group)
+        if target.type != "cpu":
+            connect_local_groups(groups[0], groups[1], target, topology.local_size, self._slice_bytes)
         logger.debug("machine %d: local groups for %s made and connected", topology.machine, device)
         return groups[0], groups[1], None
 
@@ -175,12 +214,32 @@ class InnerGroups:
 
     def split(self, store: dist.Store, ranks: list[int], timeout: timedelta, group_name: str) -> _C.Backend:
         """A fairring backend for the group of `ranks` (of this group), this rank among them."""
-        return create_backend(store, ranks.index(self._topology.rank), len(ranks), timeout, group_name)
+        return create_backend(store, ranks.index(self._topology.rank), len(ranks), timeout, group_name, self._options)
 
     def _nccl(self, store: dist.Store, rank: int, size: int) -> dist.Backend:
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = self._timeout
-        return dist.ProcessGroupNCCL(store, rank, size, options)
+        return dist.ProcessGroupNCCL(store, rank, size, nccl_options(self._options.nccl, self._timeout))
+
+
+def connect_local_groups(
+    reduce_scatter: dist.Backend, all_gather: dist.Backend, device: torch.device, local_size: int, slice_bytes: int
+) -> None:
+    """Connects the local groups' peers now, with one operation of each kind their steps run.
+
+    NCCL connects a communicator's peers at its first collective of each kind
+    (NCCL_RUNTIME_CONNECT, its default). Left to the engine's stage threads,
+    one group would connect while the other's kernel spins on the same GPU.
+    Here, before those threads exist, every rank of the machine runs the same
+    two operations in the same order (csrc/local/group_steps.cpp's: an
+    all-to-all on the reduce-scatter group, an all-gather on the other), at a
+    slice's size so NCCL picks the algorithms the steps will use, and waits.
+    """
+    shard = max(1, slice_bytes // local_size)
+    source = torch.zeros(shard * local_size, dtype=torch.uint8, device=device)
+    received = torch.empty_like(source)
+    reduce_scatter.alltoall_base(received, source, [], []).wait()
+    all_gather._allgather_base(received, source[:shard]).wait()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def register() -> None:

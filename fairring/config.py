@@ -9,10 +9,11 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import ConfigError
 from .interfaces import (
+    NCCL_SOCKET_IFNAME,
     RAIL_INTERFACES,
     SOCKET_FAMILY,
     SOCKET_IFNAME,
@@ -61,6 +62,10 @@ DEFAULT_MIN_SHARD_SIZE = 256 * KiB
 # Smaller slices only multiply per-slice work (a 64 MiB all-reduce in 1-byte
 # slices would be 64 Mi slices); 4 KiB is already far below a useful size.
 MIN_SLICE_SIZE = 4 * KiB
+# The flat threshold of a group kept off the engine: the largest int64, as the C++ Config holds it.
+ENGINE_OFF_THRESHOLD = 2**63 - 1
+# Named in messages as a setting every rank of a group must share.
+GROUP_ENGINE = "fairring.Options.engine"
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 RAILS_TRANSPORTS = ("tensorpipe", "nixl")
@@ -71,6 +76,8 @@ _FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false":
 TRANSPORTS = "FAIRRING_TRANSPORTS"
 CHANNELS = "FAIRRING_CHANNELS"
 IB_HCA = "FAIRRING_IB_HCA"
+# Used for the rails' devices where FAIRRING_IB_HCA is unset, as an NCCL job sets it.
+NCCL_IB_HCA = "NCCL_IB_HCA"
 IB_GID_INDEX = "FAIRRING_IB_GID_INDEX"
 
 # TensorPipe's fixed choices (transport/ibv/constants.h, channel/cuda_gdr/constants.h).
@@ -127,9 +134,16 @@ class HcaSelection:
     entries: tuple[tuple[str, int | None], ...]
     exclude: bool = False
     exact: bool = False
+    # FAIRRING_IB_HCA, or NCCL_IB_HCA where fairring's own is unset.
+    variable: str = IB_HCA
 
     def setting(self) -> str:
-        return f"{IB_HCA}={self.raw!r}"
+        return f"{self.variable}={self.raw!r}"
+
+    @property
+    def explicit(self) -> bool:
+        """Chosen for the rails: NCCL_IB_HCA chose devices for NCCL, whose RoCE GIDs the rails cannot."""
+        return self.variable == IB_HCA
 
     def selects(self, device: str, port: int = TENSORPIPE_PORT) -> bool:
         hit = any(
@@ -188,6 +202,8 @@ class Config:
     # What carries the rails between machines: TensorPipe, or NIXL with one of its backends.
     rails_transport: str = "tensorpipe"
     nixl_backend: str = "UCX"
+    # The group's fairring.Options.engine (fairring/options.py), applied by with_group_options.
+    group_engine: bool | None = None
 
     @property
     def ib_disable(self) -> bool:
@@ -202,9 +218,24 @@ class Config:
     def cuda_flat_threshold(self) -> int:
         return DEFAULT_CUDA_FLAT_THRESHOLD if self.flat_threshold is None else self.flat_threshold
 
+    @property
+    def engine_off(self) -> bool:
+        """The group keeps every all-reduce off the engine (fairring.Options(engine=False))."""
+        return self.group_engine is False
+
+    def with_group_options(self, engine: bool | None, flat_threshold: int | None) -> Config:
+        """This configuration with a group's fairring.Options applied over the variables."""
+        config = self if flat_threshold is None else replace(self, flat_threshold=flat_threshold)
+        if engine is None:
+            return config
+        # Off: no all-reduce is large enough to leave the delegate.
+        threshold = ENGINE_OFF_THRESHOLD if engine is False else config.flat_threshold
+        return replace(config, group_engine=engine, cuda_engine=engine, flat_threshold=threshold)
+
     def must_agree(self) -> dict[str, int | str]:
         """Settings that every rank of a group must share, by variable name."""
         return {
+            GROUP_ENGINE: "unset" if self.group_engine is None else str(self.group_engine),
             TOTAL_MEMORY: self.total_memory,
             SLICE_SIZE: self.slice_size,
             MIN_SHARD_SIZE: self.min_shard,
@@ -424,13 +455,17 @@ def parse_channels(raw: str | None) -> NameList | None:
     return channels
 
 
-def parse_ib_hca(raw: str | None, tensorpipe: bool = True) -> HcaSelection | None:
+def parse_ib_hca(raw: str | None, tensorpipe: bool = True, variable: str = IB_HCA) -> HcaSelection | None:
     """FAIRRING_IB_HCA: as NCCL_IB_HCA, ^ (exclude) then = (exact names) apply to the whole list.
 
     Any port may be selected for the NIXL rails (`tensorpipe` false); TensorPipe's use only port 1.
+    `variable` names where `raw` came from, in messages.
     """
     if raw is None or raw.strip() == "":
         return None
+    setting = f"{variable}={raw!r}"
+    # Where NCCL's variable is refused, fairring's own lets NCCL keep it.
+    override = f"; or set {IB_HCA} to choose the rails' devices apart from NCCL's" if variable != IB_HCA else ""
     exclude, exact, listed = split_list(raw)
     help_text = (
         "comma-separated device[:port] entries matched as name prefixes, a leading = for exact names, "
@@ -441,26 +476,26 @@ def parse_ib_hca(raw: str | None, tensorpipe: bool = True) -> HcaSelection | Non
         name, _, port_text = entry.partition(":")
         name = name.strip()
         if not name:
-            raise ConfigError(f"{IB_HCA}={raw!r} has an empty entry; expected {help_text}")
+            raise ConfigError(f"{setting} has an empty entry; expected {help_text}{override}")
         if name.startswith(("=", "^")):
             raise ConfigError(
-                f"{IB_HCA}={raw!r}: ^ and = apply to the whole list and come first (^=mlx5_0,mlx5_1); "
-                f"expected {help_text}"
+                f"{setting}: ^ and = apply to the whole list and come first (^=mlx5_0,mlx5_1); "
+                f"expected {help_text}{override}"
             )
         port = None
         if port_text:
             if not port_text.strip().isdigit() or int(port_text) < 1:
-                raise ConfigError(f"{IB_HCA}={raw!r}: {port_text!r} is not a port number; expected {help_text}")
+                raise ConfigError(f"{setting}: {port_text!r} is not a port number; expected {help_text}{override}")
             port = int(port_text)
         # Leaving another port out is what TensorPipe does anyway; using one it cannot.
         if tensorpipe and port not in (None, TENSORPIPE_PORT) and not exclude:
             raise ConfigError(
-                f"{IB_HCA}={raw!r}: port {port} of {name} cannot be used: torch's TensorPipe always uses port "
+                f"{setting}: port {port} of {name} cannot be used: torch's TensorPipe always uses port "
                 f"{TENSORPIPE_PORT} (tensorpipe/transport/ibv/constants.h kPortNum); select {name}:1 or {name}, "
-                "or use the NIXL rails (FAIRRING_RAILS_TRANSPORT=nixl), which can use any port"
+                f"or use the NIXL rails (FAIRRING_RAILS_TRANSPORT=nixl), which can use any port{override}"
             )
         entries.append((name, port))
-    return HcaSelection(raw, tuple(entries), exclude, exact)
+    return HcaSelection(raw, tuple(entries), exclude, exact, variable)
 
 
 def parse_gid_index(raw: str | None, tensorpipe: bool = True) -> int | None:
@@ -490,19 +525,28 @@ def load_transport_settings(env: Mapping[str, str] | None = None, tensorpipe: bo
     return TransportSettings(
         transports=parse_transports(env.get(TRANSPORTS)),
         channels=parse_channels(env.get(CHANNELS)),
-        ib_hca=parse_ib_hca(env.get(IB_HCA), tensorpipe),
+        ib_hca=_ib_hca(env, tensorpipe),
         ib_disable=parse_flag(IB_DISABLE, env.get(IB_DISABLE)),
         gid_index=parse_gid_index(env.get(IB_GID_INDEX), tensorpipe),
     )
 
 
+def _ib_hca(env: Mapping[str, str], tensorpipe: bool) -> HcaSelection | None:
+    """FAIRRING_IB_HCA, else NCCL_IB_HCA: the devices an NCCL job already chose."""
+    for variable in (IB_HCA, NCCL_IB_HCA):
+        raw = env.get(variable)
+        if raw is not None and raw.strip() != "":
+            return parse_ib_hca(raw, tensorpipe, variable)
+    return None
+
+
 def _socket_settings(env: Mapping[str, str]) -> dict[str, object]:
-    """The rails' interface settings: FAIRRING_SOCKET_IFNAME, else TP_SOCKET_IFNAME (exact names)."""
+    """The rails' interfaces: FAIRRING_SOCKET_IFNAME, else TP_SOCKET_IFNAME (exact names), else NCCL_SOCKET_IFNAME."""
     settings: dict[str, object] = {
         "socket_family": parse_family(env.get(SOCKET_FAMILY)),
         "rail_interfaces": parse_rail_interfaces(env.get(RAIL_INTERFACES)),
     }
-    for variable, exact in ((SOCKET_IFNAME, False), (TP_SOCKET_IFNAME, True)):
+    for variable, exact in ((SOCKET_IFNAME, False), (TP_SOCKET_IFNAME, True), (NCCL_SOCKET_IFNAME, False)):
         raw = env.get(variable)
         if raw is not None and raw.strip() != "":
             settings["socket_ifname"] = parse_interface_filter(variable, raw, exact=exact)

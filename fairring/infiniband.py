@@ -160,6 +160,13 @@ def read_import_state(environ: Mapping[str, str] | None = None, maps_path: str =
 IMPORT_STATE = read_import_state()
 
 
+def fork_safety_set_by_fairring(import_state: ImportState | None = None) -> tuple[str, ...]:
+    """The fork-safety variables fairring/__init__ set because the user had not."""
+    state = IMPORT_STATE if import_state is None else import_state
+    user = {name for name, _ in state.user_values}
+    return tuple(name for name in FORK_SAFE_VARIABLES if name not in user)
+
+
 def fork_facts(import_state: ImportState, environ: Mapping[str, str], status: str | None) -> ForkFacts:
     return ForkFacts(
         present=tuple(name for name in FORK_SAFE_VARIABLES if name in environ),

@@ -35,6 +35,8 @@ from .nccl_lists import names_match, split_list
 
 SOCKET_IFNAME = "FAIRRING_SOCKET_IFNAME"
 TP_SOCKET_IFNAME = "TP_SOCKET_IFNAME"
+# What an NCCL job already sets: the rails follow it where fairring's own variables are unset.
+NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"
 SOCKET_FAMILY = "FAIRRING_SOCKET_FAMILY"
 RAIL_INTERFACES = "FAIRRING_RAIL_INTERFACES"
 

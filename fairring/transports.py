@@ -149,11 +149,13 @@ def decide(settings: TransportSettings, facts: HostFacts, cuda: bool) -> RailsTr
     hca = settings.ib_hca
     if hca is not None:
         uses_ib = why_not["ibv"] is None or (cuda and why_not["cuda_gdr"] is None)
-        reasons.append((IB_HCA, _check_hca(hca, facts) if uses_ib else "not used: the rails use no InfiniBand"))
+        reasons.append((hca.variable, _check_hca(hca, facts) if uses_ib else "not used: the rails use no InfiniBand"))
     fork_ok, fork_why = fork_verdict(facts.fork)
     blocker = _ib_blocker(facts)
 
-    ib_device, ibv_why = _ibv(why_not["ibv"], blocker, facts, hca, explicit="ibv" in required or hca is not None)
+    ib_device, ibv_why = _ibv(
+        why_not["ibv"], blocker, facts, hca, explicit="ibv" in required or (hca is not None and hca.explicit)
+    )
     if ib_device is not None and not fork_ok:
         ib_device, ibv_why = None, fork_why
     if ib_device is None and "ibv" in required:
@@ -168,7 +170,13 @@ def decide(settings: TransportSettings, facts: HostFacts, cuda: bool) -> RailsTr
     cuda_channels: tuple[str, ...] = ()
     gdr_nics: tuple[str, ...] | None = None
     if cuda:
-        gdr = _gdr(why_not["cuda_gdr"], blocker, facts, hca, explicit="cuda_gdr" in required or hca is not None)
+        gdr = _gdr(
+            why_not["cuda_gdr"],
+            blocker,
+            facts,
+            hca,
+            explicit="cuda_gdr" in required or (hca is not None and hca.explicit),
+        )
         if gdr.usable and not fork_ok:
             gdr = _Gdr(False, None, fork_why)
         if not gdr.usable and "cuda_gdr" in required:

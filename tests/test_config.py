@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+import torch
+import torch.distributed as dist
 
 from fairring import nixl
 from fairring.config import (
@@ -14,7 +18,9 @@ from fairring.config import (
     DEFAULT_TOTAL_MEMORY,
     ConfigError,
     load_config,
+    load_transport_settings,
 )
+from fairring.options import Options, group_options, nccl_options
 from fairring.sizes import format_size, parse_size
 
 
@@ -97,6 +103,7 @@ def test_values_from_environment() -> None:
     assert config.machine_id == "rack3-node7"
     assert config.log_level == "DEBUG"
     assert config.must_agree() == {
+        "fairring.Options.engine": "unset",
         "FAIRRING_TOTAL_MEMORY": 2**30,
         "FAIRRING_SLICE_SIZE": 4 * 2**20,
         "FAIRRING_MIN_SHARD_SIZE": 64 * 2**10,
@@ -184,3 +191,75 @@ def test_nixl_rails_without_nixl_say_what_to_install(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(nixl, "NIXL_MODULES", ("no_such_nixl_module",))
     with pytest.raises(ConfigError, match=r"pip install 'fairring\[nixl\]'"):
         nixl.nixl_library()
+
+
+# --- what an NCCL job already sets ----------------------------------------------------------------
+
+
+def test_the_rails_follow_nccl_socket_ifname_after_fairrings_own_variables() -> None:
+    nccl_only = load_config({"NCCL_SOCKET_IFNAME": "^docker,lo"})
+    assert nccl_only.socket_ifname_variable == "NCCL_SOCKET_IFNAME"
+    assert nccl_only.socket_ifname is not None and nccl_only.socket_ifname.exclude
+    assert not nccl_only.socket_ifname.matches("docker0") and nccl_only.socket_ifname.matches("eth0")
+    for own in ("FAIRRING_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
+        config = load_config({own: "eth1", "NCCL_SOCKET_IFNAME": "ib0"})
+        assert config.socket_ifname_variable == own
+        assert config.socket_ifname is not None and config.socket_ifname.matches("eth1")
+    assert load_config({}).socket_ifname is None
+
+
+def test_the_rails_follow_nccl_ib_hca_where_fairrings_own_is_unset() -> None:
+    hca = load_transport_settings({"NCCL_IB_HCA": "=mlx5_0:1"}).ib_hca
+    assert hca is not None and hca.setting() == "NCCL_IB_HCA='=mlx5_0:1'" and not hca.explicit
+    assert hca.selects("mlx5_0") and not hca.selects("mlx5_1")
+    own = load_transport_settings({"FAIRRING_IB_HCA": "mlx5_1", "NCCL_IB_HCA": "mlx5_0"}).ib_hca
+    assert own is not None and own.explicit and own.selects("mlx5_1") and not own.selects("mlx5_0")
+
+
+def test_an_nccl_ib_hca_the_tensorpipe_rails_cannot_honour_is_refused_naming_the_override() -> None:
+    with pytest.raises(ConfigError, match=r"NCCL_IB_HCA='mlx5_0:2': port 2 .* set FAIRRING_IB_HCA to choose"):
+        load_transport_settings({"NCCL_IB_HCA": "mlx5_0:2"})
+    # The NIXL rails can use any port; fairring's own variable keeps NCCL's out of the rails.
+    assert load_transport_settings({"NCCL_IB_HCA": "mlx5_0:2"}, tensorpipe=False).ib_hca is not None
+    assert load_transport_settings({"NCCL_IB_HCA": "mlx5_0:2", "FAIRRING_IB_HCA": "mlx5_0"}).ib_hca is not None
+
+
+# --- per-group options (pg_options) ---------------------------------------------------------------
+
+
+def test_group_options_over_the_variables() -> None:
+    env = load_config({"FAIRRING_CUDA_ENGINE": "0", "FAIRRING_FLAT_THRESHOLD": "1MiB"})
+    assert env.with_group_options(None, None) == env
+    on = env.with_group_options(True, 0)
+    assert on.cuda_engine and on.cpu_flat_threshold == on.cuda_flat_threshold == 0 and not on.engine_off
+    off = load_config({"FAIRRING_CUDA_ENGINE": "1"}).with_group_options(False, None)
+    assert off.engine_off and not off.cuda_engine
+    # No all-reduce is as large as the threshold of a group kept off the engine.
+    assert off.cpu_flat_threshold == off.cuda_flat_threshold == 2**63 - 1
+    # Ranks compare the switch itself, named as the user sets it.
+    assert off.must_agree()["fairring.Options.engine"] != on.must_agree()["fairring.Options.engine"]
+    assert env.must_agree()["fairring.Options.engine"] == "unset"
+
+
+def test_pg_options_are_checked_and_an_nccl_jobs_options_are_kept() -> None:
+    assert group_options(None) == Options()
+    mine = Options(engine=False, flat_threshold=4096)
+    assert group_options(mine) is mine
+    with pytest.raises(TypeError, match=r"pass fairring.Options\(engine=..., flat_threshold=..., nccl=...\)"):
+        group_options(object())
+    with pytest.raises(TypeError, match="flat_threshold must be a byte count"):
+        Options(flat_threshold=-1)
+    with pytest.raises(TypeError, match="engine must be None, True or False"):
+        Options(engine="yes")  # type: ignore[arg-type]
+    nccl_type = getattr(getattr(dist, "ProcessGroupNCCL", None), "Options", None)
+    if nccl_type is None:
+        pytest.skip(f"torch {torch.__version__} has no ProcessGroupNCCL: an NCCL job's options cannot exist")
+    user = nccl_type(is_high_priority_stream=True)
+    user.config.max_ctas = 7
+    assert group_options(user).nccl is user
+    made = nccl_options(user, timedelta(seconds=42))
+    assert made is not user and made.is_high_priority_stream and made.config.max_ctas == 7
+    assert made._timeout == timedelta(seconds=42)
+    user.config.max_ctas = 9  # copied by value: later edits to the user's object stay theirs
+    assert made.config.max_ctas == 7
+    assert not nccl_options(None, timedelta(seconds=1)).is_high_priority_stream

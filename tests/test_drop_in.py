@@ -189,7 +189,7 @@ def test_a_job_that_never_imports_fairring(tmp_path: Path) -> None:
     if not hasattr(dist.Backend, "_ensure_backend_registered"):
         pytest.skip(f"torch {torch.__version__} does not load backends from entry points (torch >= 2.15 does)")
     try:
-        distribution("fairring")
+        distribution("torch-fairring")
     except PackageNotFoundError:
         pytest.skip("fairring is not installed in this environment (`make build` installs the checkout editable)")
     # Only the installed distribution: not a checkout on PYTHONPATH.
@@ -363,3 +363,48 @@ def test_a_group_costs_nothing_beyond_gloo_until_it_all_reduces(ranks: RankPool)
         assert result["used"] == (True, True, True)
         # Slack of one for a thread some library starts lazily.
         assert result["threads_beyond_gloo"] <= 1, result
+
+
+# -- pg_options -----------------------------------------------------------------------
+
+
+def groups_by_options() -> dict[str, object]:
+    everyone = list(range(dist.get_world_size()))
+    groups: dict[str, object] = {
+        "off": fairring.Options(engine=False),
+        "default": None,
+        "forced": fairring.Options(engine=True, flat_threshold=0),
+    }
+    nccl_options = getattr(getattr(dist, "ProcessGroupNCCL", None), "Options", None)
+    if nccl_options is not None:
+        groups["an NCCL job's"] = nccl_options(is_high_priority_stream=True)
+    ops = {}
+    for name, options in groups.items():
+        group = dist.new_group(backend="fairring", pg_options=options)
+        all_reduce_among(everyone, group)
+        ops[name] = engine_ops(group)
+    return ops
+
+
+def test_pg_options_keep_a_group_off_the_engine_or_on_it(ranks: RankPool) -> None:
+    for ops in ranks.run(groups_by_options):
+        assert ops["off"] is None, ops  # no engine was ever made for that group
+        assert all(count == 1 for name, count in ops.items() if name != "off"), ops
+
+
+def init_with_pg_options(options: object) -> str:
+    try:
+        dist.new_group(backend="fairring", pg_options=options)
+    except (TypeError, fairring.ConfigError) as error:
+        return str(error)
+    return "made"
+
+
+def test_pg_options_that_cannot_be_used_are_refused() -> None:
+    with RankPool(Layout(2, 1)) as pool:
+        refused = pool.run(init_with_pg_options, {"engine": False})
+        assert all("pg_options of type dict cannot be used; pass fairring.Options(" in text for text in refused)
+    with RankPool(Layout(2, 1)) as pool:
+        per_rank = pool.run_per_rank(init_with_pg_options, lambda rank: (fairring.Options(engine=rank == 0),))
+        for text in per_rank:
+            assert "fairring.Options.engine differs across ranks" in text, per_rank

@@ -7,9 +7,15 @@ ncclCommAbort can while another communicator's kernel spins.
 
 from __future__ import annotations
 
+import threading
+from datetime import timedelta
+
 import pytest
+import torch
+import torch.distributed as dist
 
 from fairring import _C
+from fairring._registration import connect_local_groups
 
 LAG_MS = 10_000  # GroupSteps::kNcclStepLag
 STOP_WAIT_S = 10  # GroupSteps::kStopWait
@@ -60,3 +66,48 @@ def test_nccl_groups_time_steps_past_the_engine() -> None:
     # Gloo takes each step's own timeout, the op's remaining time: its groups are left alone.
     _, events = _C._testing.stop_group_steps("gloo", "abort", 60_000, 0)
     assert not any("timeout" in event for event in events), events
+
+
+@pytest.mark.timeout(60)
+def test_local_groups_are_connected_by_one_step_of_each_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """connect_local_groups runs, on every rank, the all-to-all then the all-gather the steps use.
+
+    Two ranks on threads, Gloo standing in for NCCL: each group records what it is asked.
+    """
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    store = dist.HashStore()
+    slice_bytes = 4096
+    calls: list[list[tuple[str, int]]] = [[], []]
+    errors: list[BaseException] = []
+
+    class Recording:
+        def __init__(self, group: dist.ProcessGroupGloo, log: list[tuple[str, int]]) -> None:
+            self.group, self.log = group, log
+
+        def alltoall_base(self, output: torch.Tensor, *args: object) -> object:
+            self.log.append(("all-to-all", output.numel()))
+            return self.group.alltoall_base(output, *args)
+
+        def _allgather_base(self, output: torch.Tensor, *args: object) -> object:
+            self.log.append(("all-gather", output.numel()))
+            return self.group._allgather_base(output, *args)
+
+    def rank(index: int) -> None:
+        try:
+            groups = [
+                Recording(
+                    dist.ProcessGroupGloo(dist.PrefixStore(step, store), index, 2, timedelta(seconds=30)), calls[index]
+                )
+                for step in ("rs/", "ag/")
+            ]
+            connect_local_groups(groups[0], groups[1], torch.device("cpu"), 2, slice_bytes)
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=rank, args=(index,)) for index in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not errors, errors
+    assert calls == [[("all-to-all", slice_bytes), ("all-gather", slice_bytes)]] * 2, calls

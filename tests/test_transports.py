@@ -495,3 +495,14 @@ def test_rails_transports_on_this_machine() -> None:
         assert result.transports == ("uv",) and "no InfiniBand device" in result.reason("ibv")
     with pytest.raises(ConfigError, match="FAIRRING_TRANSPORTS='shm'"):
         rails_transports(load_transport_settings({"FAIRRING_TRANSPORTS": "shm"}), cuda=False)
+
+
+def test_nccl_ib_hca_alone_never_makes_a_roce_port_acceptable() -> None:
+    """NCCL_IB_HCA chose devices for NCCL, which can set their GID; TensorPipe's rails use GID 0, hop limit 1."""
+    roce = host(device("mlx5_0", link="Ethernet"))
+    assert decision({"NCCL_IB_HCA": "mlx5_0"}, roce).transports == ("uv",)
+    assert decision({"FAIRRING_IB_HCA": "mlx5_0", "NCCL_IB_HCA": "mlx5_0"}, roce).transports == ("ibv", "uv")
+    # On InfiniBand it selects the rails' device as it does NCCL's.
+    chosen = decision({"NCCL_IB_HCA": "=mlx5_0"}, host(IB0, IB1))
+    assert chosen.transports == ("ibv", "uv") and chosen.reason("NCCL_IB_HCA") == "selects mlx5_0 (port 1)"
+    assert decision({"NCCL_IB_HCA": "=mlx5_1"}, host(IB0, IB1)).transports == ("uv",)

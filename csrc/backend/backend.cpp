@@ -886,6 +886,16 @@ void Backend::setTimeout(std::chrono::milliseconds timeout) {
   forEachEngine([timeout](Engine& engine) { engine.setTimeout(timeout); });
 }
 
+void Backend::eagerConnectSingleDevice(at::Device device) {
+  if (!device.is_cuda()) {
+    return; // the CPU delegate, Gloo, is connected when the group is made
+  }
+  if (!getBoundDeviceId()) {
+    setBoundDeviceId(device); // cudaBackend() binds the delegate to it
+  }
+  cudaBackend().eagerConnectSingleDevice(device);
+}
+
 c10::intrusive_ptr<c10d::Backend::Options> Backend::getBackendOptions() {
   // A fresh copy each time: split_group edits what it is given.
   return c10::make_intrusive<Options>(getBackendName(), timeout());

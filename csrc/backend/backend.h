@@ -91,6 +91,12 @@ class Backend final : public c10d::Backend {
 
   // For later operations: the delegates' and engines made from now on.
   void setTimeout(std::chrono::milliseconds timeout) override;
+
+  // init_process_group(device_id=...): the NCCL delegate is made and
+  // connected on that device now, as "nccl" would be, instead of at the first
+  // CUDA collective. Every rank calls it at init, so the collective
+  // communicator creation lines up.
+  void eagerConnectSingleDevice(at::Device device) override;
   c10::intrusive_ptr<Options> getBackendOptions() override;
 
   // split_group: a fairring backend over some of this group's ranks.
