@@ -58,6 +58,7 @@ COMMON_SOURCES = [
     "backend/hooks.cpp",
     "backend/ledger.cpp",
     "backend/memory_order.cpp",
+    "backend/pending_report.cpp",
     "backend/work.cpp",
     "bindings.cpp",
     "device/device.cpp",

@@ -10,6 +10,7 @@
 #include <torch/headeronly/version.h>
 
 #include "backend/backend.h"
+#include "backend/pending_report.h"
 #include "config.h"
 #include "device/device.h"
 #include "engine/plan.h"
@@ -192,6 +193,18 @@ PYBIND11_MODULE(_C, module) {
       "What this extension was compiled with: the torch and CUDA versions "
       "and whether the CUDA path is in (fairring.build_info() adds torch's "
       "NCCL).");
+  module.def(
+      "pending_report",
+      &fairring::pendingReport,
+      py::call_guard<py::gil_scoped_release>(),
+      "Each engine op of every fairring group of this process issued and "
+      "not yet settled, one line each (fairring.pending()).");
+  module.def(
+      "report_pending_on_signal",
+      &fairring::reportPendingOnSignal,
+      py::arg("signal"),
+      "From now on `signal` makes a thread of fairring's write the pending "
+      "report to stderr (FAIRRING_DUMP_SIGNAL).");
 
   py::class_<
       fairring::SharedMemorySteps,

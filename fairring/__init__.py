@@ -23,7 +23,7 @@ import torch
 import torch.distributed  # registers the c10d types that _C builds on
 
 from ._version import __version__
-from .config import Config, ConfigError, load_config
+from .config import DUMP_SIGNAL, Config, ConfigError, load_config, parse_dump_signal
 from .topology import TopologyError
 
 
@@ -60,6 +60,17 @@ if torch.version.cuda is not None and not _C.build_info()["cuda_path"]:
     )
 
 
+def pending() -> list[str]:
+    """What each engine op of this process's fairring groups is waiting on, one line each.
+
+    The op's number, size, dtype and op, its age, the stage and slice it is
+    in and the ranks it awaits, as its timeout would name them; empty where
+    nothing is pending. Safe from any thread, e.g. a watchdog of the job's
+    own; FAIRRING_DUMP_SIGNAL=USR2 prints the same on `kill -USR2 <pid>`.
+    """
+    return list(_C.pending_report())
+
+
 def build_info() -> dict[str, object]:
     """What the extension was built with: versions and whether the CUDA path is in.
 
@@ -69,6 +80,11 @@ def build_info() -> dict[str, object]:
     info["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if info["cuda_path"] else None
     return info
 
+
+# Process-wide, so read once here: a bad value fails the import that would install it.
+_dump_signal = parse_dump_signal(os.environ.get(DUMP_SIGNAL))
+if _dump_signal is not None:
+    _C.report_pending_on_signal(_dump_signal)
 
 from ._ddp import name_fairring_in_ddp_logging  # noqa: E402
 from ._introspection import backend_of  # noqa: E402
@@ -88,4 +104,5 @@ __all__ = [
     "backend_of",
     "build_info",
     "load_config",
+    "pending",
 ]

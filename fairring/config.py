@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -39,6 +40,9 @@ SHM_DISABLE = "FAIRRING_SHM_DISABLE"
 TIMELINE = "FAIRRING_TIMELINE"
 RAILS_TRANSPORT = "FAIRRING_RAILS_TRANSPORT"
 NIXL_BACKEND = "FAIRRING_NIXL_BACKEND"
+DUMP_SIGNAL = "FAIRRING_DUMP_SIGNAL"
+# Signals that stop, interrupt or reap a job are its launcher's; these two are free for reports.
+DUMP_SIGNALS = ("USR1", "USR2")
 # Set by torchrun in every worker: how many times it has restarted the job.
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 
@@ -553,6 +557,19 @@ def _socket_settings(env: Mapping[str, str]) -> dict[str, object]:
             settings["socket_ifname_variable"] = variable
             break
     return settings
+
+
+def parse_dump_signal(raw: str | None) -> int | None:
+    """FAIRRING_DUMP_SIGNAL: the signal that makes fairring print its pending ops; None where unset."""
+    if raw is None or raw.strip() == "":
+        return None
+    name = raw.strip().upper().removeprefix("SIG")
+    if name not in DUMP_SIGNALS:
+        raise ConfigError(
+            f"{DUMP_SIGNAL}={raw!r} is not a signal fairring may take; use {' or '.join(DUMP_SIGNALS)} "
+            "(e.g. FAIRRING_DUMP_SIGNAL=USR2, then kill -USR2 <pid>)"
+        )
+    return int(getattr(signal, f"SIG{name}"))
 
 
 def apply_log_level(config: Config) -> None:

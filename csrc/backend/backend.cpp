@@ -9,6 +9,7 @@
 
 #include "backend/allreduce_args.h"
 #include "backend/engine_factory.h"
+#include "backend/pending_report.h"
 #include "backend/work.h"
 
 namespace fairring {
@@ -80,9 +81,11 @@ Backend::Backend(
       " of ",
       getSize());
   init();
+  listForPendingReport(this);
 }
 
 Backend::~Backend() {
+  unlistForPendingReport(this); // waits out a report reading this backend
   // Engines first: their stage threads use the inner groups. Destroyed
   // without the lock: a completion callback they run may call back in here.
   std::array<std::unique_ptr<Engine>, 2> engines;
@@ -884,6 +887,29 @@ void Backend::setTimeout(std::chrono::milliseconds timeout) {
     cuda->setTimeout(timeout);
   }
   forEachEngine([timeout](Engine& engine) { engine.setTimeout(timeout); });
+}
+
+std::vector<std::string> Backend::pending() const {
+  // Engines live until the destructor, which first unlists this backend,
+  // waiting for the report that called this: no lock is held while an
+  // engine reports (its failure callbacks may take stateMutex_).
+  std::array<const Engine*, 2> engines{};
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    for (size_t slot = 0; slot < engines.size(); ++slot) {
+      engines[slot] = engines_[slot].get();
+    }
+  }
+  std::vector<std::string> lines;
+  for (const Engine* engine : engines) {
+    if (engine == nullptr) {
+      continue;
+    }
+    for (auto& line : engine->pending()) {
+      lines.push_back("group " + getGroupUid() + ": " + std::move(line));
+    }
+  }
+  return lines;
 }
 
 void Backend::eagerConnectSingleDevice(at::Device device) {

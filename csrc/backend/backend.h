@@ -92,6 +92,10 @@ class Backend final : public c10d::Backend {
   // For later operations: the delegates' and engines made from now on.
   void setTimeout(std::chrono::milliseconds timeout) override;
 
+  // Each engine op of this group issued and not yet settled, one line each
+  // (backend/pending_report.h).
+  std::vector<std::string> pending() const;
+
   // init_process_group(device_id=...): the NCCL delegate is made and
   // connected on that device now, as "nccl" would be, instead of at the first
   // CUDA collective. Every rank calls it at init, so the collective

@@ -167,6 +167,11 @@ class Engine {
   }
   EngineStats stats() const;
 
+  // One line per op issued and not yet settled: its number, size, dtype and
+  // op, its age, and where it waits and for which ranks, as its timeout would
+  // name them (fairring.pending()). Any thread.
+  std::vector<std::string> pending() const;
+
  private:
   using Clock = std::chrono::steady_clock;
   struct Op;
@@ -241,6 +246,9 @@ class Engine {
       Clock::time_point& nextDeadline);
   std::string waitingForLocked(const SliceWork& slice, std::vector<int>& awaited)
       const;
+  // Where `op` is stuck, filling `awaited`; the timeout and pending() say
+  // it alike. Needs mutex_.
+  std::string whereStuckLocked(const Op& op, std::vector<int>& awaited) const;
   // Stops the engine (once) and fails the ops once the cause is settled.
   void stop(Cause cause);
   // On a departure: whether the device finished the work launched so far

@@ -242,32 +242,8 @@ std::optional<Engine::Cause> Engine::expiredLocked(
   if (!expired) {
     return std::nullopt;
   }
-  // Where it is stuck: its first unfinished slice, or, if that has not
-  // started, the oldest unfinished slice of all (it waits behind that).
-  const auto firstUnfinished = [](const Op& op) -> std::shared_ptr<SliceWork> {
-    for (const auto& weak : op.slices) {
-      auto slice = weak.lock();
-      if (slice && slice->step != SliceStep::kDone) {
-        return slice;
-      }
-    }
-    return nullptr;
-  };
   std::vector<int> awaited;
-  std::string where = "while finishing";
-  if (auto slice = firstUnfinished(*expired)) {
-    where = waitingForLocked(*slice, awaited);
-    if (slice->step == SliceStep::kQueued) {
-      for (const auto& op : liveOps_) {
-        auto head = op->settled ? nullptr : firstUnfinished(*op);
-        if (head && head->step != SliceStep::kQueued) {
-          where = "behind " + head->op->describe() + ", " +
-              waitingForLocked(*head, awaited);
-          break;
-        }
-      }
-    }
-  }
+  const std::string where = whereStuckLocked(*expired, awaited);
   const std::string me = who(topology_.rank());
   std::string what = me + "'s " + expired->describe() + " timed out after " +
       std::to_string(expired->timeout.count()) + " ms, " + where;
@@ -302,6 +278,59 @@ std::optional<Engine::Cause> Engine::expiredLocked(
           " heard nothing from it for " + secondsText(culprit.second) +
           ": it is stopped, hung or unreachable); " + what,
       true};
+}
+
+std::string Engine::whereStuckLocked(const Op& op, std::vector<int>& awaited)
+    const {
+  // Its first unfinished slice, or, if that has not started, the oldest
+  // started unfinished slice of all (it waits behind that).
+  const auto firstUnfinished = [](const Op& op) -> std::shared_ptr<SliceWork> {
+    for (const auto& weak : op.slices) {
+      auto slice = weak.lock();
+      if (slice && slice->step != SliceStep::kDone) {
+        return slice;
+      }
+    }
+    return nullptr;
+  };
+  auto slice = firstUnfinished(op);
+  if (!slice) {
+    return "while finishing";
+  }
+  std::string where = waitingForLocked(*slice, awaited);
+  if (slice->step == SliceStep::kQueued) {
+    for (const auto& other : liveOps_) {
+      auto head = other->settled ? nullptr : firstUnfinished(*other);
+      if (head && head->step != SliceStep::kQueued) {
+        where = "behind " + head->op->describe() + ", " +
+            waitingForLocked(*head, awaited);
+        break;
+      }
+    }
+  }
+  return where;
+}
+
+std::vector<std::string> Engine::pending() const {
+  const auto now = Clock::now();
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::string> lines;
+  for (const auto& op : liveOps_) {
+    if (op->settled) {
+      continue;
+    }
+    std::vector<int> awaited;
+    const std::string where = whereStuckLocked(*op, awaited);
+    const auto age = std::chrono::duration_cast<std::chrono::milliseconds>(
+        now - (op->deadline - op->timeout));
+    lines.push_back(
+        who(topology_.rank()) + " " + c10::DeviceTypeName(device().type(), true) +
+        ": " + op->describe() + ", issued " + std::to_string(age.count()) +
+        " ms ago (timeout " + std::to_string(op->timeout.count()) +
+        " ms), " + where +
+        (awaited.empty() ? "" : "; awaits rank(s) " + rankList(awaited)));
+  }
+  return lines;
 }
 
 std::string Engine::waitingForLocked(
