@@ -1,6 +1,6 @@
 """The NIXL rails' library and UCX settings, found and chosen at init rather than at the first all-reduce.
 
-NIXL is an optional dependency (`pip install 'fairring[nixl]'`, the nixl-cu13 wheel). Its C API,
+NIXL is an optional dependency (`pip install 'nixl-cu13>=1.4'`, the nixl-cu13 wheel). Its C API,
 libnixl_capi.so, sits beside the wheel's package, and the C++ mesh loads it by path
 (csrc/rails/nixl/library.h), so nothing here imports NIXL.
 
@@ -50,7 +50,7 @@ def nixl_library() -> str:
             return str(library)
     raise ConfigError(
         f"{RAILS_TRANSPORT}=nixl, but NIXL is not installed in this Python ({', '.join(NIXL_MODULES)} "
-        f"with {C_API}): install it with pip install 'fairring[nixl]', or use {RAILS_TRANSPORT}=tensorpipe"
+        f"with {C_API}): install it with pip install 'nixl-cu13>=1.4', or use {RAILS_TRANSPORT}=tensorpipe"
     )
 
 

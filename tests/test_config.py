@@ -189,7 +189,7 @@ def test_format_size(size: int, text: str) -> None:
 
 def test_nixl_rails_without_nixl_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nixl, "NIXL_MODULES", ("no_such_nixl_module",))
-    with pytest.raises(ConfigError, match=r"pip install 'fairring\[nixl\]'"):
+    with pytest.raises(ConfigError, match=r"pip install 'nixl-cu13>=1.4'"):
         nixl.nixl_library()
 
 

@@ -27,7 +27,7 @@ void resolve(void* library, const std::string& path, const char* symbol, Functio
       path,
       " has no ",
       symbol,
-      "; the NIXL rails need NIXL 1.4 or later (pip install 'fairring[nixl]')");
+      "; the NIXL rails need NIXL 1.4 or later (pip install 'nixl-cu13>=1.4')");
 }
 
 Api resolveAll(void* library, const std::string& path) {
@@ -97,7 +97,7 @@ const Api& load(const std::string& path) {
   TORCH_CHECK(
       !path.empty(),
       "fairring: FAIRRING_RAILS_TRANSPORT=nixl, but no NIXL library was found; "
-      "install it with pip install 'fairring[nixl]'");
+      "install it with pip install 'nixl-cu13>=1.4'");
   void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   TORCH_CHECK(
       library != nullptr,
@@ -105,7 +105,7 @@ const Api& load(const std::string& path) {
       path,
       ": ",
       dlerror(),
-      "; reinstall it with pip install 'fairring[nixl]'");
+      "; reinstall it with pip install 'nixl-cu13>=1.4'");
   Api api = resolveAll(library, path);
   loaded.path = path;
   loaded.library = library;

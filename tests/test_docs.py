@@ -1,0 +1,276 @@
+"""The docs against the project: install commands, quoted figures, defaults, and what has run on a GPU.
+
+Pure text checks (no ranks, no network), each with a negative control showing that
+its checker flags what it is meant to flag.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from fairring import config
+from fairring.sizes import parse_size
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SOURCES = sorted(
+    [
+        *(ROOT / "fairring").rglob("*.py"),
+        *(ROOT / "csrc").rglob("*.cpp"),
+        *(ROOT / "csrc").rglob("*.h"),
+        ROOT / "setup.py",
+        ROOT / "pyproject.toml",
+    ]
+)
+
+
+def relative(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+# --- (a) no command installs another project --------------------------------------------
+
+# `pip install`, `pip3 install`, `python -m pip install`, `uv pip install`; the words may be
+# split across lines (wrapped Markdown).
+_PIP_INSTALL = re.compile(r"\bpip3?\s+install\b")
+# Where a command's arguments end: a code span's or shell's end, a comment, a parenthesis.
+_COMMAND_END = re.compile(r"[`;|&)#]")
+# Stripped from both ends of an argument: quotes, string and code-span delimiters, punctuation.
+_STRIP = "'\"`()\\,;:."
+# Words after which prose, not arguments, follows ("pip install . in this environment").
+_PROSE = {
+    "a", "and", "as", "first", "for", "from", "if", "in", "installs", "into", "on", "or", "so",
+    "that", "the", "then", "to", "which", "with",
+}  # fmt: skip
+# PyPI's `fairring` is an unrelated project: the name alone, with extras, or with a version.
+_OTHER_PROJECT = re.compile(r"fairring(?:\[[^\]]*\])?(?:\s*[=<>!~@;].*)?", re.IGNORECASE)
+
+
+def install_arguments(text: str, start: int) -> list[str]:
+    """The arguments of the `pip install` whose words end at `start`, as written.
+
+    An argument list ends at a code span's end, a shell separator, a comment or a
+    parenthesis; a line break ends it once a non-option argument has been seen (before
+    that, a command wrapped after `install` goes on, as do adjacent string literals).
+    """
+    arguments: list[str] = []
+    rest = text[start : start + 400]
+    for line in rest.split("\n"):
+        end = _COMMAND_END.search(line)
+        words = line[: end.start()] if end else line
+        for word in words.split():
+            stripped = word.strip(_STRIP)
+            if not stripped:
+                continue
+            if stripped.lower() in _PROSE:
+                return arguments
+            arguments.append(stripped)
+        if end or any(not a.startswith("-") for a in arguments):
+            break
+    return arguments
+
+
+def installs_another_project(text: str) -> list[str]:
+    """Each `pip install ...` in `text` that would install PyPI's unrelated `fairring`, as written."""
+    found = []
+    for match in _PIP_INSTALL.finditer(text):
+        arguments = install_arguments(text, match.end())
+        if any(_OTHER_PROJECT.fullmatch(a) for a in arguments if not a.startswith("-")):
+            line = text.count("\n", 0, match.start()) + 1
+            found.append(f"line {line}: pip install {' '.join(arguments)}")
+    return found
+
+
+@pytest.mark.parametrize("path", DOCS + SOURCES, ids=relative)
+def test_no_install_command_installs_another_project(path: Path) -> None:
+    found = installs_another_project(path.read_text(errors="replace"))
+    assert not found, (
+        f"{relative(path)} tells users to install PyPI's `fairring`, an unrelated project: {found}. "
+        "fairring's distribution is torch-fairring; NIXL installs with pip install 'nixl-cu13>=1.4'"
+    )
+
+
+@pytest.mark.parametrize(
+    "sample",
+    [
+        "NIXL is optional: `pip install 'fairring[nixl]'` installs it.",
+        'install it with pip install "fairring[nixl]", or use FAIRRING_RAILS_TRANSPORT=tensorpipe',
+        "pip install fairring",
+        "python -m pip install --upgrade fairring==0.1",
+        "(`pip install\nfairring[nixl]`)",
+        '"; reinstall it with pip install "\n    "\'fairring[nixl]\'");',
+    ],
+)
+def test_the_install_checker_flags_the_other_project(sample: str) -> None:
+    assert installs_another_project(sample), sample
+
+
+@pytest.mark.parametrize(
+    "sample",
+    [
+        "pip install --no-build-isolation .          # or: pip wheel --no-build-isolation --no-deps -w dist .",
+        "`pip install 'nixl-cu13>=1.4'`, or `pip install --no-build-isolation\n'.[nixl]'` from the checkout",
+        "pip install dist/torch_fairring-*.whl",
+        "pip install torch-fairring 'torch-fairring[nixl]'",
+        "reinstall fairring with `pip install --no-build-isolation .` in this environment",
+        "pip install --no-build-isolation . in an environment that has fairring's torch",
+        "install it with pip install 'nixl-cu13>=1.4', or use FAIRRING_RAILS_TRANSPORT=tensorpipe",
+    ],
+)
+def test_the_install_checker_passes_fairrings_own_commands(sample: str) -> None:
+    assert not installs_another_project(sample), sample
+
+
+# --- (b) the README's "How fast" figures are benchmarks.md's ---------------------------
+
+# A figure: a number with a unit of time, a ratio or a percentage ("568 ms", "1.51x", "95%").
+_FIGURE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?: ?(?:ms|us|s)\b|x\b|%)")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def section(markdown: str, anchor: str) -> str:
+    """The text of the section whose heading's anchor is `anchor`, up to the next heading of its level or above."""
+    lines = markdown.splitlines()
+    # Headings, by line: (level, anchor); lines inside fenced code blocks are not headings.
+    headings: dict[int, tuple[int, str]] = {}
+    fenced = False
+    for index, line in enumerate(lines):
+        if line.startswith("```"):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"(#+)\s+(.*)", line)
+        if heading:
+            headings[index] = (len(heading.group(1)), _slug(heading.group(2)))
+    for index, (level, slug) in headings.items():
+        if slug == anchor:
+            end = next((i for i, (deeper, _) in headings.items() if i > index and deeper <= level), len(lines))
+            return "\n".join(lines[index + 1 : end])
+    raise AssertionError(f"no heading with anchor #{anchor}")
+
+
+def how_fast_paragraph() -> str:
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(r"\*\*How fast\.\*\*(.*?)(?:\n\n|\Z)", readme, re.DOTALL)
+    assert match, "README.md has no **How fast.** paragraph"
+    return match.group(1)
+
+
+def figures(text: str) -> list[str]:
+    return [" ".join(f.split()) for f in _FIGURE.findall(text)]
+
+
+def missing_figures(paragraph: str, benchmarks: str) -> list[str]:
+    """The figures of `paragraph` that the benchmarks text it links to does not state."""
+    link = re.search(r"docs/benchmarks\.md#([\w\-]+)", paragraph)
+    source = section(benchmarks, link.group(1)) if link else benchmarks
+    stated = set(figures(source))
+    return [f for f in figures(paragraph) if f not in stated]
+
+
+def test_the_readmes_how_fast_figures_are_in_benchmarks_md() -> None:
+    paragraph = how_fast_paragraph()
+    quoted = figures(paragraph)
+    assert len(quoted) >= 3, f"the How fast paragraph should quote measured figures: {quoted}"
+    missing = missing_figures(paragraph, (ROOT / "docs" / "benchmarks.md").read_text())
+    assert not missing, f"README.md's How fast figures not in the docs/benchmarks.md section it links: {missing}"
+
+
+def test_the_figure_check_flags_a_made_up_figure() -> None:
+    paragraph = how_fast_paragraph()
+    invented = paragraph.replace("568 ms", "571 ms") if "568 ms" in paragraph else paragraph + " 9.87x"
+    assert missing_figures(invented, (ROOT / "docs" / "benchmarks.md").read_text())
+
+
+# --- (c) configuration.md's defaults are config.py's -----------------------------------
+
+SIZE_DEFAULTS = {
+    "FAIRRING_TOTAL_MEMORY": config.DEFAULT_TOTAL_MEMORY,
+    "FAIRRING_SLICE_SIZE": config.DEFAULT_SLICE_SIZE,
+    "FAIRRING_MIN_SHARD_SIZE": config.DEFAULT_MIN_SHARD_SIZE,
+}
+COUNT_DEFAULTS = {"FAIRRING_SLICES_IN_FLIGHT": config.DEFAULT_SLICES_IN_FLIGHT}
+
+
+def table_defaults(markdown: str) -> dict[str, str]:
+    """`| `VARIABLE` | `default` | ...` rows: the default as written, by variable."""
+    rows = re.findall(r"^\| `(FAIRRING_[A-Z_]+)` \| `([^`|]+)` \|", markdown, re.MULTILINE)
+    return dict(rows)
+
+
+def wrong_defaults(markdown: str) -> list[str]:
+    written = table_defaults(markdown)
+    wrong = []
+    for variable, default in SIZE_DEFAULTS.items():
+        if variable not in written:
+            wrong.append(f"{variable}: no row")
+        elif parse_size(variable, written[variable], allow_zero=True) != default:
+            wrong.append(f"{variable}: {written[variable]}, config.py {default}")
+    for variable, default in COUNT_DEFAULTS.items():
+        if variable not in written:
+            wrong.append(f"{variable}: no row")
+        elif int(written[variable]) != default:
+            wrong.append(f"{variable}: {written[variable]}, config.py {default}")
+    return wrong
+
+
+@pytest.mark.parametrize("path", [ROOT / "docs" / "configuration.md", ROOT / "README.md"], ids=relative)
+def test_documented_defaults_are_config_pys(path: Path) -> None:
+    assert not wrong_defaults(path.read_text()), relative(path)
+
+
+def test_the_defaults_check_flags_a_wrong_default() -> None:
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    for row, wrong in [
+        ("| `FAIRRING_SLICE_SIZE` | `4MiB` |", "| `FAIRRING_SLICE_SIZE` | `8MiB` |"),
+        ("| `FAIRRING_SLICES_IN_FLIGHT` | `4` |", "| `FAIRRING_SLICES_IN_FLIGHT` | `8` |"),
+    ]:
+        assert row in text
+        assert wrong_defaults(text.replace(row, wrong)), wrong
+
+
+# --- (d) no doc says that nothing has run on a GPU -------------------------------------
+
+# Claims that fairring as a whole has never run on a GPU. Sentences about one thing not yet
+# run there ("that fix has not yet run on a GPU", "--cuda ... has not run on a GPU") are fine.
+_NO_GPU_RUN = re.compile(
+    r"\bno GPU runs?\b"
+    r"|\bGPU run\W{0,3}\s*\(?none has (?:yet )?been (?:made|done)"
+    r"|\bnever (?:been )?(?:run|ran|tested) on (?:a |any )?GPUs?\b"
+    r"|\bnothing has (?:yet )?run on (?:a |any )?GPUs?\b"
+    r"|\bno GPU has (?:yet )?(?:run|been used)\b"
+    r"|\bhas not (?:yet )?run on any GPU\b"
+    r"|\bwithout any GPU run\b",
+    re.IGNORECASE,
+)
+
+
+def claims_no_gpu_run(text: str) -> list[str]:
+    return [m.group(0) for m in _NO_GPU_RUN.finditer(" ".join(text.split()))]
+
+
+@pytest.mark.parametrize("path", DOCS, ids=relative)
+def test_no_doc_says_no_gpu_run_was_made(path: Path) -> None:
+    found = claims_no_gpu_run(path.read_text())
+    assert not found, f"{relative(path)} says no GPU run was made, against docs/benchmarks.md's On a GPU: {found}"
+
+
+@pytest.mark.parametrize(
+    "sample, flagged",
+    [
+        ("from hardware figures, not from a GPU run (none has been made).", True),
+        ("fairring has never run on a GPU.", True),
+        ("No GPU run has been made yet.", True),
+        ("the CUDA engine was never\ntested on GPUs", True),
+        ("fairring now premultiplies those itself; that fix has not yet run on a GPU.", False),
+        ("`--cuda` runs the same study on GPUs; it has not run on a GPU.", False),
+        ("Not yet run on a GPU.", False),
+    ],
+)
+def test_the_gpu_run_check(sample: str, flagged: bool) -> None:
+    assert bool(claims_no_gpu_run(sample)) == flagged, sample
