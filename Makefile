@@ -150,6 +150,7 @@ stress: build
 lint: $(INSTALLED)
 	$(PY) -m ruff check setup.py fairring tests benchmarks
 	$(PY) -m ruff format --check setup.py fairring tests benchmarks
+	git ls-files 'csrc/*.cpp' 'csrc/*.h' | xargs $(VENV)/bin/clang-format --dry-run --Werror
 
 clean:
 	rm -rf build dist fairring/*.so $(VENV) $(OLDEST_VENV)

@@ -115,7 +115,8 @@ class PyInnerGroupFactory final : public fairring::InnerGroupFactory {
 
   fairring::LocalGroups localGroups(c10::Device device) override {
     return call([&] {
-      auto groups = factory_.attr("local_groups")(device.str()).cast<py::tuple>();
+      auto groups =
+          factory_.attr("local_groups")(device.str()).cast<py::tuple>();
       fairring::LocalGroups result;
       if (!groups[0].is_none()) {
         result.reduceScatter =
@@ -163,7 +164,6 @@ py::object engineDict(
   return engine == nullptr ? py::object(py::none())
                            : py::object(describe(*engine));
 }
-
 
 } // namespace
 
@@ -229,11 +229,9 @@ PYBIND11_MODULE(_C, module) {
           py::call_guard<py::gil_scoped_release>())
       .def("unlink", &fairring::SharedMemorySteps::unlink)
       .def("abort", &fairring::SharedMemorySteps::abort)
-      .def_property_readonly_static(
-          "segment_bytes",
-          [](const py::object&) {
-            return fairring::SharedMemorySteps::segmentBytes();
-          });
+      .def_property_readonly_static("segment_bytes", [](const py::object&) {
+        return fairring::SharedMemorySteps::segmentBytes();
+      });
 
   py::class_<fairring::Topology>(module, "Topology")
       .def(
@@ -242,7 +240,13 @@ PYBIND11_MODULE(_C, module) {
           py::arg("machines"),
           "From the whole layout (tests and tools).")
       .def(
-          py::init<int, int, int, std::vector<int>, std::vector<int>, std::vector<int>>(),
+          py::init<
+              int,
+              int,
+              int,
+              std::vector<int>,
+              std::vector<int>,
+              std::vector<int>>(),
           py::arg("rank"),
           py::arg("world_size"),
           py::arg("machine"),
@@ -255,8 +259,7 @@ PYBIND11_MODULE(_C, module) {
       .def_property_readonly("num_machines", &fairring::Topology::numMachines)
       .def_property_readonly("local_size", &fairring::Topology::localSize)
       .def_property_readonly("regular", &fairring::Topology::regular)
-      .def_property_readonly(
-          "serves_engine", &fairring::Topology::servesEngine)
+      .def_property_readonly("serves_engine", &fairring::Topology::servesEngine)
       .def_property_readonly("machine", &fairring::Topology::machine)
       .def_property_readonly("local_rank", &fairring::Topology::localRank)
       .def_property_readonly("local_ranks", &fairring::Topology::localRanks)
@@ -359,8 +362,7 @@ PYBIND11_MODULE(_C, module) {
           &fairring::Config::cudaFlatThresholdBytes)
       .def_readonly("network", &fairring::Config::network)
       .def_readonly("cuda_engine", &fairring::Config::cudaEngine)
-      .def_readonly(
-          "timeline_directory", &fairring::Config::timelineDirectory);
+      .def_readonly("timeline_directory", &fairring::Config::timelineDirectory);
 
   module.def(
       "interface_addresses",
@@ -422,7 +424,8 @@ PYBIND11_MODULE(_C, module) {
       py::arg("min_shard_bytes"),
       py::arg("total_memory_bytes"),
       py::arg("max_slices_in_flight"),
-      "The engine's plan for an all-reduce of `numel` elements (engine/plan.h), "
+      "The engine's plan for an all-reduce of `numel` elements "
+      "(engine/plan.h), "
       "computed without running it.");
   module.def(
       "staging_bytes_for",

@@ -18,14 +18,18 @@ struct Topology::View {
 
 // The view of `rank` within a whole layout, after checking that the layout
 // numbers its ranks 0..N-1, each once, on non-empty machines.
-Topology::View Topology::viewOf(int rank, const std::vector<std::vector<int>>& machines) {
+Topology::View Topology::viewOf(
+    int rank, const std::vector<std::vector<int>>& machines) {
   TORCH_CHECK(!machines.empty(), "fairring: a topology needs a machine");
   Topology::View view;
   std::vector<bool> seen;
   int localIndex = -1;
   for (size_t m = 0; m < machines.size(); ++m) {
     TORCH_CHECK(
-        !machines[m].empty(), "fairring: machine ", m, " of the topology is empty");
+        !machines[m].empty(),
+        "fairring: machine ",
+        m,
+        " of the topology is empty");
     view.machineSizes.push_back(static_cast<int>(machines[m].size()));
     for (size_t l = 0; l < machines[m].size(); ++l) {
       const int r = machines[m][l];
@@ -88,52 +92,81 @@ Topology::Topology(
       machineSizes_(std::move(machineSizes)) {
   const auto inGroup = [&](int r) { return r >= 0 && r < worldSize_; };
   TORCH_CHECK(
-      inGroup(rank_), "fairring: rank ", rank_, " is not in a group of ", worldSize_);
+      inGroup(rank_),
+      "fairring: rank ",
+      rank_,
+      " is not in a group of ",
+      worldSize_);
   TORCH_CHECK(
       machine_ >= 0 && machine_ < numMachines(),
-      "fairring: machine ", machine_, " is not one of ", numMachines());
+      "fairring: machine ",
+      machine_,
+      " is not one of ",
+      numMachines());
   TORCH_CHECK(
-      std::all_of(machineSizes_.begin(), machineSizes_.end(), [](int size) {
-        return size > 0;
-      }) &&
+      std::all_of(
+          machineSizes_.begin(),
+          machineSizes_.end(),
+          [](int size) { return size > 0; }) &&
           std::accumulate(machineSizes_.begin(), machineSizes_.end(), 0) ==
               worldSize_,
-      "fairring: machine sizes do not add up to the group's ", worldSize_, " ranks");
+      "fairring: machine sizes do not add up to the group's ",
+      worldSize_,
+      " ranks");
   TORCH_CHECK(
       static_cast<int>(localRanks_.size()) == machineSizes_[machine_],
-      "fairring: machine ", machine_, " holds ", machineSizes_[machine_],
-      " ranks but ", localRanks_.size(), " were given");
-  regular_ = std::all_of(
-      machineSizes_.begin(), machineSizes_.end(), [&](int size) {
+      "fairring: machine ",
+      machine_,
+      " holds ",
+      machineSizes_[machine_],
+      " ranks but ",
+      localRanks_.size(),
+      " were given");
+  regular_ =
+      std::all_of(machineSizes_.begin(), machineSizes_.end(), [&](int size) {
         return size == machineSizes_.front();
       });
   for (size_t l = 0; l < localRanks_.size(); ++l) {
     const int r = localRanks_[l];
     TORCH_CHECK(
-        inGroup(r) && known_.emplace(r, Place{machine_, static_cast<int>(l)}).second,
-        "fairring: local rank ", r, " is repeated or not in the group");
+        inGroup(r) &&
+            known_.emplace(r, Place{machine_, static_cast<int>(l)}).second,
+        "fairring: local rank ",
+        r,
+        " is repeated or not in the group");
     if (r == rank_) {
       localRank_ = static_cast<int>(l);
     }
   }
   TORCH_CHECK(
-      localRank_ >= 0, "fairring: rank ", rank_, " is not among its machine's ranks");
+      localRank_ >= 0,
+      "fairring: rank ",
+      rank_,
+      " is not among its machine's ranks");
   TORCH_CHECK(
       railPeers_.size() == (regular_ ? machineSizes_.size() : 0),
-      "fairring: expected a rail peer per machine of a regular group, and none otherwise");
+      "fairring: expected a rail peer per machine of a regular group, and none "
+      "otherwise");
   for (size_t m = 0; m < railPeers_.size(); ++m) {
     const int r = railPeers_[m];
     const bool own = static_cast<int>(m) == machine_;
     TORCH_CHECK(
         own ? r == rank_
             : inGroup(r) &&
-                known_.emplace(r, Place{static_cast<int>(m), localRank_}).second,
-        "fairring: rail peer ", r, " on machine ", m, " is not a distinct rank of the group");
+                known_.emplace(r, Place{static_cast<int>(m), localRank_})
+                    .second,
+        "fairring: rail peer ",
+        r,
+        " on machine ",
+        m,
+        " is not a distinct rank of the group");
   }
 }
 
 std::vector<int> Topology::neighbours() const {
-  TORCH_CHECK(regular(), "fairring: rails need every machine to hold equally many ranks");
+  TORCH_CHECK(
+      regular(),
+      "fairring: rails need every machine to hold equally many ranks");
   std::vector<int> found;
   for (int machine = 0; machine < numMachines(); ++machine) {
     if (machine != machine_) {

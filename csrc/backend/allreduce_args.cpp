@@ -30,7 +30,8 @@ int64_t totalBytes(const std::vector<at::Tensor>& tensors) {
 // stays arithmetic on memory, as Gloo's is, and records no graph. Sparse
 // tensors stay themselves: Gloo writes a sparse result by giving the tensor
 // object new indices and values, which an alias would take instead.
-std::vector<at::Tensor> withoutAutograd(const std::vector<at::Tensor>& tensors) {
+std::vector<at::Tensor> withoutAutograd(
+    const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> aliases;
   aliases.reserve(tensors.size());
   for (const auto& tensor : tensors) {
@@ -87,12 +88,10 @@ void checkCpuReduction(
 // input by its own factor first, in place (the all-reduce overwrites it
 // anyway), turns it into a plain SUM that any path can run.
 c10d::AllreduceOptions premultiplied(
-    std::vector<at::Tensor>& tensors,
-    const c10d::AllreduceOptions& opts) {
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
   // NCCLPreMulSumSupplement: the name torch 2.11 and 2.15 both have.
-  const auto* supplement =
-      dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(
-          opts.reduceOp.supplement_.get());
+  const auto* supplement = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(
+      opts.reduceOp.supplement_.get());
   TORCH_CHECK(
       supplement != nullptr,
       "fairring: all_reduce with ReduceOp.PREMUL_SUM needs a factor; build it "
@@ -129,14 +128,13 @@ bool ncclMisreadsPremulFactor(
 // Whether the engine can take every tensor, all of one dtype and device so
 // that several travel as one packed tensor.
 bool engineHandlesAll(
-    const std::vector<at::Tensor>& tensors,
-    c10d::ReduceOp::RedOpType op) {
+    const std::vector<at::Tensor>& tensors, c10d::ReduceOp::RedOpType op) {
   return !tensors.empty() &&
       std::all_of(tensors.begin(), tensors.end(), [&](const at::Tensor& t) {
-           return t.scalar_type() == tensors[0].scalar_type() &&
-               t.device() == tensors[0].device() && !t.is_sparse() &&
-               Engine::handles(t, op);
-         });
+        return t.scalar_type() == tensors[0].scalar_type() &&
+            t.device() == tensors[0].device() && !t.is_sparse() &&
+            Engine::handles(t, op);
+      });
 }
 
 // The part of a reduction's arguments that every rank must give alike: the
@@ -164,8 +162,7 @@ std::string reductionSignature(
 
 // Below the crossover of the tensors' device type: the delegate is faster.
 bool belowFlatThreshold(
-    const Config& config,
-    const std::vector<at::Tensor>& tensors) {
+    const Config& config, const std::vector<at::Tensor>& tensors) {
   return !tensors.empty() &&
       totalBytes(tensors) <
       config.flatThresholdBytes(tensors[0].device().is_cuda());
@@ -174,12 +171,10 @@ bool belowFlatThreshold(
 // Copies consecutive pieces of the 1-D `packed`, each as long as the next
 // tensor, into `tensors`.
 void unpackInto(
-    const at::Tensor& packed,
-    const std::vector<at::Tensor>& tensors) {
+    const at::Tensor& packed, const std::vector<at::Tensor>& tensors) {
   int64_t offset = 0;
   for (const auto& tensor : tensors) {
-    tensor.copy_(
-        packed.narrow(0, offset, tensor.numel()).view(tensor.sizes()));
+    tensor.copy_(packed.narrow(0, offset, tensor.numel()).view(tensor.sizes()));
     offset += tensor.numel();
   }
 }
@@ -252,13 +247,15 @@ c10::intrusive_ptr<c10::ivalue::Future> packedAllreduce(
     flattened.push_back(tensor.reshape({-1}));
   }
   at::Tensor packed = at::cat(flattened);
-  return engine.allreduce(packed, op, timeout, collective)->then(
-      [tensors, packed](c10::ivalue::Future& done) {
-        done.value(); // rethrows the engine's error into the returned future
-        unpackInto(packed, tensors);
-        return c10::IValue(tensors);
-      },
-      c10::ListType::create(c10::TensorType::get()));
+  return engine.allreduce(packed, op, timeout, collective)
+      ->then(
+          [tensors, packed](c10::ivalue::Future& done) {
+            done.value(); // rethrows the engine's error into the returned
+                          // future
+            unpackInto(packed, tensors);
+            return c10::IValue(tensors);
+          },
+          c10::ListType::create(c10::TensorType::get()));
 }
 
 } // namespace fairring

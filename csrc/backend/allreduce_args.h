@@ -34,21 +34,18 @@ void checkCpuReduction(
 // Scales `tensors` in place by the PREMUL_SUM factor of `opts` and returns
 // the options of the plain SUM that remains.
 c10d::AllreduceOptions premultiplied(
-    std::vector<at::Tensor>& tensors,
-    const c10d::AllreduceOptions& opts);
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
 
 // Whether NCCL would get this PREMUL_SUM wrong: ProcessGroupNCCL (measured
 // with torch 2.11 and NCCL 2.28) gives NCCL a scalar factor for bfloat16
 // tensors that NCCL reads as zero, so every result is 0. fairring
 // premultiplies such tensors itself and asks NCCL for a SUM.
 bool ncclMisreadsPremulFactor(
-    const std::vector<at::Tensor>& tensors,
-    const c10d::AllreduceOptions& opts);
+    const std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
 
 // Whether the engine can take every tensor, packed into one.
 bool engineHandlesAll(
-    const std::vector<at::Tensor>& tensors,
-    c10d::ReduceOp::RedOpType op);
+    const std::vector<at::Tensor>& tensors, c10d::ReduceOp::RedOpType op);
 
 // What every rank must give alike for this reduction (the ledger compares it).
 std::string reductionSignature(
@@ -59,12 +56,12 @@ std::string reductionSignature(
 
 // Below the crossover of the tensors' device type: the delegate is faster.
 bool belowFlatThreshold(
-    const Config& config,
-    const std::vector<at::Tensor>& tensors);
+    const Config& config, const std::vector<at::Tensor>& tensors);
 
 // Copies consecutive pieces of the 1-D `packed`, each as long as the next
 // tensor, into `tensors` (the all-reduce's packing, all_to_all's too).
-void unpackInto(const at::Tensor& packed, const std::vector<at::Tensor>& tensors);
+void unpackInto(
+    const at::Tensor& packed, const std::vector<at::Tensor>& tensors);
 
 // Throws where elements of a tensor share memory: they cannot each hold a
 // result written in place.

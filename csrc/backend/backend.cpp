@@ -30,8 +30,7 @@ void forEachTensor(const std::vector<at::Tensor>& tensors, Visit&& visit) {
 
 template <typename Visit>
 void forEachTensor(
-    const std::vector<std::vector<at::Tensor>>& tensorLists,
-    Visit&& visit) {
+    const std::vector<std::vector<at::Tensor>>& tensorLists, Visit&& visit) {
   for (const auto& tensors : tensorLists) {
     forEachTensor(tensors, visit);
   }
@@ -137,9 +136,7 @@ c10d::Backend& Backend::delegate(c10::DeviceType type) {
 
 template <typename Call, typename... Tensors>
 c10::intrusive_ptr<c10d::Work> Backend::forward(
-    const char* opName,
-    Call&& call,
-    const Tensors&... tensors) {
+    const char* opName, Call&& call, const Tensors&... tensors) {
   const c10::DeviceType type = route(opName, tensors...);
   const uint64_t seq = nextCollective(
       std::string(opName) + " " +
@@ -172,8 +169,8 @@ c10::intrusive_ptr<c10d::Work> Backend::forwardTo(
       native = !collect;
     }
   }
-  const auto executor =
-      isCpu(inner) ? MemoryOrder::Executor::kGloo : MemoryOrder::Executor::kNccl;
+  const auto executor = isCpu(inner) ? MemoryOrder::Executor::kGloo
+                                     : MemoryOrder::Executor::kNccl;
   if (collective) {
     memoryOrder_.awaitOverlapping(touches, executor, timeout());
   }
@@ -198,8 +195,7 @@ c10::intrusive_ptr<c10d::Work> Backend::forwardTo(
 }
 
 Backend::CoalescingBlock* Backend::openBlockLocked(
-    const char* opName,
-    c10::DeviceType type) {
+    const char* opName, c10::DeviceType type) {
   if (!coalescing_) {
     return nullptr;
   }
@@ -258,8 +254,7 @@ const Engine* Backend::engine(c10::DeviceType type) const {
 }
 
 Engine* Backend::engineFor(
-    const std::vector<at::Tensor>& tensors,
-    c10d::ReduceOp::RedOpType op) {
+    const std::vector<at::Tensor>& tensors, c10d::ReduceOp::RedOpType op) {
   if (!topology_.servesEngine() || !engineHandlesAll(tensors, op) ||
       belowFlatThreshold(config_, tensors)) {
     return nullptr;
@@ -427,8 +422,7 @@ void Backend::checkNotFailed(const char* opName) const {
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::broadcast(
-    std::vector<at::Tensor>& tensors,
-    const c10d::BroadcastOptions& opts) {
+    std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
   return forward(
       "broadcast",
       [&](c10d::Backend& inner) { return inner.broadcast(tensors, opts); },
@@ -436,8 +430,7 @@ c10::intrusive_ptr<c10d::Work> Backend::broadcast(
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::allreduce(
-    std::vector<at::Tensor>& tensors,
-    const c10d::AllreduceOptions& opts) {
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
   const c10::DeviceType type = route("allreduce", tensors);
   checkNoOverlap(tensors);
   const uint64_t seq = nextCollective(
@@ -478,28 +471,21 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
     memoryOrder_.track(tensors, MemoryOrder::Executor::kEngine, work);
     return work;
   }
-  if (topology_.servesEngine() &&
-      belowFlatThreshold(config_, tensors) &&
+  if (topology_.servesEngine() && belowFlatThreshold(config_, tensors) &&
       engineHandlesAll(tensors, ownOpts.reduceOp)) {
     ++flatAllreduces_[type == c10::kCPU ? 0 : 1];
   }
-  return forwardTo(
-      "allreduce",
-      type,
-      seq,
-      tensors,
-      [&](c10d::Backend& inner) {
-        if (isCpu(inner)) {
-          checkCpuReduction("allreduce", ownOpts.reduceOp, tensors);
-          return allreduceDense(inner, aliases, ownOpts, seq);
-        }
-        return inner.allreduce(tensors, ownOpts);
-      });
+  return forwardTo("allreduce", type, seq, tensors, [&](c10d::Backend& inner) {
+    if (isCpu(inner)) {
+      checkCpuReduction("allreduce", ownOpts.reduceOp, tensors);
+      return allreduceDense(inner, aliases, ownOpts, seq);
+    }
+    return inner.allreduce(tensors, ownOpts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::allreduce_sparse(
-    std::vector<at::Tensor>& tensors,
-    const c10d::AllreduceOptions& opts) {
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
   return forward(
       "allreduce_sparse",
       [&](c10d::Backend& inner) {
@@ -512,8 +498,8 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors,
     const c10d::AllreduceCoalescedOptions& opts) {
   const c10::DeviceType type = route("allreduce_coalesced", tensors);
-  const uint64_t seq = nextCollective(reductionSignature(
-      "all_reduce_coalesced", type, tensors, opts.reduceOp));
+  const uint64_t seq = nextCollective(
+      reductionSignature("all_reduce_coalesced", type, tensors, opts.reduceOp));
   if (Engine* engine = engineFor(tensors, opts.reduceOp)) {
     memoryOrder_.awaitOverlapping(
         tensors, MemoryOrder::Executor::kEngine, timeout());
@@ -534,11 +520,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(
     return work;
   }
   return forwardTo(
-      "allreduce_coalesced",
-      type,
-      seq,
-      tensors,
-      [&](c10d::Backend& inner) {
+      "allreduce_coalesced", type, seq, tensors, [&](c10d::Backend& inner) {
         if (isCpu(inner)) {
           checkCpuReduction("allreduce_coalesced", opts.reduceOp, tensors);
         }
@@ -547,8 +529,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::reduce(
-    std::vector<at::Tensor>& tensors,
-    const c10d::ReduceOptions& opts) {
+    std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
   return forward(
       "reduce",
       [&](c10d::Backend& inner) {
@@ -574,9 +555,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allgather(
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::_allgather_base(
-    at::Tensor& output,
-    at::Tensor& input,
-    const c10d::AllgatherOptions& opts) {
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   return forward(
       "all_gather_single",
       [&](c10d::Backend& inner) {
@@ -768,9 +747,7 @@ c10::intrusive_ptr<c10d::Work> Backend::alltoallAsSingle(
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::send(
-    std::vector<at::Tensor>& tensors,
-    int dstRank,
-    int tag) {
+    std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   return forwardTo(
       "send",
       route("send", tensors),
@@ -780,9 +757,7 @@ c10::intrusive_ptr<c10d::Work> Backend::send(
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::recv(
-    std::vector<at::Tensor>& tensors,
-    int srcRank,
-    int tag) {
+    std::vector<at::Tensor>& tensors, int srcRank, int tag) {
   return forwardTo(
       "recv",
       route("recv", tensors),
@@ -792,8 +767,7 @@ c10::intrusive_ptr<c10d::Work> Backend::recv(
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::recvAnysource(
-    std::vector<at::Tensor>& tensors,
-    int tag) {
+    std::vector<at::Tensor>& tensors, int tag) {
   return forwardTo(
       "recvAnysource",
       route("recvAnysource", tensors),
@@ -811,8 +785,7 @@ c10::intrusive_ptr<c10d::Work> Backend::barrier(
 }
 
 void Backend::monitoredBarrier(
-    const c10d::BarrierOptions& opts,
-    bool waitAllRanks) {
+    const c10d::BarrierOptions& opts, bool waitAllRanks) {
   nextCollective("monitored_barrier");
   checkNotFailed("monitored_barrier");
   cpuBackend_->monitoredBarrier(opts, waitAllRanks);
@@ -851,8 +824,9 @@ c10::intrusive_ptr<c10d::Work> Backend::endCoalescing() {
   if (block.works.size() == 1) {
     return hooks_.report(block.works.front());
   }
-  return hooks_.report(c10::make_intrusive<AllOfWork>(
-      std::move(block.works), getSequenceNumberForGroup()));
+  return hooks_.report(
+      c10::make_intrusive<AllOfWork>(
+          std::move(block.works), getSequenceNumberForGroup()));
 }
 
 #if FAIRRING_HAS_BACKEND_HOOKS
@@ -948,7 +922,8 @@ c10::intrusive_ptr<c10d::Backend> Backend::split(
   auto made = innerGroups_->split(store, ranks, timeout, name);
   TORCH_CHECK(made, "fairring: split_group made no backend");
   std::lock_guard<std::mutex> lock(stateMutex_);
-  std::erase_if(splits_, [](const auto& entry) { return entry.second.expired(); });
+  std::erase_if(
+      splits_, [](const auto& entry) { return entry.second.expired(); });
   splits_.insert_or_assign(name, c10::weak_intrusive_ptr<c10d::Backend>(made));
   return made;
 }
@@ -960,7 +935,8 @@ void Backend::stopEngines(const std::string& did) {
 void Backend::abort() {
   hooks_.quiet();
   stopEngines("aborted its process group");
-  delegated_.fail(topology_.describeRank(getRank()) + " aborted its process group");
+  delegated_.fail(
+      topology_.describeRank(getRank()) + " aborted its process group");
   if (auto cuda = cudaBackendIfCreated()) {
     cuda->abort();
   }

@@ -190,25 +190,20 @@ class Backend final : public c10d::Backend {
       const c10d::AllToAllOptions& opts) override;
 
   c10::intrusive_ptr<c10d::Work> send(
-      std::vector<at::Tensor>& tensors,
-      int dstRank,
-      int tag) override;
+      std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
 
   c10::intrusive_ptr<c10d::Work> recv(
-      std::vector<at::Tensor>& tensors,
-      int srcRank,
-      int tag) override;
+      std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
 
   c10::intrusive_ptr<c10d::Work> recvAnysource(
-      std::vector<at::Tensor>& tensors,
-      int tag) override;
+      std::vector<at::Tensor>& tensors, int tag) override;
 
   // Barriers run on the CPU group, which every rank has whatever its device.
   c10::intrusive_ptr<c10d::Work> barrier(
       const c10d::BarrierOptions& opts) override;
 
-  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks)
-      override;
+  void monitoredBarrier(
+      const c10d::BarrierOptions& opts, bool waitAllRanks) override;
 
   // Coalescing (batch_isend_irecv, _coalescing_manager): the first operation
   // in a block decides the device type. Operations for the delegate coalesce
@@ -252,9 +247,7 @@ class Backend final : public c10d::Backend {
   // coalescing block; forward() also counts it as a collective.
   template <typename Call, typename... Tensors>
   c10::intrusive_ptr<c10d::Work> forward(
-      const char* opName,
-      Call&& call,
-      const Tensors&... tensors);
+      const char* opName, Call&& call, const Tensors&... tensors);
   // Runs `call` on the delegate of `type` (the tensors', from route()),
   // joining an open coalescing block. `collective`: its number, if it is one
   // (not a send or receive): then it is refused once the group has failed,
@@ -294,8 +287,7 @@ class Backend final : public c10d::Backend {
   // Creates the device's engine on first use: a collective step, as every
   // rank makes its first such all-reduce at the same point of its sequence.
   Engine* engineFor(
-      const std::vector<at::Tensor>& tensors,
-      c10d::ReduceOp::RedOpType op);
+      const std::vector<at::Tensor>& tensors, c10d::ReduceOp::RedOpType op);
   Engine* engineOn(c10::Device device);
   // Before a NCCL operation is launched: the CUDA engine's local steps of
   // every op issued so far are launched first, so that every rank launches

@@ -67,9 +67,8 @@ c10::intrusive_ptr<c10d::Work> DelegatedWorks::watch(
     pending_.push_back(watched);
   }
   // Runs on the delegate's thread that completes the operation (or here).
-  innerFuture->addCallback([watched](c10::ivalue::Future& done) {
-    watched->complete(done);
-  });
+  innerFuture->addCallback(
+      [watched](c10::ivalue::Future& done) { watched->complete(done); });
   // Gloo's Work already records the profiler range.
   return c10::make_intrusive<FutureWork>(
       watched->outer, opType, nullptr, seq, inputs);
@@ -91,12 +90,14 @@ void DelegatedWorks::fail(const std::string& cause) {
     pending_.clear();
     // The first and only failure: a thread of this object's runs the
     // callbacks of the works it fails.
-    failing_ = std::thread([failing = std::move(failing), cause, prefix = prefix_] {
-      for (const auto& watched : failing) {
-        watched->fail(
-            prefix + c10d::opTypeToString(watched->opType) + " failed: " + cause);
-      }
-    });
+    failing_ =
+        std::thread([failing = std::move(failing), cause, prefix = prefix_] {
+          for (const auto& watched : failing) {
+            watched->fail(
+                prefix + c10d::opTypeToString(watched->opType) +
+                " failed: " + cause);
+          }
+        });
   }
 }
 

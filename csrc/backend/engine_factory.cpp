@@ -32,9 +32,7 @@ std::shared_ptr<LocalSteps> makeLocalSteps(LocalGroups groups, int localSize) {
 } // namespace
 
 std::unique_ptr<Engine> makeEngine(
-    c10::Device device,
-    const EngineSite& site,
-    Engine::Hooks hooks) {
+    c10::Device device, const EngineSite& site, Engine::Hooks hooks) {
   const Topology& topology = site.topology;
   auto localSteps = makeLocalSteps(
       site.innerGroups.localGroups(device), topology.localSize());

@@ -30,8 +30,6 @@ struct EngineSite {
 // then the rails (rails/mesh_factory.h picks the transport). Called at the
 // first all-reduce that needs it, which every rank reaches in the same order.
 std::unique_ptr<Engine> makeEngine(
-    c10::Device device,
-    const EngineSite& site,
-    Engine::Hooks hooks);
+    c10::Device device, const EngineSite& site, Engine::Hooks hooks);
 
 } // namespace fairring

@@ -121,7 +121,8 @@ class ReportedWork final : public c10d::Work {
   float getDuration() const override {
     const float duration = pending_->durationMs;
     TORCH_CHECK(
-        duration >= 0, "fairring: this operation has not completed successfully");
+        duration >= 0,
+        "fairring: this operation has not completed successfully");
     return duration;
   }
 

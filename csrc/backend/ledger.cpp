@@ -25,8 +25,7 @@ uint64_t chained(uint64_t previous, std::string_view signature) {
 } // namespace
 
 uint64_t CollectiveLedger::record(
-    std::string signature,
-    std::optional<Disagreement>& found) {
+    std::string signature, std::optional<Disagreement>& found) {
   std::lock_guard<std::mutex> lock(mutex_);
   chain_ = chained(chain_, signature);
   kept_.push_back(Entry{++issued_, chain_, std::move(signature)});
@@ -58,16 +57,15 @@ uint64_t CollectiveLedger::issued() const {
 }
 
 std::optional<CollectiveLedger::Disagreement> CollectiveLedger::compare(
-    int neighbour,
-    std::string_view report) {
+    int neighbour, std::string_view report) {
   Entry theirs;
   if (!parse(report, theirs)) {
     return Disagreement{
         neighbour,
         0,
         {},
-        "a malformed collective report '" +
-            std::string(report.substr(0, 80)) + "'"};
+        "a malformed collective report '" + std::string(report.substr(0, 80)) +
+            "'"};
   }
   std::lock_guard<std::mutex> lock(mutex_);
   if (theirs.seq > issued_) {
@@ -82,9 +80,7 @@ std::optional<CollectiveLedger::Disagreement> CollectiveLedger::compare(
 }
 
 std::optional<CollectiveLedger::Disagreement> CollectiveLedger::differ(
-    int neighbour,
-    const Entry& mine,
-    const Entry& theirs) {
+    int neighbour, const Entry& mine, const Entry& theirs) {
   if (mine.chain == theirs.chain && mine.signature == theirs.signature) {
     return std::nullopt;
   }
@@ -102,8 +98,8 @@ bool CollectiveLedger::parse(std::string_view text, Entry& entry) {
   const size_t first = text.find(' ');
   const size_t second =
       first == std::string_view::npos ? first : text.find(' ', first + 1);
-  if (second == std::string_view::npos || first == 0 ||
-      second == first + 1 || second + 1 == text.size()) {
+  if (second == std::string_view::npos || first == 0 || second == first + 1 ||
+      second + 1 == text.size()) {
     return false;
   }
   const auto number = [](std::string_view digits, uint64_t& value, int base) {

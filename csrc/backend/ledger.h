@@ -63,15 +63,14 @@ class CollectiveLedger {
   static std::string format(const Entry& entry);
   static bool parse(std::string_view text, Entry& entry);
   static std::optional<Disagreement> differ(
-      int neighbour,
-      const Entry& mine,
-      const Entry& theirs);
+      int neighbour, const Entry& mine, const Entry& theirs);
 
   mutable std::mutex mutex_;
   std::deque<Entry> kept_; // the latest kKept, oldest first
   uint64_t chain_ = 0;
   uint64_t issued_ = 0;
-  std::map<int, Entry> ahead_; // by neighbour: a report this rank has not reached
+  std::map<int, Entry>
+      ahead_; // by neighbour: a report this rank has not reached
 };
 
 } // namespace fairring

@@ -29,17 +29,19 @@ std::vector<MemoryOrder::Extent> MemoryOrder::extentsOf(
       lastElement += (tensor.size(dim) - 1) * std::abs(tensor.stride(dim));
     }
     const auto begin = reinterpret_cast<uintptr_t>(tensor.data_ptr());
-    extents.push_back(Extent{
-        tensor.device(),
-        begin,
-        begin + static_cast<uintptr_t>((lastElement + 1) * tensor.element_size())});
+    extents.push_back(
+        Extent{
+            tensor.device(),
+            begin,
+            begin +
+                static_cast<uintptr_t>(
+                    (lastElement + 1) * tensor.element_size())});
   }
   return extents;
 }
 
 bool MemoryOrder::overlap(
-    const std::vector<Extent>& a,
-    const std::vector<Extent>& b) {
+    const std::vector<Extent>& a, const std::vector<Extent>& b) {
   for (const auto& x : a) {
     for (const auto& y : b) {
       if (x.device == y.device && x.begin < y.end && y.begin < x.end) {

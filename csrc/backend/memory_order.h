@@ -68,7 +68,8 @@ class MemoryOrder {
   };
 
   static std::vector<Extent> extentsOf(const std::vector<at::Tensor>& tensors);
-  static bool overlap(const std::vector<Extent>& a, const std::vector<Extent>& b);
+  static bool overlap(
+      const std::vector<Extent>& a, const std::vector<Extent>& b);
 
   std::mutex mutex_;
   std::vector<Entry> inFlight_; // may hold completed ones until the next call

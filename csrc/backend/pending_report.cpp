@@ -44,7 +44,8 @@ extern "C" void onReportSignal(int) {
 void writeToStderr(const std::string& text) {
   size_t done = 0;
   while (done < text.size()) {
-    const auto n = ::write(STDERR_FILENO, text.data() + done, text.size() - done);
+    const auto n =
+        ::write(STDERR_FILENO, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) {
       continue;
     }
@@ -96,11 +97,11 @@ class SignalReporter {
       }
       std::string text;
       const auto lines = pendingReport();
-      text += "[fairring " + std::to_string(::getpid()) + "] pending: " +
-          (lines.empty() ? "no engine op is pending\n" : "\n");
+      text += "[fairring " + std::to_string(::getpid()) +
+          "] pending: " + (lines.empty() ? "no engine op is pending\n" : "\n");
       for (const auto& line : lines) {
-        text += "[fairring " + std::to_string(::getpid()) + "]   " + line +
-            "\n";
+        text +=
+            "[fairring " + std::to_string(::getpid()) + "]   " + line + "\n";
       }
       writeToStderr(text);
     }
@@ -144,7 +145,7 @@ std::vector<std::string> pendingReport() {
 
 void reportPendingOnSignal(int signal) {
   reporter(); // the pipe exists before the handler can run
-  struct sigaction action {};
+  struct sigaction action{};
   action.sa_handler = onReportSignal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;

@@ -46,9 +46,8 @@ FutureWork::FutureWork(
     profilingRange_ =
         std::make_shared<ProfilingRange>(std::move(recordFunctionEndCallback_));
     recordFunctionEndCallback_ = nullptr;
-    future_->addCallback([range = profilingRange_](c10::ivalue::Future&) {
-      range->end();
-    });
+    future_->addCallback(
+        [range = profilingRange_](c10::ivalue::Future&) { range->end(); });
   }
 }
 
@@ -121,9 +120,10 @@ std::vector<at::Tensor> FutureWork::result() {
 }
 
 AllOfWork::AllOfWork(
-    std::vector<c10::intrusive_ptr<c10d::Work>> works,
-    uint64_t seq)
-    : c10d::Work(-1, c10d::OpType::COALESCED), works_(std::move(works)), seq_(seq) {}
+    std::vector<c10::intrusive_ptr<c10d::Work>> works, uint64_t seq)
+    : c10d::Work(-1, c10d::OpType::COALESCED),
+      works_(std::move(works)),
+      seq_(seq) {}
 
 bool AllOfWork::isCompleted() {
   return std::all_of(works_.begin(), works_.end(), [](const auto& work) {

@@ -110,8 +110,8 @@ class CudaStreams final : public StreamPolicy {
     return recordOn(c10::cuda::getCurrentCUDAStream(device_.index()));
   }
 
-  void issue(int stream, Stage /*issuer*/, std::function<void()> work)
-      override {
+  void issue(
+      int stream, Stage /*issuer*/, std::function<void()> work) override {
     const RelaxedCapture relaxed(kRelaxed);
     const c10::cuda::CUDAStreamGuard onStream(cudaStream(stream));
     work();
@@ -195,8 +195,7 @@ std::unique_ptr<DeviceContext> makeCudaContext(c10::Device device) {
 
 bool cudaGraphCaptureUnderway(c10::Device device) {
   return device.is_cuda() &&
-      CudaStreams::captured(
-             c10::cuda::getCurrentCUDAStream(device.index()));
+      CudaStreams::captured(c10::cuda::getCurrentCUDAStream(device.index()));
 }
 
 bool cudaPathBuilt() {

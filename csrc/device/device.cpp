@@ -22,8 +22,8 @@ class CpuContext final : public DeviceContext {
  public:
   CpuContext() : DeviceContext(c10::Device(c10::kCPU)) {}
 
-  Fence adoptInput(const at::Tensor& /*flat*/, const at::Tensor& /*tensor*/)
-      override {
+  Fence adoptInput(
+      const at::Tensor& /*flat*/, const at::Tensor& /*tensor*/) override {
     return Fence();
   }
   std::vector<c10::Device> futureDevices() const override {
@@ -37,8 +37,7 @@ class CpuContext final : public DeviceContext {
     return Fence();
   }
   bool waitOnHost(
-      const Fence& /*fence*/,
-      const std::function<bool()>& cancelled) override {
+      const Fence& /*fence*/, const std::function<bool()>& cancelled) override {
     return !cancelled();
   }
   at::TensorOptions memoryOptions() const override {

@@ -76,7 +76,8 @@ class DeviceContext {
   // and write `flat` and `tensor` from its stages. Returns what the first
   // stage waits for before reading: the caller's work so far. Their memory is
   // not reused before the engine's work on it is done.
-  virtual Fence adoptInput(const at::Tensor& flat, const at::Tensor& tensor) = 0;
+  virtual Fence adoptInput(
+      const at::Tensor& flat, const at::Tensor& tensor) = 0;
   // The devices an op's future records its completion on; none on the CPU.
   virtual std::vector<c10::Device> futureDevices() const = 0;
 
@@ -92,8 +93,7 @@ class DeviceContext {
   // Any thread: blocks until the work before `fence` is done, or returns
   // false as soon as `cancelled()` is true.
   virtual bool waitOnHost(
-      const Fence& fence,
-      const std::function<bool()>& cancelled) = 0;
+      const Fence& fence, const std::function<bool()>& cancelled) = 0;
 
   // -- Memory.
 

@@ -134,7 +134,8 @@ class EmulatedStream {
 };
 
 struct EmulatedFence final : FenceState {
-  EmulatedFence(std::shared_ptr<EmulatedStream> stream, int index, uint64_t position)
+  EmulatedFence(
+      std::shared_ptr<EmulatedStream> stream, int index, uint64_t position)
       : stream(std::move(stream)), index(index), position(position) {}
   std::shared_ptr<EmulatedStream> stream;
   int index; // StreamPolicy::Stream
@@ -149,8 +150,8 @@ class EmulatedStreams final : public StreamPolicy {
       streams_[stream] = settings.inOrder && stream > 0
           ? streams_[0] // one queue for all: a fence is a position in it
           : std::make_shared<EmulatedStream>(
-                settings.seed * 7919 +
-                    static_cast<uint64_t>(rank) * kStreams + stream,
+                settings.seed * 7919 + static_cast<uint64_t>(rank) * kStreams +
+                    stream,
                 settings.jitter);
     }
   }
@@ -212,8 +213,7 @@ class EmulatedStreams final : public StreamPolicy {
   rails::Buffer sendBuffer(const at::Tensor& tensor) override {
     // cuda_basic copies out on the send stream before the bytes leave; the
     // copy waits for nothing else queued there.
-    const uint64_t copied =
-        streams_[kSendStream]->push([] {}, /*jitter=*/true);
+    const uint64_t copied = streams_[kSendStream]->push([] {}, /*jitter=*/true);
     streams_[kSendStream]->awaitReached(copied);
     return hostBuffer(tensor);
   }
@@ -231,7 +231,8 @@ class EmulatedStreams final : public StreamPolicy {
     {
       std::lock_guard<std::mutex> lock(bouncesMutex_);
       auto found = bounces_.find(received.data);
-      TORCH_CHECK(found != bounces_.end(), "fairring: an unknown receive completed");
+      TORCH_CHECK(
+          found != bounces_.end(), "fairring: an unknown receive completed");
       bounce = std::move(found->second);
       bounces_.erase(found);
     }
@@ -335,9 +336,9 @@ std::optional<EmulatedDeviceSettings> emulatedDeviceFromEnv() {
                                            : rest.substr(comma + 1);
     const size_t equals = item.find('=');
     const std::string_view key = item.substr(0, equals);
-    const std::string_view argument =
-        equals == std::string_view::npos ? std::string_view()
-                                         : item.substr(equals + 1);
+    const std::string_view argument = equals == std::string_view::npos
+        ? std::string_view()
+        : item.substr(equals + 1);
     if (key == "on" || key.empty()) {
     } else if (key == "seed") {
       settings.seed = static_cast<uint64_t>(parseNumber(argument, item));
@@ -368,8 +369,7 @@ std::optional<EmulatedDeviceSettings> emulatedDeviceFromEnv() {
 }
 
 std::unique_ptr<DeviceContext> makeEmulatedContext(
-    const EmulatedDeviceSettings& settings,
-    int rank) {
+    const EmulatedDeviceSettings& settings, int rank) {
   return std::make_unique<StreamedContext>(
       std::make_unique<EmulatedStreams>(settings, rank));
 }

@@ -58,7 +58,6 @@ struct EmulatedDeviceSettings {
 std::optional<EmulatedDeviceSettings> emulatedDeviceFromEnv();
 
 std::unique_ptr<DeviceContext> makeEmulatedContext(
-    const EmulatedDeviceSettings& settings,
-    int rank);
+    const EmulatedDeviceSettings& settings, int rank);
 
 } // namespace fairring

@@ -22,8 +22,7 @@ StreamedContext::~StreamedContext() {
 }
 
 Fence StreamedContext::adoptInput(
-    const at::Tensor& flat,
-    const at::Tensor& tensor) {
+    const at::Tensor& flat, const at::Tensor& tensor) {
   Fence callerWork = policy_->recordCaller();
   // The reduce-scatter stage reads `flat`; the all-gather stage writes it
   // and, when it is a copy, `tensor`.
@@ -52,8 +51,7 @@ Fence StreamedContext::record(Stage stage) {
 }
 
 bool StreamedContext::waitOnHost(
-    const Fence& fence,
-    const std::function<bool()>& cancelled) {
+    const Fence& fence, const std::function<bool()>& cancelled) {
   // Polled rather than synchronised, so that an abort is never stuck behind
   // a device that will not finish.
   while (!policy_->query(fence)) {

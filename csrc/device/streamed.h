@@ -78,8 +78,8 @@ class StreamedContext final : public DeviceContext {
   void enqueue(Stage stage, std::function<void()> work) override;
   void waitOnDevice(Stage stage, const Fence& fence) override;
   Fence record(Stage stage) override;
-  bool waitOnHost(const Fence& fence, const std::function<bool()>& cancelled)
-      override;
+  bool waitOnHost(
+      const Fence& fence, const std::function<bool()>& cancelled) override;
   at::TensorOptions memoryOptions() const override;
   void adoptStaging(const at::Tensor& staging) override;
   rails::Buffer sendBuffer(const at::Tensor& tensor) override;
@@ -92,7 +92,8 @@ class StreamedContext final : public DeviceContext {
 
  private:
   static int streamOf(Stage stage) {
-    return static_cast<int>(stage); // kReduceScatterStream, kReduceStream, kAllGatherStream
+    return static_cast<int>(
+        stage); // kReduceScatterStream, kReduceStream, kAllGatherStream
   }
 
   const std::unique_ptr<StreamPolicy> policy_;

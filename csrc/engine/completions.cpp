@@ -84,9 +84,8 @@ void Completions::work(bool first) {
         break;
       }
       ++idle_;
-      const bool woken = wake_.wait_for(lock, kIdleExit, [this] {
-        return stopping_ || !tasks_.empty();
-      });
+      const bool woken = wake_.wait_for(
+          lock, kIdleExit, [this] { return stopping_ || !tasks_.empty(); });
       --idle_;
       if (!woken && !first) {
         break;

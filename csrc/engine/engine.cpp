@@ -37,10 +37,11 @@ Engine::Engine(
       device_(std::move(device)),
       timeline_(std::move(timeline)),
       hooks_(std::move(hooks)),
-      heartbeatInterval_(std::clamp(
-          timeout / 10,
-          std::chrono::milliseconds(100),
-          std::chrono::milliseconds(5000))),
+      heartbeatInterval_(
+          std::clamp(
+              timeout / 10,
+              std::chrono::milliseconds(100),
+              std::chrono::milliseconds(5000))),
       planSettings_{
           topology.localSize(),
           topology.numMachines(),
@@ -60,14 +61,14 @@ Engine::Engine(
       "fairring: the engine needs 2+ machines with equally many ranks");
   device_->adoptStaging(staging_.memory());
   const at::Tensor& staging = staging_.memory();
-  mesh_->registerStaging(rails::Buffer{
-      staging.data_ptr(),
-      static_cast<size_t>(staging.nbytes()),
-      staging.device(),
-      std::nullopt});
+  mesh_->registerStaging(
+      rails::Buffer{
+          staging.data_ptr(),
+          static_cast<size_t>(staging.nbytes()),
+          staging.device(),
+          std::nullopt});
   lanes_ = std::make_unique<rails::Lanes>(
-      *mesh_,
-      [this](int peerRank, bool mismatch, const std::string& message) {
+      *mesh_, [this](int peerRank, bool mismatch, const std::string& message) {
         onRailsFailure(peerRank, mismatch, message);
       });
   watch_ = std::make_unique<rails::Watch>(
@@ -96,12 +97,13 @@ Engine::Engine(
       try {
         (this->*loop)();
       } catch (const std::exception& error) {
-        stop(Cause{
-            -1,
-            who(topology_.rank()) + "'s " +
-                stageName(static_cast<Stage>(stage)) +
-                " stage failed: " + error.what(),
-            false});
+        stop(
+            Cause{
+                -1,
+                who(topology_.rank()) + "'s " +
+                    stageName(static_cast<Stage>(stage)) +
+                    " stage failed: " + error.what(),
+                false});
       }
     });
   }
@@ -142,7 +144,8 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
     uint64_t collective) {
   TORCH_CHECK(
       !tensor.requires_grad(),
-      "fairring: the engine got a tensor that requires grad; pass tensor.detach()");
+      "fairring: the engine got a tensor that requires grad; pass "
+      "tensor.detach()");
   auto op = std::make_shared<Op>();
   op->collective = collective;
   op->tensor = tensor;
@@ -167,9 +170,8 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
     return result;
   }
   op->inputReady = device_->adoptInput(op->flat, op->tensor);
-  const int64_t window = launchOrder_.enforced()
-      ? launchWindow(plan, op->flat.element_size())
-      : 1;
+  const int64_t window =
+      launchOrder_.enforced() ? launchWindow(plan, op->flat.element_size()) : 1;
 
   std::vector<std::shared_ptr<SliceWork>> slices;
   for (size_t i = 0; i < plan.size(); ++i) {
@@ -186,7 +188,8 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    // Numbered under the lock that queues its slices: numbers follow queue order.
+    // Numbered under the lock that queues its slices: numbers follow queue
+    // order.
     op->seq = nextSeq_++;
     if (!error_.empty()) {
       op->fail(
@@ -212,10 +215,11 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
 // The reduce-scatter thread: start, steps 1 and 2, in issue order, each
 // slice's step 1 in its turn.
 void Engine::reduceScatterLoop() {
-  while (auto slice = popWhenReady(toReduceScatter_, [this](const SliceWork& s) {
-           return launchOrder_.isNext(
-               LaunchOrder::Step::kReduceScatter, s.op->seq, s.index);
-         })) {
+  while (auto slice =
+             popWhenReady(toReduceScatter_, [this](const SliceWork& s) {
+               return launchOrder_.isNext(
+                   LaunchOrder::Step::kReduceScatter, s.op->seq, s.index);
+             })) {
     slice->step = SliceStep::kStaging;
     if (!traced(Stage::kReduceScatter, *slice, [&] {
           return start(slice) && reduceScatter(slice);
@@ -246,11 +250,12 @@ void Engine::reduceLoop() {
 // rails are done reading this slice's staging and it is the slice's turn.
 void Engine::allGatherLoop() {
   const int peers = topology_.numMachines() - 1;
-  while (auto slice = popWhenReady(toAllGather_, [this, peers](const SliceWork& s) {
-           return s.reducedReceived == peers && s.writesPending == 0 &&
-               launchOrder_.isNext(
-                      LaunchOrder::Step::kAllGather, s.op->seq, s.index);
-         })) {
+  while (auto slice =
+             popWhenReady(toAllGather_, [this, peers](const SliceWork& s) {
+               return s.reducedReceived == peers && s.writesPending == 0 &&
+                   launchOrder_.isNext(
+                       LaunchOrder::Step::kAllGather, s.op->seq, s.index);
+             })) {
     slice->step = SliceStep::kLocalAllGather;
     if (!traced(Stage::kAllGather, *slice, [&] { return allGather(slice); })) {
       return;
@@ -299,9 +304,7 @@ bool Engine::start(const std::shared_ptr<SliceWork>& slice) {
 }
 
 void Engine::attachStaging(
-    SliceWork& slice,
-    StagingRing::Lease lease,
-    const StagingLayout& layout) {
+    SliceWork& slice, StagingRing::Lease lease, const StagingLayout& layout) {
   const int localSize = topology_.localSize();
   const auto dtype = slice.input.scalar_type();
   const int64_t elementSize = slice.input.element_size();
@@ -313,8 +316,8 @@ void Engine::attachStaging(
   };
   slice.parts = view(0, localSize * slotNumel).view({localSize, slotNumel});
   slice.slot = slice.parts[0];
-  slice.shards = view(layout.shardsOffset, slotNumel)
-                     .view({topology_.numMachines(), -1});
+  slice.shards =
+      view(layout.shardsOffset, slotNumel).view({topology_.numMachines(), -1});
   if (slice.plan.padded()) {
     slice.padded = view(layout.paddedOffset, paddedNumel);
   }
@@ -350,7 +353,8 @@ bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
   slice->reduceScattered = device_->record(Stage::kReduceScatter);
   launched(LaunchOrder::Step::kReduceScatter);
   // The rails read the slot from the host's side: it must be ready.
-  if (!device_->waitOnHost(slice->reduceScattered, [this] { return failed(); })) {
+  if (!device_->waitOnHost(
+          slice->reduceScattered, [this] { return failed(); })) {
     return false;
   }
   for (const int machine : sendOrder_) {
@@ -408,8 +412,7 @@ bool Engine::allGather(const std::shared_ptr<SliceWork>& slice) {
 }
 
 int64_t Engine::launchWindow(
-    const std::vector<Slice>& plan,
-    int64_t elementSize) const {
+    const std::vector<Slice>& plan, int64_t elementSize) const {
   std::vector<int64_t> leaseBytes;
   leaseBytes.reserve(plan.size());
   for (const Slice& slice : plan) {
@@ -567,8 +570,7 @@ void Engine::send(
 }
 
 std::shared_ptr<Engine::SliceWork> Engine::popWhenReady(
-    Queue& queue,
-    const std::function<bool(const SliceWork&)>& ready) {
+    Queue& queue, const std::function<bool(const SliceWork&)>& ready) {
   std::unique_lock<std::mutex> lock(mutex_);
   progress_.wait(lock, [&] {
     return failed() || (!queue.empty() && ready(*queue.front()));

@@ -199,9 +199,7 @@ class Engine {
   bool allGather(const std::shared_ptr<SliceWork>& slice);
 
   void attachStaging(
-      SliceWork& slice,
-      StagingRing::Lease lease,
-      const StagingLayout& layout);
+      SliceWork& slice, StagingRing::Lease lease, const StagingLayout& layout);
   void expectMessages(const std::shared_ptr<SliceWork>& slice);
   void send(
       const std::shared_ptr<SliceWork>& slice,
@@ -213,12 +211,11 @@ class Engine {
   // Waits until the front of `queue` satisfies `ready`, then pops it; null
   // once the engine has failed.
   std::shared_ptr<SliceWork> popWhenReady(
-      Queue& queue,
-      const std::function<bool(const SliceWork&)>& ready);
+      Queue& queue, const std::function<bool(const SliceWork&)>& ready);
   void push(Queue& queue, std::shared_ptr<SliceWork> slice);
   // The window of an op of these slices (LaunchOrder::issued).
-  int64_t launchWindow(const std::vector<Slice>& plan, int64_t elementSize)
-      const;
+  int64_t launchWindow(
+      const std::vector<Slice>& plan, int64_t elementSize) const;
   // The launch of `step` that was next has been made.
   void launched(LaunchOrder::Step step);
 
@@ -242,10 +239,9 @@ class Engine {
   // Why the oldest expired op is stuck, or nothing if none has expired (then
   // `nextDeadline` is the nearest). Needs mutex_.
   std::optional<Cause> expiredLocked(
-      Clock::time_point now,
-      Clock::time_point& nextDeadline);
-  std::string waitingForLocked(const SliceWork& slice, std::vector<int>& awaited)
-      const;
+      Clock::time_point now, Clock::time_point& nextDeadline);
+  std::string waitingForLocked(
+      const SliceWork& slice, std::vector<int>& awaited) const;
   // Where `op` is stuck, filling `awaited`; the timeout and pending() say
   // it alike. Needs mutex_.
   std::string whereStuckLocked(const Op& op, std::vector<int>& awaited) const;

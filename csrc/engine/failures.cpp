@@ -34,8 +34,7 @@ std::string Engine::who(int rank) const {
   return topology_.describeRank(rank);
 }
 
-Engine::Cause Engine::stillNeeded(int rank, const std::string& detail)
-    const {
+Engine::Cause Engine::stillNeeded(int rank, const std::string& detail) const {
   return Cause{
       rank,
       who(rank) + " shut down its process group while " +
@@ -72,9 +71,7 @@ void Engine::onBye(int neighbour) {
 }
 
 void Engine::onRailsFailure(
-    int peerRank,
-    bool mismatch,
-    const std::string& message) {
+    int peerRank, bool mismatch, const std::string& message) {
   if (peerRank < 0) {
     return; // closed here, by stop()
   }
@@ -109,11 +106,14 @@ void Engine::onLost(int neighbour, const std::string& error) {
       return; // it left in good order; an op that needs it will say so
     }
   }
-  stop(Cause{
-      neighbour,
-      who(neighbour) + " exited, crashed or lost its network: its control "
-          "connection to " + who(topology_.rank()) + " broke (" + error + ")",
-      true});
+  stop(
+      Cause{
+          neighbour,
+          who(neighbour) +
+              " exited, crashed or lost its network: its control "
+              "connection to " +
+              who(topology_.rank()) + " broke (" + error + ")",
+          true});
 }
 
 bool Engine::drainDevice() {
@@ -136,8 +136,8 @@ void Engine::stop(Cause cause) {
       return; // settled already
     }
     first = !failed_.exchange(true);
-    const bool pending = std::any_of(
-        liveOps_.begin(), liveOps_.end(), [](const auto& op) {
+    const bool pending =
+        std::any_of(liveOps_.begin(), liveOps_.end(), [](const auto& op) {
           return !op->settled;
         });
     cause.departure = cause.departure && !pending;
@@ -182,7 +182,8 @@ void Engine::stop(Cause cause) {
   if (settled && !cause.departure && hooks_.onFailed) {
     hooks_.onFailed(cause.what);
   }
-  const std::string prefix = "fairring: rank " + std::to_string(topology_.rank()) + ": ";
+  const std::string prefix =
+      "fairring: rank " + std::to_string(topology_.rank()) + ": ";
   for (const auto& op : ops) {
     op->fail(prefix + op->describe() + " failed: " + cause.what);
   }
@@ -226,8 +227,7 @@ void Engine::watchdogLoop() {
 }
 
 std::optional<Engine::Cause> Engine::expiredLocked(
-    Clock::time_point now,
-    Clock::time_point& nextDeadline) {
+    Clock::time_point now, Clock::time_point& nextDeadline) {
   std::shared_ptr<Op> expired;
   for (const auto& op : liveOps_) {
     if (op->settled) {
@@ -280,8 +280,8 @@ std::optional<Engine::Cause> Engine::expiredLocked(
       true};
 }
 
-std::string Engine::whereStuckLocked(const Op& op, std::vector<int>& awaited)
-    const {
+std::string Engine::whereStuckLocked(
+    const Op& op, std::vector<int>& awaited) const {
   // Its first unfinished slice, or, if that has not started, the oldest
   // started unfinished slice of all (it waits behind that).
   const auto firstUnfinished = [](const Op& op) -> std::shared_ptr<SliceWork> {
@@ -324,18 +324,17 @@ std::vector<std::string> Engine::pending() const {
     const auto age = std::chrono::duration_cast<std::chrono::milliseconds>(
         now - (op->deadline - op->timeout));
     lines.push_back(
-        who(topology_.rank()) + " " + c10::DeviceTypeName(device().type(), true) +
-        ": " + op->describe() + ", issued " + std::to_string(age.count()) +
-        " ms ago (timeout " + std::to_string(op->timeout.count()) +
-        " ms), " + where +
+        who(topology_.rank()) + " " +
+        c10::DeviceTypeName(device().type(), true) + ": " + op->describe() +
+        ", issued " + std::to_string(age.count()) + " ms ago (timeout " +
+        std::to_string(op->timeout.count()) + " ms), " + where +
         (awaited.empty() ? "" : "; awaits rank(s) " + rankList(awaited)));
   }
   return lines;
 }
 
 std::string Engine::waitingForLocked(
-    const SliceWork& slice,
-    std::vector<int>& awaited) const {
+    const SliceWork& slice, std::vector<int>& awaited) const {
   const std::string which = "slice " + std::to_string(slice.index + 1) +
       " of " + std::to_string(slice.op->slices.size());
   std::vector<int> localPeers;

@@ -62,9 +62,13 @@ struct Engine::Op {
       }
     } catch (const std::exception& error) {
       // Settled already: fail() would do nothing, and the op never complete.
-      future->setError(std::make_exception_ptr(std::runtime_error(
-          "fairring: " + describe() + ": copying the result back into the "
-          "caller's tensor failed: " + error.what())));
+      future->setError(
+          std::make_exception_ptr(
+              std::runtime_error(
+                  "fairring: " + describe() +
+                  ": copying the result back into the "
+                  "caller's tensor failed: " +
+                  error.what())));
       return;
     }
     future->markCompleted(c10::IValue(std::vector<at::Tensor>{tensor}));

@@ -9,10 +9,7 @@
 namespace fairring {
 
 int64_t planUnit(
-    int localSize,
-    int machines,
-    int64_t elementSize,
-    int64_t minShardBytes) {
+    int localSize, int machines, int64_t elementSize, int64_t minShardBytes) {
   TORCH_CHECK(
       localSize > 0 && machines > 0 && elementSize > 0 && minShardBytes > 0);
   const int64_t shardNumel = (minShardBytes + elementSize - 1) / elementSize;
@@ -50,19 +47,14 @@ int64_t stagingBytesOf(
     const PlanSettings& settings,
     bool padded) {
   return stagingLayoutFor(
-             numel * elementSize,
-             settings.localSize,
-             settings.machines,
-             padded)
+             numel * elementSize, settings.localSize, settings.machines, padded)
       .bytes;
 }
 
 // The longest slice, a multiple of `unit`, of which two fit the staging
 // memory (and a padded last one alone); one unit if none does.
 int64_t longestSliceInFlightTwice(
-    int64_t elementSize,
-    int64_t unit,
-    const PlanSettings& settings) {
+    int64_t elementSize, int64_t unit, const PlanSettings& settings) {
   const int64_t budget = settings.totalMemoryBytes / 2;
   const auto fits = [&](int64_t numel) {
     return stagingBytesOf(numel, elementSize, settings, false) <= budget &&
@@ -83,9 +75,7 @@ int64_t longestSliceInFlightTwice(
 } // namespace
 
 PlanShape planShape(
-    int64_t numel,
-    int64_t elementSize,
-    const PlanSettings& settings) {
+    int64_t numel, int64_t elementSize, const PlanSettings& settings) {
   TORCH_CHECK(
       numel >= 0 && settings.minShardBytes >= 0 &&
       settings.maxSlicesInFlight > 0);
@@ -100,8 +90,8 @@ PlanShape planShape(
       sliceBytesFor(numel * elementSize, settings.maxSliceBytes),
       elementSize,
       unit);
-  const int64_t floorNumel = (ranks * settings.minShardBytes + elementSize - 1) /
-      elementSize;
+  const int64_t floorNumel =
+      (ranks * settings.minShardBytes + elementSize - 1) / elementSize;
   bool belowFloor = false;
   if (sliceNumel < floorNumel) {
     const int64_t grown = (floorNumel + unit - 1) / unit * unit;
@@ -113,7 +103,8 @@ PlanShape planShape(
   }
   const int64_t slices = (numel + sliceNumel - 1) / sliceNumel;
   // A tensor of one slice has shards as long as it is, padded to the unit.
-  const int64_t longestSlice = std::min(sliceNumel, (numel + unit - 1) / unit * unit);
+  const int64_t longestSlice =
+      std::min(sliceNumel, (numel + unit - 1) / unit * unit);
   const int64_t stagingBytes =
       stagingBytesOf(sliceNumel, elementSize, settings, false);
   return PlanShape{

@@ -31,10 +31,7 @@ constexpr int64_t kPipelineDepth = 8;
 // The unit every (padded) slice is a multiple of: `localSize` x `machines`
 // shards of at least `minShardBytes`, in elements of `elementSize` bytes.
 int64_t planUnit(
-    int localSize,
-    int machines,
-    int64_t elementSize,
-    int64_t minShardBytes);
+    int localSize, int machines, int64_t elementSize, int64_t minShardBytes);
 
 // The slice size, in bytes, for an all-reduce of `tensorBytes`: at most
 // `maxSliceBytes` (FAIRRING_SLICE_SIZE), and smaller for tensors shorter than
@@ -84,9 +81,7 @@ struct PlanShape {
 // the network busy while one is reduced). With many machines, slices thus
 // grow instead of shards shrinking, until the staging memory runs out.
 PlanShape planShape(
-    int64_t numel,
-    int64_t elementSize,
-    const PlanSettings& settings);
+    int64_t numel, int64_t elementSize, const PlanSettings& settings);
 
 // The staging memory an engine allocates: maxSlicesInFlight of the longest
 // slices any all-reduce is cut into (and at least one padded one, so that

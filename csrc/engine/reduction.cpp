@@ -77,9 +77,7 @@ c10d::ReduceOp::RedOpType localReduceOp(c10d::ReduceOp::RedOpType op) {
 }
 
 void combineInto(
-    at::Tensor& into,
-    const at::Tensor& other,
-    c10d::ReduceOp::RedOpType op) {
+    at::Tensor& into, const at::Tensor& other, c10d::ReduceOp::RedOpType op) {
   switch (op) {
     case c10d::ReduceOp::SUM:
       into.add_(other);

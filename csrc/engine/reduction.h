@@ -26,9 +26,7 @@ c10d::ReduceOp::RedOpType localReduceOp(c10d::ReduceOp::RedOpType op);
 
 // `into` op= `other`, elementwise and in place.
 void combineInto(
-    at::Tensor& into,
-    const at::Tensor& other,
-    c10d::ReduceOp::RedOpType op);
+    at::Tensor& into, const at::Tensor& other, c10d::ReduceOp::RedOpType op);
 
 // `out` = `a` op `b`, elementwise; `out` may alias neither.
 void combineOut(

@@ -16,10 +16,7 @@ int64_t alignUp(int64_t bytes) {
 } // namespace
 
 StagingLayout stagingLayoutFor(
-    int64_t sliceBytes,
-    int localSize,
-    int machines,
-    bool padded) {
+    int64_t sliceBytes, int localSize, int machines, bool padded) {
   // A slice is at least one element per (local rank, machine) pair.
   constexpr int64_t kLargestElement = 8;
   const int64_t granule = static_cast<int64_t>(localSize) * machines;
@@ -59,8 +56,7 @@ StagingRing::StagingRing(int64_t capacityBytes, at::TensorOptions options)
 }
 
 std::optional<StagingRing::Lease> StagingRing::acquire(
-    int64_t bytes,
-    const std::function<bool()>& cancelled) {
+    int64_t bytes, const std::function<bool()>& cancelled) {
   std::unique_lock<std::mutex> lock(mutex_);
   std::optional<Lease> lease;
   freed_.wait(lock, [&] {
@@ -105,8 +101,8 @@ std::optional<int64_t> RingExtents::place(uint64_t id, int64_t size) {
 }
 
 int64_t RingExtents::release(uint64_t id) {
-  auto extent = std::find_if(
-      extents_.begin(), extents_.end(), [id](const Extent& e) {
+  auto extent =
+      std::find_if(extents_.begin(), extents_.end(), [id](const Extent& e) {
         return e.id == id;
       });
   TORCH_INTERNAL_ASSERT(extent != extents_.end() && !extent->released);
@@ -128,7 +124,8 @@ int64_t stagingLeaseBytes(int64_t bytes) {
   return alignUp(std::max<int64_t>(bytes, 1));
 }
 
-int64_t stagingWindow(int64_t capacity, const std::vector<int64_t>& leaseBytes) {
+int64_t stagingWindow(
+    int64_t capacity, const std::vector<int64_t>& leaseBytes) {
   const int64_t leases = static_cast<int64_t>(leaseBytes.size());
   const int64_t ringBytes = capacity / kAlignment * kAlignment;
   const int64_t smallest = leaseBytes.empty()
@@ -142,7 +139,8 @@ int64_t stagingWindow(int64_t capacity, const std::vector<int64_t>& leaseBytes) 
       if (s >= window) {
         ring.release(static_cast<uint64_t>(s - window));
       }
-      if (!ring.place(static_cast<uint64_t>(s), stagingLeaseBytes(leaseBytes[s]))) {
+      if (!ring.place(
+              static_cast<uint64_t>(s), stagingLeaseBytes(leaseBytes[s]))) {
         return false;
       }
     }

@@ -30,11 +30,7 @@ struct StagingLayout {
 // The layout for a (padded) slice of `sliceBytes`, with `localSize` ranks per
 // machine and `machines` machines.
 StagingLayout stagingLayoutFor(
-    int64_t sliceBytes,
-    int localSize,
-    int machines,
-    bool padded);
-
+    int64_t sliceBytes, int localSize, int machines, bool padded);
 
 // Where a ring's leases lie: live ones occupy [oldest begin, newest end),
 // wrapping at most once; a lease is placed after the newest, or at the start
@@ -133,8 +129,7 @@ class StagingRing {
   // Blocks until `bytes` fit; returns nullopt if `cancelled()` turns true
   // first (checked whenever the ring is notified, see interrupt()).
   std::optional<Lease> acquire(
-      int64_t bytes,
-      const std::function<bool()>& cancelled);
+      int64_t bytes, const std::function<bool()>& cancelled);
   // The lease if `bytes` fit now, else nullopt.
   std::optional<Lease> tryAcquire(int64_t bytes);
   // Wakes acquire() so it rechecks its cancellation predicate.

@@ -54,12 +54,11 @@ Timeline::Timeline(
     const Topology& topology,
     c10::Device device)
     : rank_(topology.rank()),
-      path_(
-          (std::filesystem::path(directory) /
-           ("fairring-" + fileSafe(group) + "-rank" +
-            std::to_string(topology.rank()) + "-" + fileSafe(device.str()) +
-            ".json"))
-              .string()),
+      path_((std::filesystem::path(directory) /
+             ("fairring-" + fileSafe(group) + "-rank" +
+              std::to_string(topology.rank()) + "-" + fileSafe(device.str()) +
+              ".json"))
+                .string()),
       out_(path_, std::ios::out | std::ios::trunc) {
   TORCH_CHECK(
       out_.good(),
@@ -69,13 +68,13 @@ Timeline::Timeline(
   out_ << std::fixed << std::setprecision(1) << "[\n"
        << R"({"name":"process_name","ph":"M","pid":)" << rank_
        << R"(,"args":{"name":"rank )" << rank_ << " (machine "
-       << topology.machine() << ", local rank " << topology.localRank()
-       << ", " << device.str() << ")\"}},\n"
+       << topology.machine() << ", local rank " << topology.localRank() << ", "
+       << device.str() << ")\"}},\n"
        << R"({"name":"process_sort_index","ph":"M","pid":)" << rank_
        << R"(,"args":{"sort_index":)" << rank_ << "}},\n";
   for (int stage = 0; stage < kStages; ++stage) {
-    out_ << R"({"name":"thread_name","ph":"M","pid":)" << rank_
-         << R"(,"tid":)" << stage << R"(,"args":{"name":")"
+    out_ << R"({"name":"thread_name","ph":"M","pid":)" << rank_ << R"(,"tid":)"
+         << stage << R"(,"args":{"name":")"
          << stageName(static_cast<Stage>(stage)) << "\"}},\n";
   }
   out_.flush();
@@ -118,7 +117,8 @@ StageSpan::StageSpan(
       op_(op),
       slice_(slice),
       bytes_(bytes),
-      start_(timeline ? Timeline::Clock::now() : Timeline::Clock::time_point()) {
+      start_(
+          timeline ? Timeline::Clock::now() : Timeline::Clock::time_point()) {
   if (profiler.callbacks_) {
     savedCallbacks_ = at::get_record_function_tls_();
     at::set_record_function_tls_(*profiler.callbacks_);

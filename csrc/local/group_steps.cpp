@@ -62,9 +62,12 @@ void GroupSteps::reduceScatter(
   // own (docs/design.md, "Streams and fences"), not on a stream of its own.
   options.asyncOp = false;
   at::Tensor in = input;
-  // The name both torch 2.11 and 2.15 have (2.15 also calls it all_to_all_single).
-  waitForStep(*reduceScatter_, reduceScatter_->alltoall_base(
-      parts, in, equalSplits, equalSplits, options));
+  // The name both torch 2.11 and 2.15 have (2.15 also calls it
+  // all_to_all_single).
+  waitForStep(
+      *reduceScatter_,
+      reduceScatter_->alltoall_base(
+          parts, in, equalSplits, equalSplits, options));
   for (int64_t part = 1; part < parts.size(0); ++part) {
     combineInto(slot, parts[part], op);
   }
@@ -87,8 +90,7 @@ std::string GroupSteps::name() const {
 }
 
 void GroupSteps::waitForStep(
-    const c10d::Backend& group,
-    const c10::intrusive_ptr<c10d::Work>& work) {
+    const c10d::Backend& group, const c10::intrusive_ptr<c10d::Work>& work) {
   if (isNccl()) {
     if (work) {
       work->wait(); // the current stream waits, if it ran on another
@@ -183,8 +185,10 @@ void GroupSteps::join() {
   }
   if (!stopped) {
     TORCH_WARN(
-        "fairring: a local ", reduceScatter_->getBackendName(),
-        " group did not stop within ", kStopWait.count(),
+        "fairring: a local ",
+        reduceScatter_->getBackendName(),
+        " group did not stop within ",
+        kStopWait.count(),
         " s; leaving it to finish on its own");
   }
 }

@@ -76,8 +76,7 @@ class GroupSteps final : public LocalSteps {
 
   bool isNccl() const;
   void waitForStep(
-      const c10d::Backend& group,
-      const c10::intrusive_ptr<c10d::Work>& work);
+      const c10d::Backend& group, const c10::intrusive_ptr<c10d::Work>& work);
   // Runs `stop` on each group at once, on threads of this object's.
   void stopGroups(void (c10d::Backend::*stop)());
 

@@ -119,7 +119,7 @@ std::string uniqueName() {
 }
 
 std::string shmSpaceText() {
-  struct statvfs stats {};
+  struct statvfs stats{};
   if (::statvfs("/dev/shm", &stats) != 0) {
     return "";
   }
@@ -183,7 +183,8 @@ struct SharedMemorySteps::Channel {
   std::byte* entries;
 
   EntryHeader* header(uint64_t n) const {
-    return reinterpret_cast<EntryHeader*>(entries + (n % kDepth) * kEntryStride);
+    return reinterpret_cast<EntryHeader*>(
+        entries + (n % kDepth) * kEntryStride);
   }
   std::byte* data(uint64_t n) const {
     return entries + (n % kDepth) * kEntryStride + kLine;
@@ -203,9 +204,11 @@ SharedMemorySteps::SharedMemorySteps(int localRank, std::vector<int> ranks)
   mappings_.resize(ranks_.size());
   segmentName_ = uniqueName();
   const Descriptor fd(
-      ::shm_open(segmentName_.c_str(), O_CREAT | O_EXCL | O_RDWR, S_IRUSR | S_IWUSR));
+      ::shm_open(
+          segmentName_.c_str(), O_CREAT | O_EXCL | O_RDWR, S_IRUSR | S_IWUSR));
   if (fd.get() < 0) {
-    throw std::runtime_error(errnoText("shm_open(" + segmentName_ + ") failed"));
+    throw std::runtime_error(
+        errnoText("shm_open(" + segmentName_ + ") failed"));
   }
   linked_ = true;
   const auto bytes = static_cast<size_t>(segmentBytes());
@@ -272,7 +275,7 @@ void SharedMemorySteps::attach(const std::vector<std::string>& names) {
           "cannot open " + whose +
           " (ranks on one machine must share /dev/shm and a user)"));
     }
-    struct stat stats {};
+    struct stat stats{};
     const auto bytes = static_cast<size_t>(segmentBytes());
     if (::fstat(fd.get(), &stats) != 0 ||
         static_cast<size_t>(stats.st_size) != bytes) {
@@ -297,8 +300,7 @@ void SharedMemorySteps::attach(const std::vector<std::string>& names) {
 }
 
 SharedMemorySteps::Channel SharedMemorySteps::channel(
-    const Mapping& mapping,
-    int index) const {
+    const Mapping& mapping, int index) const {
   std::byte* control = mapping.base + kLine + index * kChannelBytes;
   return Channel{
       reinterpret_cast<std::atomic<uint32_t>*>(control),
@@ -335,7 +337,10 @@ void SharedMemorySteps::waitFor(
         " (shared memory, chunk ",
         target - 1,
         ")");
-    futexWait(counter, seen, std::min<Clock::duration>(deadline - now, kLongestSleep));
+    futexWait(
+        counter,
+        seen,
+        std::min<Clock::duration>(deadline - now, kLongestSleep));
   }
 }
 
@@ -365,7 +370,8 @@ void SharedMemorySteps::publish(
   EntryHeader* slot = mine.header(n);
   *slot = header;
   slot->chunk = n;
-  mine.published->store(static_cast<uint32_t>(n + 1), std::memory_order_release);
+  mine.published->store(
+      static_cast<uint32_t>(n + 1), std::memory_order_release);
   futexWake(*mine.published);
 }
 
@@ -389,7 +395,8 @@ const std::byte* SharedMemorySteps::await(
       key.slice = h.slice;
       key.dtype = static_cast<c10::ScalarType>(h.dtype);
       key.op = static_cast<c10d::ReduceOp::RedOpType>(h.op);
-      return describeKey(key, h.stepBytes) + ", chunk " + std::to_string(h.chunk);
+      return describeKey(key, h.stepBytes) + ", chunk " +
+          std::to_string(h.chunk);
     };
     TORCH_CHECK(
         false,
@@ -412,8 +419,7 @@ void SharedMemorySteps::consumed(int index, uint64_t n) {
 }
 
 SharedMemorySteps::EntryHeader SharedMemorySteps::headerFor(
-    const LocalStepKey& key,
-    int64_t stepBytes) {
+    const LocalStepKey& key, int64_t stepBytes) {
   EntryHeader header{};
   header.seq = key.seq;
   header.slice = key.slice;
@@ -439,7 +445,8 @@ void SharedMemorySteps::reduceScatter(
   const int64_t slotBytes = slot.numel() * elementSize;
   // Each entry holds the same range of every peer's part.
   const int64_t chunkBytes = kEntryBytes / size / kLine * kLine;
-  const int64_t chunks = std::max<int64_t>(1, (slotBytes + chunkBytes - 1) / chunkBytes);
+  const int64_t chunks =
+      std::max<int64_t>(1, (slotBytes + chunkBytes - 1) / chunkBytes);
   const auto* in = static_cast<const std::byte*>(input.data_ptr());
   const EntryHeader header = headerFor(key, slotBytes);
   uint64_t& base = chunks_[kReduceScatterChannel];
@@ -447,16 +454,21 @@ void SharedMemorySteps::reduceScatter(
     return std::min(chunkBytes, slotBytes - chunk * chunkBytes);
   };
   const auto write = [&](int64_t chunk) {
-    publish(kReduceScatterChannel, base + chunk, header, deadline, [&](std::byte* data) {
-      for (int part = 0; part < size; ++part) {
-        if (part != localRank_) {
-          std::memcpy(
-              data + part * chunkBytes,
-              in + part * slotBytes + chunk * chunkBytes,
-              length(chunk));
-        }
-      }
-    });
+    publish(
+        kReduceScatterChannel,
+        base + chunk,
+        header,
+        deadline,
+        [&](std::byte* data) {
+          for (int part = 0; part < size; ++part) {
+            if (part != localRank_) {
+              std::memcpy(
+                  data + part * chunkBytes,
+                  in + part * slotBytes + chunk * chunkBytes,
+                  length(chunk));
+            }
+          }
+        });
   };
   write(0);
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
@@ -512,9 +524,14 @@ void SharedMemorySteps::allGather(
     return std::min(kEntryBytes, slotBytes - chunk * kEntryBytes);
   };
   const auto write = [&](int64_t chunk) {
-    publish(kAllGatherChannel, base + chunk, header, deadline, [&](std::byte* data) {
-      std::memcpy(data, mine + chunk * kEntryBytes, length(chunk));
-    });
+    publish(
+        kAllGatherChannel,
+        base + chunk,
+        header,
+        deadline,
+        [&](std::byte* data) {
+          std::memcpy(data, mine + chunk * kEntryBytes, length(chunk));
+        });
   };
   write(0);
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
@@ -522,7 +539,8 @@ void SharedMemorySteps::allGather(
       write(chunk + 1);
     }
     const int64_t offset = chunk * kEntryBytes;
-    std::memcpy(out + localRank_ * slotBytes + offset, mine + offset, length(chunk));
+    std::memcpy(
+        out + localRank_ * slotBytes + offset, mine + offset, length(chunk));
     for (int peer = 0; peer < size; ++peer) {
       if (peer != localRank_) {
         const std::byte* data =
@@ -552,4 +570,4 @@ void SharedMemorySteps::abort() {
   }
 }
 
-}  // namespace fairring
+} // namespace fairring

@@ -37,7 +37,6 @@ namespace fairring {
 // and each on its own channel; abort() from any thread.
 class SharedMemorySteps final : public LocalSteps {
  public:
-
   // Measured on 2 x 2 loopback (docs/benchmarks.md, "Shared memory"): chunks
   // of a few hundred KiB stay in cache between writer and reader; 4 in flight
   // let the faster rank run ahead without waiting.

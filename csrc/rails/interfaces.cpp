@@ -35,7 +35,12 @@ std::vector<InterfaceAddress> interfaceAddresses() {
     const socklen_t length =
         family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
     if (getnameinfo(
-            entry->ifa_addr, length, host, sizeof(host), nullptr, 0,
+            entry->ifa_addr,
+            length,
+            host,
+            sizeof(host),
+            nullptr,
+            0,
             NI_NUMERICHOST) != 0) {
       continue;
     }
@@ -48,7 +53,8 @@ std::vector<InterfaceAddress> interfaceAddresses() {
         scope != std::string::npos) {
       address.address.resize(scope);
     }
-    address.up = (entry->ifa_flags & IFF_UP) && (entry->ifa_flags & IFF_RUNNING);
+    address.up =
+        (entry->ifa_flags & IFF_UP) && (entry->ifa_flags & IFF_RUNNING);
     address.loopback = (entry->ifa_flags & IFF_LOOPBACK) != 0;
     if (address.ipv6) {
       const auto& in6 =

@@ -16,8 +16,8 @@ Lanes::Lanes(Mesh& mesh, Failure onFailure)
       expected_(mesh_.numMachines()),
       reading_(mesh_.numMachines(), {false, false}) {}
 
-std::string Lanes::fromPeer(const Expected& expected, int machine, Lane lane)
-    const {
+std::string Lanes::fromPeer(
+    const Expected& expected, int machine, Lane lane) const {
   return expected.what + " from rail peer rank " +
       std::to_string(mesh_.peerRank(machine)) + " (" + laneName(lane) + ")";
 }
@@ -130,8 +130,12 @@ void Lanes::send(
       .write(
           std::move(tag),
           buffer,
-          [this, peer, lane, bytes, what = std::move(what), onSent = std::move(onSent)](
-              const std::string& error) {
+          [this,
+           peer,
+           lane,
+           bytes,
+           what = std::move(what),
+           onSent = std::move(onSent)](const std::string& error) {
             if (stopped()) {
               return;
             }
@@ -139,8 +143,8 @@ void Lanes::send(
               fail(
                   peer,
                   "sending " + what + " to rail peer rank " +
-                  std::to_string(peer) + " (" + laneName(lane) +
-                  ") failed: " + error);
+                      std::to_string(peer) + " (" + laneName(lane) +
+                      ") failed: " + error);
               return;
             }
             bytesSent_ += static_cast<int64_t>(bytes);

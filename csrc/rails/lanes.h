@@ -39,8 +39,8 @@ class Lanes {
   // `peerRank`: the rail peer whose transfer failed, -1 if closed here;
   // `mismatch`: the peer sent a different message than expected (the ranks
   // disagree), rather than the transfer failing.
-  using Failure = std::function<
-      void(int peerRank, bool mismatch, const std::string& message)>;
+  using Failure = std::function<void(
+      int peerRank, bool mismatch, const std::string& message)>;
 
   struct Expected {
     std::string tag;

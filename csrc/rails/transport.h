@@ -43,17 +43,19 @@ class Connection {
   // An empty string means success; otherwise, why the operation failed.
   using Done = std::function<void(const std::string& error)>;
   // The tag and length of the message a read found.
-  using Received =
-      std::function<void(const std::string& error, std::string tag, size_t bytes)>;
+  using Received = std::function<void(
+      const std::string& error, std::string tag, size_t bytes)>;
 
-  // Sends `tag` and the bytes of `buffer`; `done` once the buffer may be reused.
+  // Sends `tag` and the bytes of `buffer`; `done` once the buffer may be
+  // reused.
   virtual void write(std::string tag, const Buffer& buffer, Done done) = 0;
   // Receives the next message. Its payload lands in `target` only if it is
   // tagged `tag` and exactly `target.bytes` long; any other message is
   // reported with its tag and length, and `target` is left untouched. The
   // target is the reader's until `received` runs: a one-sided transport grants
   // it to the sender for this one message (docs/design.md, "NIXL rails").
-  virtual void read(std::string tag, const Buffer& target, Received received) = 0;
+  virtual void read(
+      std::string tag, const Buffer& target, Received received) = 0;
 
   // Control connections carry notes: short texts with no payload.
   using Note = std::function<void(const std::string& error, std::string text)>;

@@ -28,42 +28,43 @@ void Watch::start() {
 
 void Watch::readNext(size_t index) {
   const int neighbour = mesh_.neighbours()[index];
-  mesh_.control(index).readNote(
-      [this, index, neighbour](const std::string& error, std::string text) {
-        if (!error.empty()) {
-          handlers_.onLost(neighbour, error);
-          return; // no more reads: the connection is gone
-        }
-        {
-          std::lock_guard<std::mutex> lock(mutex_);
-          lastHeard_[index] = Clock::now();
-        }
-        if (text == kBye) {
-          handlers_.onBye(neighbour);
-        } else if (text.starts_with(kAlive)) {
-          std::string_view status(text);
-          status.remove_prefix(kAlive.size());
-          if (!status.empty() && !status.starts_with(' ')) {
-            handlers_.onLost(
-                neighbour,
-                "it sent a malformed control note '" + text.substr(0, 80) + "'");
-            return;
-          }
-          if (!status.empty() && handlers_.onStatus) {
-            handlers_.onStatus(neighbour, status.substr(1));
-          }
-        } else {
-          Notice notice;
-          if (!parseNotice(text, worldSize_, notice)) {
-            handlers_.onLost(
-                neighbour,
-                "it sent a malformed control note '" + printable(text, 80) + "'");
-            return;
-          }
-          handlers_.onNotice(neighbour, notice);
-        }
-        readNext(index);
-      });
+  mesh_.control(index).readNote([this, index, neighbour](
+                                    const std::string& error,
+                                    std::string text) {
+    if (!error.empty()) {
+      handlers_.onLost(neighbour, error);
+      return; // no more reads: the connection is gone
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      lastHeard_[index] = Clock::now();
+    }
+    if (text == kBye) {
+      handlers_.onBye(neighbour);
+    } else if (text.starts_with(kAlive)) {
+      std::string_view status(text);
+      status.remove_prefix(kAlive.size());
+      if (!status.empty() && !status.starts_with(' ')) {
+        handlers_.onLost(
+            neighbour,
+            "it sent a malformed control note '" + text.substr(0, 80) + "'");
+        return;
+      }
+      if (!status.empty() && handlers_.onStatus) {
+        handlers_.onStatus(neighbour, status.substr(1));
+      }
+    } else {
+      Notice notice;
+      if (!parseNotice(text, worldSize_, notice)) {
+        handlers_.onLost(
+            neighbour,
+            "it sent a malformed control note '" + printable(text, 80) + "'");
+        return;
+      }
+      handlers_.onNotice(neighbour, notice);
+    }
+    readNext(index);
+  });
 }
 
 void Watch::heartbeat(const std::string& status) {
@@ -84,8 +85,8 @@ void Watch::announce(const Notice& notice) {
       return;
     }
   }
-  std::string text = std::string(kFailed) + std::to_string(notice.culprit) +
-      " " + notice.what;
+  std::string text =
+      std::string(kFailed) + std::to_string(notice.culprit) + " " + notice.what;
   if (text.size() > kMaxNoteBytes) {
     text.resize(kMaxNoteBytes);
   }
@@ -102,7 +103,8 @@ void Watch::farewell() {
     }
   }
   for (size_t index = 0; index < lastHeard_.size(); ++index) {
-    mesh_.control(index).writeNote(std::string(kBye), [](const std::string&) {});
+    mesh_.control(index).writeNote(
+        std::string(kBye), [](const std::string&) {});
   }
 }
 
@@ -119,7 +121,8 @@ std::vector<std::pair<int, Watch::Clock::duration>> Watch::silences(
   return silent;
 }
 
-bool Watch::parseNotice(const std::string& text, int worldSize, Notice& notice) {
+bool Watch::parseNotice(
+    const std::string& text, int worldSize, Notice& notice) {
   std::string_view rest(text);
   if (!rest.starts_with(kFailed)) {
     return false;

@@ -76,7 +76,8 @@ class Watch {
 
   // Parses a failure notice's text (exposed for tests): true and the
   // notice if well-formed, with the culprit in [-1, worldSize).
-  static bool parseNotice(const std::string& text, int worldSize, Notice& notice);
+  static bool parseNotice(
+      const std::string& text, int worldSize, Notice& notice);
 
  private:
   void readNext(size_t index);

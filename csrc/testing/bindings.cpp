@@ -72,7 +72,8 @@ void bindTesting(py::module_& testing) {
     if (!found) {
       return py::none();
     }
-    return py::make_tuple(found->neighbour, found->seq, found->mine, found->theirs);
+    return py::make_tuple(
+        found->neighbour, found->seq, found->mine, found->theirs);
   };
   py::class_<CollectiveLedger>(testing, "CollectiveLedger")
       .def(py::init<>())
@@ -90,7 +91,9 @@ void bindTesting(py::module_& testing) {
       .def(
           "compare",
           [disagreement](
-              CollectiveLedger& ledger, int neighbour, const std::string& report) {
+              CollectiveLedger& ledger,
+              int neighbour,
+              const std::string& report) {
             return disagreement(ledger.compare(neighbour, report));
           },
           py::arg("neighbour"),
@@ -112,8 +115,9 @@ void bindTesting(py::module_& testing) {
           "try_acquire",
           [](StagingRing& ring, int64_t bytes) {
             auto lease = ring.tryAcquire(bytes);
-            return lease ? std::make_unique<StagingRing::Lease>(std::move(*lease))
-                         : nullptr;
+            return lease
+                ? std::make_unique<StagingRing::Lease>(std::move(*lease))
+                : nullptr;
           },
           py::arg("bytes"),
           py::keep_alive<0, 1>(),
@@ -154,7 +158,8 @@ void bindTesting(py::module_& testing) {
             reduceScatter->abort();
             allGather->abort();
           } else {
-            throw std::invalid_argument("how: abort, close or sequential_abort");
+            throw std::invalid_argument(
+                "how: abort, close or sequential_abort");
           }
           steps.join();
           seconds = std::chrono::duration<double>(
@@ -202,7 +207,9 @@ void bindTesting(py::module_& testing) {
               const LaunchOrder& order,
               const std::string& step,
               uint64_t op,
-              int64_t index) { return order.isNext(stepNamed(step), op, index); },
+              int64_t index) {
+            return order.isNext(stepNamed(step), op, index);
+          },
           py::arg("step"),
           py::arg("op"),
           py::arg("index"))

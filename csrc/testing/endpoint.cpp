@@ -44,9 +44,8 @@ Endpoint::Endpoint(
   mesh_ = std::make_unique<TensorpipeMesh>(
       MeshSite{store, storePrefix, topology, network, device, timeout});
   lanes_ = std::make_unique<Lanes>(
-      *mesh_, [this](int, bool, const std::string& message) {
-        failAll(message);
-      });
+      *mesh_,
+      [this](int, bool, const std::string& message) { failAll(message); });
 }
 
 Endpoint::~Endpoint() {
@@ -87,10 +86,7 @@ Buffer Endpoint::buffer(const at::Tensor& tensor) const {
 }
 
 std::shared_ptr<Transfer> Endpoint::send(
-    int machine,
-    Lane lane,
-    std::string tag,
-    const at::Tensor& tensor) {
+    int machine, Lane lane, std::string tag, const at::Tensor& tensor) {
   auto transfer = track(tensor);
   lanes_->send(
       machine, lane, std::move(tag), buffer(tensor), "a message", [transfer] {
@@ -100,17 +96,12 @@ std::shared_ptr<Transfer> Endpoint::send(
 }
 
 std::shared_ptr<Transfer> Endpoint::expect(
-    int machine,
-    Lane lane,
-    std::string tag,
-    const at::Tensor& tensor) {
+    int machine, Lane lane, std::string tag, const at::Tensor& tensor) {
   auto transfer = track(tensor);
   lanes_->expect(
-      machine,
-      lane,
-      {std::move(tag), buffer(tensor), "a message", [transfer] {
-         transfer->finish("");
-       }});
+      machine, lane, {std::move(tag), buffer(tensor), "a message", [transfer] {
+                        transfer->finish("");
+                      }});
   return transfer;
 }
 

@@ -49,15 +49,9 @@ class Endpoint {
   ~Endpoint();
 
   std::shared_ptr<Transfer> send(
-      int machine,
-      Lane lane,
-      std::string tag,
-      const at::Tensor& tensor);
+      int machine, Lane lane, std::string tag, const at::Tensor& tensor);
   std::shared_ptr<Transfer> expect(
-      int machine,
-      Lane lane,
-      std::string tag,
-      const at::Tensor& tensor);
+      int machine, Lane lane, std::string tag, const at::Tensor& tensor);
   void close();
   std::string describe() const {
     return lanes_->mesh().describe();

@@ -47,7 +47,8 @@ struct GroupLog {
 
 class RecordingGroup final : public c10d::Backend {
  public:
-  RecordingGroup(std::string label, std::string backendName, std::shared_ptr<GroupLog> log)
+  RecordingGroup(
+      std::string label, std::string backendName, std::shared_ptr<GroupLog> log)
       : c10d::Backend(0, 2),
         label_(std::move(label)),
         backendName_(std::move(backendName)),
@@ -73,7 +74,8 @@ class RecordingGroup final : public c10d::Backend {
     log_->record(label_ + " " + what);
     {
       std::unique_lock<std::mutex> lock(log_->mutex);
-      log_->changed.wait_for(lock, log_->blockFor, [this] { return log_->released; });
+      log_->changed.wait_for(
+          lock, log_->blockFor, [this] { return log_->released; });
     }
     log_->record(label_ + " " + what + " returned");
   }

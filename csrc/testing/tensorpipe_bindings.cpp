@@ -58,12 +58,14 @@ using EndpointHolder = std::unique_ptr<Endpoint, DestroyWithoutGil>;
 void bindTensorpipe(py::module_& module) {
   module.def(
       "check_hello",
-      [](const std::string& hello, const fairring::Topology& topology, bool cuda) {
+      [](const std::string& hello,
+         const fairring::Topology& topology,
+         bool cuda) {
         int rank = -1;
         int lane = -1;
         int deviceIndex = -1;
-        std::string why = checkHello(
-            hello, topology, cuda, rank, lane, deviceIndex);
+        std::string why =
+            checkHello(hello, topology, cuda, rank, lane, deviceIndex);
         return std::make_tuple(why, rank, lane, deviceIndex);
       },
       py::arg("hello"),
@@ -75,8 +77,9 @@ void bindTensorpipe(py::module_& module) {
       .def(
           "wait",
           [](Transfer& transfer, double timeoutSeconds) {
-            transfer.wait(std::chrono::milliseconds(
-                static_cast<int64_t>(timeoutSeconds * 1000)));
+            transfer.wait(
+                std::chrono::milliseconds(
+                    static_cast<int64_t>(timeoutSeconds * 1000)));
           },
           py::arg("timeout") = 60.0,
           py::call_guard<py::gil_scoped_release>(),
@@ -91,14 +94,15 @@ void bindTensorpipe(py::module_& module) {
                       c10::Device device,
                       const fairring::RailsNetwork& network,
                       std::chrono::milliseconds timeout) {
-            return EndpointHolder(std::make_unique<Endpoint>(
-                                      store,
-                                      prefix,
-                                      fairring::Topology(rank, std::move(machines)),
-                                      device,
-                                      network,
-                                      timeout)
-                                      .release());
+            return EndpointHolder(
+                std::make_unique<Endpoint>(
+                    store,
+                    prefix,
+                    fairring::Topology(rank, std::move(machines)),
+                    device,
+                    network,
+                    timeout)
+                    .release());
           }),
           py::arg("store"),
           py::arg("prefix"),
@@ -126,10 +130,7 @@ void bindTensorpipe(py::module_& module) {
           py::arg("tag"),
           py::arg("tensor"),
           py::call_guard<py::gil_scoped_release>())
-      .def(
-          "close",
-          &Endpoint::close,
-          py::call_guard<py::gil_scoped_release>())
+      .def("close", &Endpoint::close, py::call_guard<py::gil_scoped_release>())
       .def("describe", &Endpoint::describe);
 
   py::class_<WireProbe>(module, "WireProbe")

@@ -32,8 +32,9 @@ struct Progress {
 } // namespace
 
 WireProbe::WireProbe()
-    : context_(std::make_shared<tensorpipe::Context>(
-          tensorpipe::ContextOptions().name("fairring-wire-probe"))) {
+    : context_(
+          std::make_shared<tensorpipe::Context>(
+              tensorpipe::ContextOptions().name("fairring-wire-probe"))) {
   context_->registerTransport(0, "uv", tensorpipe::transport::uv::create());
   context_->registerChannel(0, "basic", tensorpipe::channel::basic::create());
 }
@@ -108,18 +109,18 @@ WireProbe::Outcome WireProbe::exchange(
     outcome.timedOut = "write";
   } else if (readReply) {
     lock.unlock();
-    pipe->readDescriptor([progress](
-                             const tensorpipe::Error& error,
-                             tensorpipe::Descriptor descriptor) {
-      std::lock_guard<std::mutex> lock(progress->mutex);
-      progress->readDone = true;
-      if (error) {
-        progress->readError = error.what();
-      } else {
-        progress->reply = std::move(descriptor.metadata);
-      }
-      progress->changed.notify_all();
-    });
+    pipe->readDescriptor(
+        [progress](
+            const tensorpipe::Error& error, tensorpipe::Descriptor descriptor) {
+          std::lock_guard<std::mutex> lock(progress->mutex);
+          progress->readDone = true;
+          if (error) {
+            progress->readError = error.what();
+          } else {
+            progress->reply = std::move(descriptor.metadata);
+          }
+          progress->changed.notify_all();
+        });
     lock.lock();
     if (!progress->changed.wait_for(
             lock, timeout, [&] { return progress->readDone; })) {
@@ -134,9 +135,9 @@ WireProbe::Outcome WireProbe::exchange(
   // Callbacks still pending fire, with errors, on the loop thread; they only
   // touch `progress`, which they share.
   pipe->close();
-  outcome.seconds = std::chrono::duration<double>(
-                        std::chrono::steady_clock::now() - started)
-                        .count();
+  outcome.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
+          .count();
   return outcome;
 }
 

@@ -19,7 +19,11 @@ struct Loaded {
 };
 
 template <typename Function>
-void resolve(void* library, const std::string& path, const char* symbol, Function& function) {
+void resolve(
+    void* library,
+    const std::string& path,
+    const char* symbol,
+    Function& function) {
   function = reinterpret_cast<Function>(dlsym(library, symbol));
   TORCH_CHECK(
       function != nullptr,

@@ -37,7 +37,8 @@ struct Api {
   using Create = int (*)(Handle*);
   using Destroy = int (*)(Handle);
 
-  int (*createAgent)(const char* name, const AgentConfig* config, Handle* agent);
+  int (*createAgent)(
+      const char* name, const AgentConfig* config, Handle* agent);
   Destroy destroyAgent;
   int (*availablePlugins)(Handle agent, Handle* list);
   int (*stringListSize)(Handle list, size_t* size);
@@ -47,10 +48,7 @@ struct Api {
   int (*paramsAdd)(Handle params, const char* key, const char* value);
   Destroy destroyParams;
   int (*createBackend)(
-      Handle agent,
-      const char* plugin,
-      Handle params,
-      Handle* backend);
+      Handle agent, const char* plugin, Handle params, Handle* backend);
   Destroy destroyBackend;
   Create createOptArgs;
   int (*optArgsAddBackend)(Handle args, Handle backend);
@@ -70,17 +68,11 @@ struct Api {
   int (*deregisterMemory)(Handle agent, Handle list, Handle args);
   int (*localMetadata)(Handle agent, void** data, size_t* length);
   int (*loadRemoteMetadata)(
-      Handle agent,
-      const void* data,
-      size_t length,
-      char** agentName);
+      Handle agent, const void* data, size_t length, char** agentName);
   int (*invalidateRemoteMetadata)(Handle agent, const char* remoteAgent);
   int (*createXferList)(int memoryType, Handle* list);
   int (*xferListAdd)(
-      Handle list,
-      uintptr_t address,
-      size_t length,
-      uint64_t deviceId);
+      Handle list, uintptr_t address, size_t length, uint64_t deviceId);
   Destroy destroyXferList;
   int (*createXferRequest)(
       Handle agent,

@@ -145,8 +145,8 @@ NixlMesh::NixlMesh(const MeshSite& site)
       continue;
     }
     for (int lane = 0; lane < kLanes; ++lane) {
-      connections_[machine * kLanes + lane] =
-          std::make_unique<NixlConnection>(*this, machine, static_cast<Lane>(lane));
+      connections_[machine * kLanes + lane] = std::make_unique<NixlConnection>(
+          *this, machine, static_cast<Lane>(lane));
     }
   }
   for (size_t index = 0; index < neighbours_.size(); ++index) {
@@ -156,7 +156,8 @@ NixlMesh::NixlMesh(const MeshSite& site)
   if (const char* slow = std::getenv("FAIRRING_TEST_NIXL_SLOW_RECEIVER_MS")) {
     slowReceiver_ = std::chrono::milliseconds(std::atoi(slow));
   }
-  if (const char* ungranted = std::getenv("FAIRRING_TEST_NIXL_UNGRANTED_WRITES")) {
+  if (const char* ungranted =
+          std::getenv("FAIRRING_TEST_NIXL_UNGRANTED_WRITES")) {
     ungrantedWrites_ = std::string(ungranted) == "1";
   }
   name_ = "fairring-rank" + std::to_string(rank) + "-" + randomHex();
@@ -165,7 +166,10 @@ NixlMesh::NixlMesh(const MeshSite& site)
     // it polls (NIXL's spins without a delay, a core per rank).
     const AgentConfig config{false, false, 0, /*strict*/ 1, 0, 0, 0, false};
     int status = api_.createAgent(name_.c_str(), &config, &agent_);
-    TORCH_CHECK(status == kSuccess, "fairring: NIXL could not create an agent: ", statusText(status));
+    TORCH_CHECK(
+        status == kSuccess,
+        "fairring: NIXL could not create an agent: ",
+        statusText(status));
     std::string plugins;
     Handle list = nullptr;
     if (api_.availablePlugins(agent_, &list) == kSuccess) {
@@ -180,8 +184,11 @@ NixlMesh::NixlMesh(const MeshSite& site)
       api_.destroyStringList(list);
     }
     Handle params = nullptr;
-    TORCH_CHECK(api_.createParams(&params) == kSuccess, "fairring: NIXL could not make backend parameters");
-    status = api_.createBackend(agent_, backendName_.c_str(), params, &backend_);
+    TORCH_CHECK(
+        api_.createParams(&params) == kSuccess,
+        "fairring: NIXL could not make backend parameters");
+    status =
+        api_.createBackend(agent_, backendName_.c_str(), params, &backend_);
     api_.destroyParams(params);
     if (status != kSuccess) {
       backend_ = nullptr;
@@ -197,13 +204,16 @@ NixlMesh::NixlMesh(const MeshSite& site)
           plugins.empty() ? "none" : plugins,
           "). ",
           backendName_ == "LIBFABRIC"
-              ? "Its plugin needs libfabric 2.x (libfabric.so.1 with FABRIC_1.10), "
+              ? "Its plugin needs libfabric 2.x (libfabric.so.1 with "
+                "FABRIC_1.10), "
                 "hwloc and the GPU driver's libcuda.so.1; "
               : "",
           "choose another with FAIRRING_NIXL_BACKEND=UCX|LIBFABRIC, or use "
           "FAIRRING_RAILS_TRANSPORT=tensorpipe");
     }
-    TORCH_CHECK(api_.createOptArgs(&args_) == kSuccess, "fairring: NIXL could not make arguments");
+    TORCH_CHECK(
+        api_.createOptArgs(&args_) == kSuccess,
+        "fairring: NIXL could not make arguments");
     TORCH_CHECK(
         api_.optArgsAddBackend(args_, backend_) == kSuccess,
         "fairring: NIXL could not name its backend");
@@ -244,7 +254,8 @@ void NixlMesh::releaseNixl() {
 // Rail peers come first among the neighbours, by machine, this rank's own
 // machine left out (Topology::neighbours).
 size_t NixlMesh::neighbourOfMachine(int machine) const {
-  return static_cast<size_t>(machine < topology_.machine() ? machine : machine - 1);
+  return static_cast<size_t>(
+      machine < topology_.machine() ? machine : machine - 1);
 }
 
 int NixlMesh::machineOfNeighbour(size_t neighbour) const {
@@ -266,7 +277,9 @@ std::string NixlMesh::describePeer(size_t neighbour) const {
 }
 
 void NixlMesh::registerStaging(const Buffer& staging) {
-  TORCH_CHECK(registered_ == nullptr, "fairring: the NIXL rails' staging was registered twice");
+  TORCH_CHECK(
+      registered_ == nullptr,
+      "fairring: the NIXL rails' staging was registered twice");
   TORCH_CHECK(
       staging.data != nullptr && staging.bytes > 0 && staging.device == device_,
       "fairring: the NIXL rails need staging on ",
@@ -274,8 +287,16 @@ void NixlMesh::registerStaging(const Buffer& staging) {
   staging_ = staging;
   const MemoryType type = memoryTypeOf(device_);
   Handle list = nullptr;
-  TORCH_CHECK(api_.createRegList(type, &list) == kSuccess, "fairring: NIXL could not make a registration list");
-  int status = api_.regListAdd(list, reinterpret_cast<uintptr_t>(staging.data), staging.bytes, deviceIdOf(device_), nullptr, 0);
+  TORCH_CHECK(
+      api_.createRegList(type, &list) == kSuccess,
+      "fairring: NIXL could not make a registration list");
+  int status = api_.regListAdd(
+      list,
+      reinterpret_cast<uintptr_t>(staging.data),
+      staging.bytes,
+      deviceIdOf(device_),
+      nullptr,
+      0);
   if (status == kSuccess) {
     status = api_.registerMemory(agent_, list, args_);
   }
@@ -293,14 +314,19 @@ void NixlMesh::registerStaging(const Buffer& staging) {
         topology_.rank(),
         ": ",
         statusText(status),
-        device_.is_cuda() ? "; GPU memory needs a backend built with CUDA support" : "");
+        device_.is_cuda()
+            ? "; GPU memory needs a backend built with CUDA support"
+            : "");
   }
   registered_ = list;
 
   void* data = nullptr;
   size_t length = 0;
   status = api_.localMetadata(agent_, &data, &length);
-  TORCH_CHECK(status == kSuccess, "fairring: NIXL could not describe this rank's agent: ", statusText(status));
+  TORCH_CHECK(
+      status == kSuccess,
+      "fairring: NIXL could not describe this rank's agent: ",
+      statusText(status));
   std::string metadata(static_cast<const char*>(data), length);
   std::free(data);
   std::ostringstream header;
@@ -326,7 +352,8 @@ void NixlMesh::registerStaging(const Buffer& staging) {
     std::string missing;
     for (size_t index = 0; index < keys.size(); ++index) {
       if (!store_->check({keys[index]})) {
-        missing += (missing.empty() ? "" : ", ") + std::to_string(neighbours_[index]);
+        missing +=
+            (missing.empty() ? "" : ", ") + std::to_string(neighbours_[index]);
       }
     }
     TORCH_CHECK(
@@ -342,31 +369,45 @@ void NixlMesh::registerStaging(const Buffer& staging) {
         "<rank>): they have not made their engine. Check that every rank "
         "issued the same all-reduce, with FAIRRING_RAILS_TRANSPORT=nixl");
   }
-  const auto values = keys.empty() ? std::vector<std::vector<uint8_t>>{} : store_->multiGet(keys);
+  const auto values = keys.empty() ? std::vector<std::vector<uint8_t>>{}
+                                   : store_->multiGet(keys);
   peers_.resize(neighbours_.size());
   for (size_t index = 0; index < neighbours_.size(); ++index) {
     const int peer = neighbours_[index];
     const std::string& key = keys[index];
     const std::string text(values[index].begin(), values[index].end());
     const size_t newline = text.find('\n');
-    const auto fields = words(std::string_view(text).substr(0, std::min(newline, size_t{512})));
+    const auto fields =
+        words(std::string_view(text).substr(0, std::min(newline, size_t{512})));
     std::string why;
     if (newline == std::string::npos || fields.size() != 8 ||
-        std::string(fields[0]) + " " + std::string(fields[1]) != kMetadataMagic) {
+        std::string(fields[0]) + " " + std::string(fields[1]) !=
+            kMetadataMagic) {
       why = "it is not fairring's NIXL metadata";
-    } else if (parseNumber(fields[2]) != std::optional<uint64_t>(static_cast<uint64_t>(peer))) {
+    } else if (
+        parseNumber(fields[2]) !=
+        std::optional<uint64_t>(static_cast<uint64_t>(peer))) {
       why = "it names another rank";
     } else if (!plausibleAgentName(fields[3])) {
       why = "its agent name is not one fairring makes";
-    } else if (parseNumber(fields[4]) != std::optional<uint64_t>(static_cast<uint64_t>(type))) {
+    } else if (
+        parseNumber(fields[4]) !=
+        std::optional<uint64_t>(static_cast<uint64_t>(type))) {
       why = "its staging is on another device type";
-    } else if (!parseNumber(fields[5]) || !parseNumber(fields[6]) || !parseNumber(fields[7]) ||
-               *parseNumber(fields[6]) == 0 || *parseNumber(fields[7]) == 0) {
+    } else if (
+        !parseNumber(fields[5]) || !parseNumber(fields[6]) ||
+        !parseNumber(fields[7]) || *parseNumber(fields[6]) == 0 ||
+        *parseNumber(fields[7]) == 0) {
       why = "its staging is not described";
     }
     Peer found;
     if (why.empty()) {
-      found = Peer{peer, std::string(fields[3]), *parseNumber(fields[6]), *parseNumber(fields[7]), *parseNumber(fields[5])};
+      found = Peer{
+          peer,
+          std::string(fields[3]),
+          *parseNumber(fields[6]),
+          *parseNumber(fields[7]),
+          *parseNumber(fields[5])};
       char* name = nullptr;
       const int loadStatus = api_.loadRemoteMetadata(
           agent_, text.data() + newline + 1, text.size() - newline - 1, &name);
@@ -401,17 +442,20 @@ void NixlMesh::registerStaging(const Buffer& staging) {
   thread_ = std::thread([this] { progressLoop(); });
 }
 
-std::string NixlMesh::checkBuffer(const Buffer& buffer, const char* what) const {
+std::string NixlMesh::checkBuffer(
+    const Buffer& buffer, const char* what) const {
   const auto begin = reinterpret_cast<uintptr_t>(staging_.data);
   const auto data = reinterpret_cast<uintptr_t>(buffer.data);
   if (registered_ == nullptr) {
     return "the NIXL rails moved data before their staging was registered";
   }
-  if (buffer.device != device_ || data < begin || buffer.bytes > staging_.bytes ||
+  if (buffer.device != device_ || data < begin ||
+      buffer.bytes > staging_.bytes ||
       data - begin > staging_.bytes - buffer.bytes) {
     return std::string("the NIXL rails carry only the engine's staging, but ") +
-        what + " lies elsewhere (FAIRRING_TEST_EMULATED_DEVICE needs "
-               "FAIRRING_RAILS_TRANSPORT=tensorpipe)";
+        what +
+        " lies elsewhere (FAIRRING_TEST_EMULATED_DEVICE needs "
+        "FAIRRING_RAILS_TRANSPORT=tensorpipe)";
   }
   return "";
 }
@@ -431,7 +475,9 @@ void NixlMesh::read(
   {
     std::lock_guard<std::mutex> lock(mutex_);
     DataLink& link = linkLocked(machine, lane);
-    std::string error = !link.closed.empty() ? link.closed : checkBuffer(target, "a receive's target");
+    std::string error = !link.closed.empty()
+        ? link.closed
+        : checkBuffer(target, "a receive's target");
     if (error.empty() && link.read) {
       error = "a read was posted while another was pending";
     }
@@ -439,25 +485,28 @@ void NixlMesh::read(
       error = "a tag of " + std::to_string(tag.size()) + " bytes";
     }
     if (!error.empty()) {
-      later.push_back([received = std::move(received), error] { received(error, "", 0); });
+      later.push_back(
+          [received = std::move(received), error] { received(error, "", 0); });
     } else {
       const uint64_t seq = link.nextGrant++;
-      Message grant{Kind::kGrant, lane, seq, addressOf(target.data), target.bytes, tag};
+      Message grant{
+          Kind::kGrant, lane, seq, addressOf(target.data), target.bytes, tag};
       link.read = Read{seq, std::move(tag), target, std::move(received)};
-      queueLocked(Notify{
-          neighbourOfMachine(machine),
-          encode(grant),
-          [this, machine, lane](const std::string& error) {
-            if (error.empty()) {
-              return;
-            }
-            std::vector<Callback> failed;
-            {
-              std::lock_guard<std::mutex> lock(mutex_);
-              closeLinkLocked(linkLocked(machine, lane), error, failed);
-            }
-            runAll(failed);
-          }});
+      queueLocked(
+          Notify{
+              neighbourOfMachine(machine),
+              encode(grant),
+              [this, machine, lane](const std::string& error) {
+                if (error.empty()) {
+                  return;
+                }
+                std::vector<Callback> failed;
+                {
+                  std::lock_guard<std::mutex> lock(mutex_);
+                  closeLinkLocked(linkLocked(machine, lane), error, failed);
+                }
+                runAll(failed);
+              }});
     }
   }
   runAll(later);
@@ -473,14 +522,17 @@ void NixlMesh::write(
   {
     std::lock_guard<std::mutex> lock(mutex_);
     DataLink& link = linkLocked(machine, lane);
-    const std::string error = !link.closed.empty() ? link.closed : checkBuffer(buffer, "a send's buffer");
+    const std::string error = !link.closed.empty()
+        ? link.closed
+        : checkBuffer(buffer, "a send's buffer");
     if (!error.empty()) {
       later.push_back([done = std::move(done), error] { done(error); });
     } else {
       Write queued{std::move(tag), buffer, std::move(done), nullptr};
       if (buffer.stream) {
         // NIXL reads the bytes off the stream's order: it waits for them.
-        queued.ready = std::make_shared<c10::Event>(buffer.stream->device_type());
+        queued.ready =
+            std::make_shared<c10::Event>(buffer.stream->device_type());
         queued.ready->record(*buffer.stream);
       }
       link.writes.push_back(std::move(queued));
@@ -491,14 +543,16 @@ void NixlMesh::write(
   runAll(later);
 }
 
-void NixlMesh::matchLocked(int machine, Lane lane, std::vector<Callback>& later) {
+void NixlMesh::matchLocked(
+    int machine, Lane lane, std::vector<Callback>& later) {
   DataLink& link = linkLocked(machine, lane);
   const size_t neighbour = neighbourOfMachine(machine);
   const Peer& peer = peers_[neighbour];
   while (!link.writes.empty() && link.closed.empty()) {
     const auto found = link.grants.find(link.nextWrite);
     if (found == link.grants.end()) {
-      if (ungrantedWrites_ && link.lastGrant && link.lastGrant->bytes > 0 && !link.writes.front().strayed &&
+      if (ungrantedWrites_ && link.lastGrant && link.lastGrant->bytes > 0 &&
+          !link.writes.front().strayed &&
           link.lastGrant->bytes == link.writes.front().buffer.bytes) {
         // The negative control: overwrite what the last grant named, which
         // the receiver may still be using; the write proper follows its grant.
@@ -506,7 +560,14 @@ void NixlMesh::matchLocked(int machine, Lane lane, std::vector<Callback>& later)
         link.writes.front().strayed = true;
         stray.done = [](const std::string&) {};
         // No notice: the receiver cannot tell.
-        queueLocked(Post{machine, lane, std::move(stray), *link.lastGrant, link.nextWrite, /*silent=*/true});
+        queueLocked(
+            Post{
+                machine,
+                lane,
+                std::move(stray),
+                *link.lastGrant,
+                link.nextWrite,
+                /*silent=*/true});
       }
       return;
     }
@@ -516,7 +577,8 @@ void NixlMesh::matchLocked(int machine, Lane lane, std::vector<Callback>& later)
     const uint64_t seq = link.nextWrite++;
     if (grant.address < peer.stagingBase || grant.bytes > peer.stagingBytes ||
         grant.address - peer.stagingBase > peer.stagingBytes - grant.bytes) {
-      misbehavedLocked(neighbour, "it granted memory outside its staging", later);
+      misbehavedLocked(
+          neighbour, "it granted memory outside its staging", later);
       return;
     }
     Write write = std::move(link.writes.front());
@@ -524,23 +586,35 @@ void NixlMesh::matchLocked(int machine, Lane lane, std::vector<Callback>& later)
     if (grant.tag != write.tag || grant.bytes != write.buffer.bytes) {
       // Another message than the receiver expects: nothing is written, and
       // the receiver fails the protocol naming both.
-      queueLocked(Notify{
-          neighbour,
-          encode(Message{Kind::kHeader, lane, seq, 0, write.buffer.bytes, write.tag}),
-          std::move(write.done)});
+      queueLocked(
+          Notify{
+              neighbour,
+              encode(
+                  Message{
+                      Kind::kHeader,
+                      lane,
+                      seq,
+                      0,
+                      write.buffer.bytes,
+                      write.tag}),
+              std::move(write.done)});
     } else {
-      queueLocked(Post{machine, lane, std::move(write), grant, seq, /*silent=*/false});
+      queueLocked(
+          Post{machine, lane, std::move(write), grant, seq, /*silent=*/false});
     }
   }
 }
 
-void NixlMesh::closeLinkLocked(DataLink& link, const std::string& why, std::vector<Callback>& later) {
+void NixlMesh::closeLinkLocked(
+    DataLink& link, const std::string& why, std::vector<Callback>& later) {
   if (!link.closed.empty()) {
     return;
   }
   link.closed = why;
   if (link.read) {
-    later.push_back([received = std::move(link.read->received), why] { received(why, "", 0); });
+    later.push_back([received = std::move(link.read->received), why] {
+      received(why, "", 0);
+    });
     link.read.reset();
   }
   for (auto& write : link.writes) {
@@ -550,8 +624,10 @@ void NixlMesh::closeLinkLocked(DataLink& link, const std::string& why, std::vect
   link.grants.clear();
 }
 
-void NixlMesh::misbehavedLocked(size_t neighbour, const std::string& why, std::vector<Callback>& later) {
-  const std::string text = describePeer(neighbour) + " sent what the NIXL rails refuse: " + why;
+void NixlMesh::misbehavedLocked(
+    size_t neighbour, const std::string& why, std::vector<Callback>& later) {
+  const std::string text =
+      describePeer(neighbour) + " sent what the NIXL rails refuse: " + why;
   ++refused_;
   if (firstRefusal_.empty()) {
     firstRefusal_ = text;
@@ -559,11 +635,13 @@ void NixlMesh::misbehavedLocked(size_t neighbour, const std::string& why, std::v
   lostLocked(neighbour, text, later);
 }
 
-void NixlMesh::lostLocked(size_t neighbour, const std::string& text, std::vector<Callback>& later) {
+void NixlMesh::lostLocked(
+    size_t neighbour, const std::string& text, std::vector<Callback>& later) {
   if (isRailPeer(neighbour)) {
     const int machine = machineOfNeighbour(neighbour);
     for (int lane = 0; lane < kLanes; ++lane) {
-      closeLinkLocked(linkLocked(machine, static_cast<Lane>(lane)), text, later);
+      closeLinkLocked(
+          linkLocked(machine, static_cast<Lane>(lane)), text, later);
     }
   }
   ControlLink& control = controlLinks_[neighbour];
@@ -576,7 +654,8 @@ void NixlMesh::lostLocked(size_t neighbour, const std::string& text, std::vector
   control.readers.clear();
 }
 
-void NixlMesh::writeNote(size_t neighbour, std::string text, Connection::Done done) {
+void NixlMesh::writeNote(
+    size_t neighbour, std::string text, Connection::Done done) {
   if (text.size() > kMaxNoteBytes) {
     done("a note of " + std::to_string(text.size()) + " bytes");
     return;
@@ -588,7 +667,11 @@ void NixlMesh::writeNote(size_t neighbour, std::string text, Connection::Done do
     broken = link.broken;
     if (broken.empty()) {
       const uint64_t seq = link.nextOut++;
-      queueLocked(Notify{neighbour, encode(Message{Kind::kNote, 0, seq, 0, 0, std::move(text)}), std::move(done)});
+      queueLocked(
+          Notify{
+              neighbour,
+              encode(Message{Kind::kNote, 0, seq, 0, 0, std::move(text)}),
+              std::move(done)});
       return;
     }
   }
@@ -601,7 +684,8 @@ void NixlMesh::readNote(size_t neighbour, Connection::Note note) {
     std::lock_guard<std::mutex> lock(mutex_);
     ControlLink& link = controlLinks_.at(neighbour);
     if (!link.broken.empty() || stopping_) {
-      const std::string why = link.broken.empty() ? "the rails shut down" : link.broken;
+      const std::string why =
+          link.broken.empty() ? "the rails shut down" : link.broken;
       later.push_back([note = std::move(note), why] { note(why, ""); });
     } else {
       link.readers.push_back(std::move(note));
@@ -611,10 +695,12 @@ void NixlMesh::readNote(size_t neighbour, Connection::Note note) {
   runAll(later);
 }
 
-void NixlMesh::deliverNotesLocked(ControlLink& link, std::vector<Callback>& later) {
+void NixlMesh::deliverNotesLocked(
+    ControlLink& link, std::vector<Callback>& later) {
   while (!link.arrived.empty() && !link.readers.empty()) {
-    later.push_back([reader = std::move(link.readers.front()),
-                     text = std::move(link.arrived.front())] { reader("", text); });
+    later.push_back(
+        [reader = std::move(link.readers.front()),
+         text = std::move(link.arrived.front())] { reader("", text); });
     link.readers.pop_front();
     link.arrived.pop_front();
   }
@@ -632,13 +718,24 @@ void NixlMesh::close() {
         continue;
       }
       for (int lane = 0; lane < kLanes; ++lane) {
-        closeLinkLocked(linkLocked(machine, static_cast<Lane>(lane)), "the rails were closed on rank " + std::to_string(topology_.rank()), later);
+        closeLinkLocked(
+            linkLocked(machine, static_cast<Lane>(lane)),
+            "the rails were closed on rank " + std::to_string(topology_.rank()),
+            later);
       }
       if (thread_.joinable()) {
-        queueLocked(Notify{
-            neighbourOfMachine(machine),
-            encode(Message{Kind::kClosed, 0, 0, 0, 0, "closed by rank " + std::to_string(topology_.rank())}),
-            {}});
+        queueLocked(
+            Notify{
+                neighbourOfMachine(machine),
+                encode(
+                    Message{
+                        Kind::kClosed,
+                        0,
+                        0,
+                        0,
+                        0,
+                        "closed by rank " + std::to_string(topology_.rank())}),
+                {}});
       }
     }
   }
@@ -675,7 +772,8 @@ void NixlMesh::progressLoop() {
       break;
     }
     if (!busy && outbox_.empty()) {
-      const std::chrono::microseconds poll = waitingForPeersLocked() ? kBusyPoll : kIdlePoll;
+      const std::chrono::microseconds poll =
+          waitingForPeersLocked() ? kBusyPoll : kIdlePoll;
       wake_.wait_for(lock, poll);
     }
   }
@@ -705,11 +803,16 @@ bool NixlMesh::sendOutgoing() {
       }
       if (error.empty()) {
         const int status = api_.sendNotif(
-            agent_, peers_[notify->neighbour].agent.c_str(), notify->bytes.data(), notify->bytes.size(), args_);
+            agent_,
+            peers_[notify->neighbour].agent.c_str(),
+            notify->bytes.data(),
+            notify->bytes.size(),
+            args_);
         if (status != kSuccess) {
           // A peer that exited or cannot be reached: its connections fail
           // now, so the Watch names it without waiting for its silence.
-          error = "NIXL could not reach " + describePeer(notify->neighbour) + ": " + statusText(status);
+          error = "NIXL could not reach " + describePeer(notify->neighbour) +
+              ": " + statusText(status);
           std::vector<Callback> later;
           {
             std::lock_guard<std::mutex> lock(mutex_);
@@ -736,12 +839,22 @@ bool NixlMesh::sendOutgoing() {
 void NixlMesh::startTransfer(Post post) {
   const size_t neighbour = neighbourOfMachine(post.machine);
   const Peer& peer = peers_[neighbour];
-  Message arrived{Kind::kData, post.lane, post.seq, 0, post.write.buffer.bytes, post.write.tag};
+  Message arrived{
+      Kind::kData,
+      post.lane,
+      post.seq,
+      0,
+      post.write.buffer.bytes,
+      post.write.tag};
   const std::string notice = encode(arrived);
   auto& done = post.write.done;
   if (post.write.buffer.bytes == 0) {
-    const int status = api_.sendNotif(agent_, peer.agent.c_str(), notice.data(), notice.size(), args_);
-    done(status == kSuccess ? "" : "NIXL could not notify " + describePeer(neighbour) + ": " + statusText(status));
+    const int status = api_.sendNotif(
+        agent_, peer.agent.c_str(), notice.data(), notice.size(), args_);
+    done(
+        status == kSuccess ? ""
+                           : "NIXL could not notify " +
+                describePeer(neighbour) + ": " + statusText(status));
     return;
   }
   Transfer transfer;
@@ -749,13 +862,21 @@ void NixlMesh::startTransfer(Post post) {
   const MemoryType type = memoryTypeOf(device_);
   int status = api_.createXferList(type, &transfer.local);
   if (status == kSuccess) {
-    status = api_.xferListAdd(transfer.local, reinterpret_cast<uintptr_t>(post.write.buffer.data), post.write.buffer.bytes, deviceIdOf(device_));
+    status = api_.xferListAdd(
+        transfer.local,
+        reinterpret_cast<uintptr_t>(post.write.buffer.data),
+        post.write.buffer.bytes,
+        deviceIdOf(device_));
   }
   if (status == kSuccess) {
     status = api_.createXferList(type, &transfer.remote);
   }
   if (status == kSuccess) {
-    status = api_.xferListAdd(transfer.remote, static_cast<uintptr_t>(post.grant.address), post.grant.bytes, peer.deviceId);
+    status = api_.xferListAdd(
+        transfer.remote,
+        static_cast<uintptr_t>(post.grant.address),
+        post.grant.bytes,
+        peer.deviceId);
   }
   if (status == kSuccess) {
     status = api_.createOptArgs(&args);
@@ -771,7 +892,14 @@ void NixlMesh::startTransfer(Post post) {
     status = api_.optArgsSetHasNotif(args, notify);
   }
   if (status == kSuccess) {
-    status = api_.createXferRequest(agent_, kWrite, transfer.local, transfer.remote, peer.agent.c_str(), &transfer.request, args);
+    status = api_.createXferRequest(
+        agent_,
+        kWrite,
+        transfer.local,
+        transfer.remote,
+        peer.agent.c_str(),
+        &transfer.request,
+        args);
     if (status != kSuccess) {
       transfer.request = nullptr;
     }
@@ -822,7 +950,8 @@ bool NixlMesh::pollTransfers() {
     api_.destroyXferRequest(finished.request);
     api_.destroyXferList(finished.local);
     api_.destroyXferList(finished.remote);
-    finished.done(status == kSuccess ? "" : "a NIXL write failed: " + statusText(status));
+    finished.done(
+        status == kSuccess ? "" : "a NIXL write failed: " + statusText(status));
   }
   return did;
 }
@@ -837,7 +966,8 @@ bool NixlMesh::pollNotifications(Handle map) {
   for (size_t index = 0; index < agents; ++index) {
     const char* agent = nullptr;
     size_t count = 0;
-    if (api_.notifMapAgentAt(map, index, &agent) != kSuccess || agent == nullptr ||
+    if (api_.notifMapAgentAt(map, index, &agent) != kSuccess ||
+        agent == nullptr ||
         api_.notifMapCount(map, agent, &count) != kSuccess) {
       continue;
     }
@@ -845,7 +975,8 @@ bool NixlMesh::pollNotifications(Handle map) {
       const void* data = nullptr;
       size_t length = 0;
       if (api_.notifMapGet(map, agent, at, &data, &length) == kSuccess) {
-        received.emplace_back(agent, std::string(static_cast<const char*>(data), length));
+        received.emplace_back(
+            agent, std::string(static_cast<const char*>(data), length));
       }
     }
   }
@@ -858,13 +989,15 @@ bool NixlMesh::pollNotifications(Handle map) {
   return !received.empty();
 }
 
-void NixlMesh::onNotification(const std::string& agent, std::string bytes, std::vector<Callback>& later) {
+void NixlMesh::onNotification(
+    const std::string& agent, std::string bytes, std::vector<Callback>& later) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto found = byAgent_.find(agent);
   if (found == byAgent_.end()) {
     ++refused_;
     if (firstRefusal_.empty()) {
-      firstRefusal_ = "a notification from agent '" + printable(agent, 64) + "', no neighbour";
+      firstRefusal_ = "a notification from agent '" + printable(agent, 64) +
+          "', no neighbour";
     }
     return;
   }
@@ -880,12 +1013,17 @@ void NixlMesh::onNotification(const std::string& agent, std::string bytes, std::
     if (!link.broken.empty()) {
       return;
     }
-    if (message->seq < link.nextIn || link.early.count(message->seq) || link.early.size() >= kMaxAhead) {
-      misbehavedLocked(neighbour, "note " + std::to_string(message->seq) + " out of order", later);
+    if (message->seq < link.nextIn || link.early.count(message->seq) ||
+        link.early.size() >= kMaxAhead) {
+      misbehavedLocked(
+          neighbour,
+          "note " + std::to_string(message->seq) + " out of order",
+          later);
       return;
     }
     link.early.emplace(message->seq, message->text);
-    for (auto next = link.early.find(link.nextIn); next != link.early.end(); next = link.early.find(link.nextIn)) {
+    for (auto next = link.early.find(link.nextIn); next != link.early.end();
+         next = link.early.find(link.nextIn)) {
       link.arrived.push_back(std::move(next->second));
       link.early.erase(next);
       ++link.nextIn;
@@ -904,7 +1042,8 @@ void NixlMesh::onNotification(const std::string& agent, std::string bytes, std::
     for (int each = 0; each < kLanes; ++each) {
       closeLinkLocked(
           linkLocked(machine, static_cast<Lane>(each)),
-          describePeer(neighbour) + " closed its rails (" + printable(message->text, 200) + ")",
+          describePeer(neighbour) + " closed its rails (" +
+              printable(message->text, 200) + ")",
           later);
     }
     return;
@@ -913,20 +1052,29 @@ void NixlMesh::onNotification(const std::string& agent, std::string bytes, std::
     return; // in flight when it closed
   }
   if (message->kind == Kind::kGrant) {
-    if (message->seq < link.nextWrite || link.grants.count(message->seq) || link.grants.size() >= kMaxAhead) {
-      misbehavedLocked(neighbour, "grant " + std::to_string(message->seq) + " out of order", later);
+    if (message->seq < link.nextWrite || link.grants.count(message->seq) ||
+        link.grants.size() >= kMaxAhead) {
+      misbehavedLocked(
+          neighbour,
+          "grant " + std::to_string(message->seq) + " out of order",
+          later);
       return;
     }
-    link.grants.emplace(message->seq, Grant{message->address, message->bytes, message->text});
+    link.grants.emplace(
+        message->seq, Grant{message->address, message->bytes, message->text});
     matchLocked(machine, lane, later);
     return;
   }
   // Data or header: the end of the read pending on this link.
   if (!link.read || link.read->seq != message->seq) {
-    misbehavedLocked(neighbour, "message " + std::to_string(message->seq) + " arrived unasked for", later);
+    misbehavedLocked(
+        neighbour,
+        "message " + std::to_string(message->seq) + " arrived unasked for",
+        later);
     return;
   }
-  const bool matches = message->text == link.read->tag && message->bytes == link.read->target.bytes;
+  const bool matches = message->text == link.read->tag &&
+      message->bytes == link.read->target.bytes;
   if (matches != (message->kind == Kind::kData)) {
     misbehavedLocked(
         neighbour,
@@ -937,11 +1085,12 @@ void NixlMesh::onNotification(const std::string& agent, std::string bytes, std::
   }
   Read done = std::move(*link.read);
   link.read.reset();
-  Callback arrival = [received = std::move(done.received), tag = message->text, bytes = message->bytes] {
-    received("", tag, bytes);
-  };
+  Callback arrival = [received = std::move(done.received),
+                      tag = message->text,
+                      bytes = message->bytes] { received("", tag, bytes); };
   if (slowReceiver_.count() > 0) {
-    heldBack_.emplace_back(std::chrono::steady_clock::now() + slowReceiver_, std::move(arrival));
+    heldBack_.emplace_back(
+        std::chrono::steady_clock::now() + slowReceiver_, std::move(arrival));
   } else {
     later.push_back(std::move(arrival));
   }
@@ -987,11 +1136,13 @@ void NixlMesh::shutdown() {
     }
     api_.destroyXferList(transfer.local);
     api_.destroyXferList(transfer.remote);
-    later.push_back([done = std::move(transfer.done)] { done("the rails shut down"); });
+    later.push_back(
+        [done = std::move(transfer.done)] { done("the rails shut down"); });
   }
   transfers_.clear();
   for (auto& post : waiting_) {
-    later.push_back([done = std::move(post.write.done)] { done("the rails shut down"); });
+    later.push_back(
+        [done = std::move(post.write.done)] { done("the rails shut down"); });
   }
   waiting_.clear();
   {
@@ -1001,14 +1152,17 @@ void NixlMesh::shutdown() {
           ? std::move(std::get<Notify>(outgoing).done)
           : std::move(std::get<Post>(outgoing).write.done);
       if (done) {
-        later.push_back([done = std::move(done)] { done("the rails shut down"); });
+        later.push_back(
+            [done = std::move(done)] { done("the rails shut down"); });
       }
     }
     outbox_.clear();
     heldBack_.clear();
     for (auto& link : controlLinks_) {
       for (auto& reader : link.readers) {
-        later.push_back([reader = std::move(reader)] { reader("the rails shut down", ""); });
+        later.push_back([reader = std::move(reader)] {
+          reader("the rails shut down", "");
+        });
       }
       link.readers.clear();
     }
@@ -1026,16 +1180,22 @@ Connection& NixlMesh::connection(int machine, Lane lane) {
 }
 
 Connection& NixlMesh::control(size_t index) {
-  TORCH_CHECK(index < controls_.size(), "fairring: no control connection to neighbour ", index);
+  TORCH_CHECK(
+      index < controls_.size(),
+      "fairring: no control connection to neighbour ",
+      index);
   return *controls_[index];
 }
 
 std::string NixlMesh::describe() const {
-  std::string text = "nixl " + backendName_ + " agent " + name_ + " on " + interfaceName_;
+  std::string text =
+      "nixl " + backendName_ + " agent " + name_ + " on " + interfaceName_;
   std::lock_guard<std::mutex> lock(mutex_);
-  text += "; " + std::to_string(writesWaited_) + " write(s) waited for their grant";
+  text +=
+      "; " + std::to_string(writesWaited_) + " write(s) waited for their grant";
   if (refused_ > 0) {
-    text += "; refused " + std::to_string(refused_) + " notification(s), first: " + firstRefusal_;
+    text += "; refused " + std::to_string(refused_) +
+        " notification(s), first: " + firstRefusal_;
   }
   return text;
 }

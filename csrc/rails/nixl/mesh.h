@@ -149,23 +149,36 @@ class NixlMesh final : public Mesh {
   };
 
   // Called by connections, from any thread.
-  void read(int machine, Lane lane, std::string tag, const Buffer& target, Connection::Received received);
-  void write(int machine, Lane lane, std::string tag, const Buffer& buffer, Connection::Done done);
+  void read(
+      int machine,
+      Lane lane,
+      std::string tag,
+      const Buffer& target,
+      Connection::Received received);
+  void write(
+      int machine,
+      Lane lane,
+      std::string tag,
+      const Buffer& buffer,
+      Connection::Done done);
   void writeNote(size_t neighbour, std::string text, Connection::Done done);
   void readNote(size_t neighbour, Connection::Note note);
 
   // Under mutex_: pairs queued writes with grants; callbacks to run go to
   // `later`.
   void matchLocked(int machine, Lane lane, std::vector<Callback>& later);
-  void closeLinkLocked(DataLink& link, const std::string& why, std::vector<Callback>& later);
+  void closeLinkLocked(
+      DataLink& link, const std::string& why, std::vector<Callback>& later);
   void deliverNotesLocked(ControlLink& link, std::vector<Callback>& later);
   void queueLocked(Outgoing outgoing);
   // A neighbour sent something it must not: its data connections close and
   // its control connection fails.
-  void misbehavedLocked(size_t neighbour, const std::string& why, std::vector<Callback>& later);
+  void misbehavedLocked(
+      size_t neighbour, const std::string& why, std::vector<Callback>& later);
   // A neighbour is gone (`why`): its data connections close and its control
   // connection fails, now and for later calls.
-  void lostLocked(size_t neighbour, const std::string& why, std::vector<Callback>& later);
+  void lostLocked(
+      size_t neighbour, const std::string& why, std::vector<Callback>& later);
   size_t neighbourOfMachine(int machine) const;
   int machineOfNeighbour(size_t neighbour) const;
   bool isRailPeer(size_t neighbour) const;
@@ -179,7 +192,10 @@ class NixlMesh final : public Mesh {
   bool pollTransfers();
   bool pollNotifications(Handle map);
   bool releaseHeldBack();
-  void onNotification(const std::string& agent, std::string bytes, std::vector<Callback>& later);
+  void onNotification(
+      const std::string& agent,
+      std::string bytes,
+      std::vector<Callback>& later);
   void startTransfer(Post post);
   std::string checkBuffer(const Buffer& buffer, const char* what) const;
   std::string describePeer(size_t neighbour) const;
@@ -202,7 +218,8 @@ class NixlMesh final : public Mesh {
   std::vector<int> neighbours_;
   std::vector<Peer> peers_; // by neighbour index; filled by registerStaging
   std::unordered_map<std::string, size_t> byAgent_;
-  std::vector<std::unique_ptr<NixlConnection>> connections_; // machine * kLanes + lane
+  std::vector<std::unique_ptr<NixlConnection>>
+      connections_; // machine * kLanes + lane
   std::vector<std::unique_ptr<NixlConnection>> controls_; // by neighbour
 
   mutable std::mutex mutex_;
@@ -224,8 +241,10 @@ class NixlMesh final : public Mesh {
   // control would: the negative control of the flow-control test.
   std::chrono::milliseconds slowReceiver_{0};
   bool ungrantedWrites_ = false;
-  // Arrivals the slow receiver holds back, due at their time; guarded by mutex_.
-  std::deque<std::pair<std::chrono::steady_clock::time_point, Callback>> heldBack_;
+  // Arrivals the slow receiver holds back, due at their time; guarded by
+  // mutex_.
+  std::deque<std::pair<std::chrono::steady_clock::time_point, Callback>>
+      heldBack_;
 
   std::vector<Transfer> transfers_; // the mesh's thread's only
   std::deque<Post> waiting_; // writes whose bytes are not ready; likewise

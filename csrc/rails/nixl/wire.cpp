@@ -33,7 +33,8 @@ std::optional<uint64_t> parseNumber(std::string_view text) {
   uint64_t value = 0;
   const auto [end, error] =
       std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc() || end != text.data() + text.size()) {
+  if (text.empty() || error != std::errc() ||
+      end != text.data() + text.size()) {
     return std::nullopt;
   }
   return value;
@@ -119,7 +120,9 @@ std::optional<Message> parse(
     }
     message.bytes = *length;
     if (rest.empty() || rest.size() > kMaxTagBytes) {
-      return fail("a data notification with a tag of " + std::to_string(rest.size()) + " bytes");
+      return fail(
+          "a data notification with a tag of " + std::to_string(rest.size()) +
+          " bytes");
     }
   } else if (rest.size() > maxNoteBytes) {
     return fail("a note of " + std::to_string(rest.size()) + " bytes");

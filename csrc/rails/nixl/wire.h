@@ -56,9 +56,6 @@ std::optional<uint64_t> parseNumber(std::string_view text);
 // The message in `bytes`, or nullopt with `error` set to why it is not one
 // (`lanes`: how many data lanes there are; `maxNoteBytes`: longest text).
 std::optional<Message> parse(
-    std::string_view bytes,
-    int lanes,
-    size_t maxNoteBytes,
-    std::string& error);
+    std::string_view bytes, int lanes, size_t maxNoteBytes, std::string& error);
 
 } // namespace fairring::rails::nixl

@@ -1,6 +1,5 @@
 #include "rails/tensorpipe/cuda.h"
 
-
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 #include <tensorpipe/tensorpipe.h>
@@ -9,9 +8,7 @@
 namespace fairring::rails {
 
 std::vector<std::string> registerCudaChannels(
-    tensorpipe::Context& context,
-    const RailsNetwork& network,
-    int rank) {
+    tensorpipe::Context& context, const RailsNetwork& network, int rank) {
   const auto& channels = network.cudaChannels;
   std::vector<std::string> names;
   for (size_t index = 0; index < channels.size(); ++index) {
@@ -34,8 +31,11 @@ std::vector<std::string> registerCudaChannels(
     if (!channel || !channel->isViable()) {
       TORCH_CHECK(
           !network.isRequired(name),
-          "fairring: rank ", rank, ": the rails were asked to use TensorPipe's ",
-          name, " channel (FAIRRING_CHANNELS), but it is not viable in this "
+          "fairring: rank ",
+          rank,
+          ": the rails were asked to use TensorPipe's ",
+          name,
+          " channel (FAIRRING_CHANNELS), but it is not viable in this "
           "process (cuda_gdr needs libibverbs.so.1, an active InfiniBand or "
           "RoCE device and the nvidia_peermem module; cuda_basic needs "
           "libcuda.so.1)");
@@ -48,7 +48,9 @@ std::vector<std::string> registerCudaChannels(
   }
   TORCH_CHECK(
       !names.empty(),
-      "fairring: rank ", rank, ": no TensorPipe channel allowed by "
+      "fairring: rank ",
+      rank,
+      ": no TensorPipe channel allowed by "
       "FAIRRING_CHANNELS can move CUDA buffers between machines in this "
       "process (is libcuda.so.1 loadable?)");
   return names;

@@ -26,9 +26,7 @@ namespace fairring::rails {
 // share no host. Fails if a channel the user required is not viable, or if
 // none is. Returns the names registered, best first, for logs.
 std::vector<std::string> registerCudaChannels(
-    tensorpipe::Context& context,
-    const RailsNetwork& network,
-    int rank);
+    tensorpipe::Context& context, const RailsNetwork& network, int rank);
 
 // TensorPipe's view of CUDA memory, ordered on the buffer's stream.
 tensorpipe::Buffer cudaBuffer(const Buffer& buffer);

@@ -48,7 +48,8 @@ std::optional<int> parseInt(std::string_view text) {
   int value = 0;
   const auto [end, error] =
       std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc() || end != text.data() + text.size()) {
+  if (text.empty() || error != std::errc() ||
+      end != text.data() + text.size()) {
     return std::nullopt;
   }
   return value;
@@ -70,8 +71,9 @@ std::vector<std::string_view> splitWords(std::string_view text) {
 
 // A device index a peer may name: 0 on the CPU; a CUDA device index.
 bool plausibleDeviceIndex(int index, bool cuda) {
-  return cuda ? index >= 0 && index <= std::numeric_limits<c10::DeviceIndex>::max()
-              : index == 0;
+  return cuda
+      ? index >= 0 && index <= std::numeric_limits<c10::DeviceIndex>::max()
+      : index == 0;
 }
 
 // Whether `rank` connects to this rank, and on which lanes: rail peers on
@@ -124,7 +126,8 @@ struct Accepted {
 
   // "rejected N connection(s): [why] ..."; with `mutex` held.
   std::string noted() const {
-    std::string text = "rejected " + std::to_string(rejected) + " connection(s):";
+    std::string text =
+        "rejected " + std::to_string(rejected) + " connection(s):";
     for (const auto& why : rejections) {
       text += " [" + why + "]";
     }
@@ -137,48 +140,55 @@ namespace {
 void admit(
     const std::shared_ptr<tensorpipe::Pipe>& pipe,
     const std::shared_ptr<Accepted>& accepted) {
-  pipe->readDescriptor([pipe, accepted](
-                           const tensorpipe::Error& error,
-                           tensorpipe::Descriptor descriptor) {
-    if (error) {
-      accepted->reject(pipe, "a connection closed before its hello: " + error.what());
-      return;
-    }
-    if (!descriptor.tensors.empty() || !descriptor.payloads.empty()) {
-      accepted->reject(pipe, "a hello carried data");
-      return;
-    }
-    int rank = -1;
-    int lane = -1;
-    int deviceIndex = -1;
-    std::string why = checkHello(
-        descriptor.metadata, accepted->topology, accepted->cuda, rank, lane, deviceIndex);
-    if (why.empty()) {
-      std::lock_guard<std::mutex> lock(accepted->mutex);
-      if (!accepted->seen.emplace(rank, lane).second) {
-        why = "a second hello from rank " + std::to_string(rank) + " on lane " +
-            std::to_string(lane);
-      }
-    }
-    if (!why.empty()) {
-      accepted->reject(pipe, why);
-      return;
-    }
-    pipe->read(
-        tensorpipe::Allocation{},
-        [pipe, accepted, rank, lane, deviceIndex](const tensorpipe::Error& error) {
-          if (error) {
-            accepted->reject(
-                pipe,
-                "reading the hello of rank " + std::to_string(rank) + ": " +
-                    error.what());
-            return;
-          }
+  pipe->readDescriptor(
+      [pipe, accepted](
+          const tensorpipe::Error& error, tensorpipe::Descriptor descriptor) {
+        if (error) {
+          accepted->reject(
+              pipe, "a connection closed before its hello: " + error.what());
+          return;
+        }
+        if (!descriptor.tensors.empty() || !descriptor.payloads.empty()) {
+          accepted->reject(pipe, "a hello carried data");
+          return;
+        }
+        int rank = -1;
+        int lane = -1;
+        int deviceIndex = -1;
+        std::string why = checkHello(
+            descriptor.metadata,
+            accepted->topology,
+            accepted->cuda,
+            rank,
+            lane,
+            deviceIndex);
+        if (why.empty()) {
           std::lock_guard<std::mutex> lock(accepted->mutex);
-          accepted->pipes.push_back({rank, lane, deviceIndex, pipe});
-          accepted->changed.notify_all();
-        });
-  });
+          if (!accepted->seen.emplace(rank, lane).second) {
+            why = "a second hello from rank " + std::to_string(rank) +
+                " on lane " + std::to_string(lane);
+          }
+        }
+        if (!why.empty()) {
+          accepted->reject(pipe, why);
+          return;
+        }
+        pipe->read(
+            tensorpipe::Allocation{},
+            [pipe, accepted, rank, lane, deviceIndex](
+                const tensorpipe::Error& error) {
+              if (error) {
+                accepted->reject(
+                    pipe,
+                    "reading the hello of rank " + std::to_string(rank) + ": " +
+                        error.what());
+                return;
+              }
+              std::lock_guard<std::mutex> lock(accepted->mutex);
+              accepted->pipes.push_back({rank, lane, deviceIndex, pipe});
+              accepted->changed.notify_all();
+            });
+      });
 }
 
 // Accepts pipes until the listener closes: expected ones are admitted, the
@@ -240,52 +250,50 @@ class TensorpipeConnection final : public Connection {
   }
 
   void read(std::string tag, const Buffer& target, Received received) override {
-    pipe_->readDescriptor([this,
-                           tag = std::move(tag),
-                           target,
-                           received = std::move(received)](
-                              const tensorpipe::Error& error,
-                              tensorpipe::Descriptor descriptor) {
-      if (error) {
-        received(errorText(error), "", 0);
-        return;
-      }
-      if (descriptor.tensors.size() != 1 || !descriptor.payloads.empty()) {
-        received(
-            "a message with " + std::to_string(descriptor.tensors.size()) +
-                " tensors and " + std::to_string(descriptor.payloads.size()) +
-                " payloads arrived where one tensor was expected",
-            "",
-            0);
-        return;
-      }
-      const auto& tensor = descriptor.tensors[0];
-      if (tensor.sourceDevice.type != own_.type || !tensor.targetDevice ||
-          !(*tensor.targetDevice == own_)) {
-        received(
-            "a message from " + tensor.sourceDevice.toString() + " for " +
-                (tensor.targetDevice ? tensor.targetDevice->toString()
-                                     : std::string("no named device")) +
-                " arrived where " + own_.toString() + " was expected",
-            "",
-            0);
-        return;
-      }
-      const size_t bytes = tensor.length;
-      if (descriptor.metadata != tag || bytes != target.bytes) {
-        // Its payload stays unread: the reader fails the protocol.
-        received("", std::move(descriptor.metadata), bytes);
-        return;
-      }
-      tensorpipe::Allocation allocation;
-      allocation.tensors.push_back({tensorpipeBuffer(target)});
-      pipe_->read(
-          std::move(allocation),
-          [tag = std::move(descriptor.metadata), bytes, received](
-              const tensorpipe::Error& error) mutable {
-            received(errorText(error), std::move(tag), bytes);
-          });
-    });
+    pipe_->readDescriptor(
+        [this, tag = std::move(tag), target, received = std::move(received)](
+            const tensorpipe::Error& error, tensorpipe::Descriptor descriptor) {
+          if (error) {
+            received(errorText(error), "", 0);
+            return;
+          }
+          if (descriptor.tensors.size() != 1 || !descriptor.payloads.empty()) {
+            received(
+                "a message with " + std::to_string(descriptor.tensors.size()) +
+                    " tensors and " +
+                    std::to_string(descriptor.payloads.size()) +
+                    " payloads arrived where one tensor was expected",
+                "",
+                0);
+            return;
+          }
+          const auto& tensor = descriptor.tensors[0];
+          if (tensor.sourceDevice.type != own_.type || !tensor.targetDevice ||
+              !(*tensor.targetDevice == own_)) {
+            received(
+                "a message from " + tensor.sourceDevice.toString() + " for " +
+                    (tensor.targetDevice ? tensor.targetDevice->toString()
+                                         : std::string("no named device")) +
+                    " arrived where " + own_.toString() + " was expected",
+                "",
+                0);
+            return;
+          }
+          const size_t bytes = tensor.length;
+          if (descriptor.metadata != tag || bytes != target.bytes) {
+            // Its payload stays unread: the reader fails the protocol.
+            received("", std::move(descriptor.metadata), bytes);
+            return;
+          }
+          tensorpipe::Allocation allocation;
+          allocation.tensors.push_back({tensorpipeBuffer(target)});
+          pipe_->read(
+              std::move(allocation),
+              [tag = std::move(descriptor.metadata), bytes, received](
+                  const tensorpipe::Error& error) mutable {
+                received(errorText(error), std::move(tag), bytes);
+              });
+        });
   }
 
   void writeNote(std::string text, Done done) override {
@@ -375,19 +383,20 @@ bool named(const std::vector<std::string>& names, std::string_view name) {
 // The CPU channels allowed, best first: basic is the only one that crosses
 // machines (cma and xth share a host; mpt needs several listeners).
 std::vector<std::string> registerCpuChannels(
-    tensorpipe::Context& context,
-    const RailsNetwork& network,
-    int rank) {
+    tensorpipe::Context& context, const RailsNetwork& network, int rank) {
   TORCH_CHECK(
       named(network.cpuChannels, "basic"),
-      "fairring: rank ", rank, ": the rails need TensorPipe's basic channel to "
+      "fairring: rank ",
+      rank,
+      ": the rails need TensorPipe's basic channel to "
       "move CPU buffers between machines; allow it in FAIRRING_CHANNELS");
   context.registerChannel(0, "basic", tensorpipe::channel::basic::create());
   return {"basic"};
 }
 
 // "uv://10.0.0.1" or "uv://[fd00::1]": TensorPipe's URL for `address`.
-std::string listenUrl(const std::string& transport, const std::string& address) {
+std::string listenUrl(
+    const std::string& transport, const std::string& address) {
   const bool ipv6 = address.find(':') != std::string::npos;
   return transport + "://" + (ipv6 ? "[" + address + "]" : address);
 }
@@ -408,8 +417,9 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
         neighbours_.begin());
   };
 
-  context_ = std::make_shared<tensorpipe::Context>(
-      tensorpipe::ContextOptions().name("fairring-rank-" + std::to_string(rank)));
+  context_ =
+      std::make_shared<tensorpipe::Context>(tensorpipe::ContextOptions().name(
+          "fairring-rank-" + std::to_string(rank)));
   // uv carries every pipe's handshake (the URL a peer dials is the uv one);
   // TensorPipe then moves the pipe's data to the highest-priority transport
   // that both ends registered, so the order given (best first) sets it.
@@ -432,8 +442,11 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
       // uv is always viable; ibv is not without libibverbs.so.1 or a device.
       TORCH_CHECK(
           !site.network.isRequired(name),
-          "fairring: rank ", rank, ": the rails were asked to use TensorPipe's ",
-          name, " transport (FAIRRING_TRANSPORTS), but it is not viable in this "
+          "fairring: rank ",
+          rank,
+          ": the rails were asked to use TensorPipe's ",
+          name,
+          " transport (FAIRRING_TRANSPORTS), but it is not viable in this "
           "process (ibv needs libibverbs.so.1 and an active InfiniBand or RoCE "
           "device); allow uv, or fix the device");
       continue;
@@ -447,7 +460,9 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
   TORCH_CHECK(
       named(transportNames, "uv"),
       "fairring: the rails need TensorPipe's uv (TCP) transport for every "
-      "pipe's handshake; it was not among ", transports.size(), " allowed");
+      "pipe's handshake; it was not among ",
+      transports.size(),
+      " allowed");
   std::vector<std::string> channelNames = site.device.is_cuda()
       ? registerCudaChannels(*context_, site.network, rank)
       : registerCpuChannels(*context_, site.network, rank);
@@ -526,7 +541,8 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
   std::vector<std::pair<int, std::vector<int>>> dials;
   for (int machine = topology_.machine() + 1; machine < numMachines();
        ++machine) {
-    dials.emplace_back(peerRank(machine), std::vector<int>{kShards, kReduced, kControlLane});
+    dials.emplace_back(
+        peerRank(machine), std::vector<int>{kShards, kReduced, kControlLane});
   }
   const auto& local = topology_.localRanks();
   for (int index = topology_.localRank() + 1;
