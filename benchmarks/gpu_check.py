@@ -41,7 +41,12 @@ Stages in order of value:
    exactly. It shows whether cuda_basic's shared pool of pinned chunks (16 x 1 MiB
    per TensorPipe context) can starve the reduced-shard writes (docs/design.md);
    a hang ends at the stage's time limit, reported with the ranks' output;
-8. nixl: the bench's two processes on the NIXL rails (FAIRRING_RAILS_TRANSPORT=nixl),
+8. validate: `python -m fairring.validate` (docs/validating.md) under torchrun, 2 agents as
+   2 machines x 2 ranks (--share-gpu on the GPU), 1 to 16 MiB (CPU: 64 KiB to 1 MiB):
+   fairring's engine, the delegate's all-reduce and (CUDA) fairring with its engine off,
+   taking turns on the same tensor, every element checked; its table and verdict go in
+   the report;
+9. nixl: the bench's two processes on the NIXL rails (FAIRRING_RAILS_TRANSPORT=nixl),
    the GPU staging registered with UCX; skipped, saying why, where NIXL is not
    installed (carry the nixl-cu13 wheel and put it on PYTHONPATH).
 
@@ -153,6 +158,11 @@ STRESS_STAGE = "stress: cuda_basic, large slices"
 NIXL_STAGE = f"nixl: {BENCH_WORLD} processes as {BENCH_WORLD} machines on the NIXL rails"
 NIXL_SIZES = {"cuda": "16MiB,64MiB", "cpu": "1MiB"}
 NIXL_MINIMUM_S = 45.0
+VALIDATE_STAGE = "validate: fairring.validate on 2 machines x 2 ranks"
+# -b and -e of the validate stage: a small sweep, as the stage's time limit allows.
+VALIDATE_SIZES = {"cuda": ("1MiB", "16MiB"), "cpu": ("64KiB", "1MiB")}
+VALIDATE_MACHINES, VALIDATE_LOCAL = 2, 2
+VALIDATE_MINIMUM_S = 30.0
 
 
 def parse_layout(spec: str) -> tuple[int, int]:
@@ -247,6 +257,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--stress-rounds", type=int, default=4, help="stress: rounds (default 4; 0: no stress)")
     parser.add_argument("--stress-timeout", type=float, default=120.0, help="seconds for the stress (default 120)")
     parser.add_argument("--nixl-timeout", type=float, default=120.0, help="seconds for the NIXL stage (default 120)")
+    parser.add_argument("--validate-timeout", type=float, default=150.0, help="seconds for the validate stage")
     parser.add_argument("--op-timeout", type=float, default=60.0, help="seconds any one wait in the bench may take")
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for every stage together (default 540)")
     parser.add_argument(
@@ -697,6 +708,115 @@ def run_network(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[s
     return conclude(stage, {"link": NETWORK_LINK, "rows": rows, "problems": []}, problems, "every result correct")
 
 
+def validate_agent(args: argparse.Namespace, node: int, port: int, out: Path) -> list[str]:
+    """One torchrun agent (a machine) of the validate stage."""
+    first, last = VALIDATE_SIZES[args.device]
+    return [
+        sys.executable, "-m", "torch.distributed.run", f"--nnodes={VALIDATE_MACHINES}", f"--node-rank={node}",
+        f"--nproc-per-node={VALIDATE_LOCAL}", "--master-addr=127.0.0.1", f"--master-port={port}",
+        "-m", "fairring.validate", "--device", args.device, "-b", first, "-e", last, "-f", "4",
+        "-n", str(args.compare_iters), "-w", "1", "--json", str(out),
+        *(["--share-gpu"] if args.device == "cuda" else []),
+    ]  # fmt: skip
+
+
+def wait_agents(agents: list[subprocess.Popen[bytes]], timeout: float) -> tuple[list[int | None], str]:
+    """Exit codes (None: killed at the limit). Killing an agent ends its ranks: they die with it."""
+    deadline = time.monotonic() + timeout
+    why = ""
+    for agent in agents:
+        try:
+            agent.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            why = f"killed after {timeout:.0f} s"
+            break
+    codes = [agent.poll() for agent in agents]
+    for agent in agents:
+        kill(agent)
+    return codes, why
+
+
+def run_validate(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
+    """`python -m fairring.validate` as a cluster runs it: torchrun, one agent per (emulated) machine."""
+    stage = Stage(VALIDATE_STAGE)
+    port = free_port()
+    settings = {**NCCL_ON_ONE_GPU, "TP_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    settings.update(assignment.split("=", 1) for assignment in args.set)
+    env = {**os.environ, **settings}
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "validate.json"
+        commands = [validate_agent(args, node, port, out) for node in range(VALIDATE_MACHINES)]
+        shown = " ".join(f"{name}={value}" for name, value in settings.items())
+        stage.commands = [f"{shown} {display(command)}" for command in commands]
+        print(f"gpu-check: {stage.name} (at most {timeout:.0f} s)", flush=True)
+        logs = [Path(scratch) / f"agent{node}.log" for node in range(VALIDATE_MACHINES)]
+        started = time.monotonic()
+        agents = []
+        try:
+            agents = [run_command(command, env, log) for command, log in zip(commands, logs, strict=True)]
+            codes, why = wait_agents(agents, timeout)
+        finally:
+            for agent in agents:
+                kill(agent)
+        stage.seconds = time.monotonic() - started
+        outputs = [log.read_text(errors="replace") for log in logs]
+        stage.output_tail = "\n".join(
+            f"--- machine {node} (exit code {code}) ---\n{tail(output, 6000)}"
+            for node, (code, output) in enumerate(zip(codes, outputs, strict=True))
+        )
+        document = read_results(out)
+    problems = [why] if why else []
+    problems += [f"machine {node}'s agent exited with code {code}" for node, code in enumerate(codes) if code]
+    summary = summarize_validate(document, args.device)
+    return conclude(stage, summary, problems, "every element right; " + summary.get("verdict", ""))
+
+
+def summarize_validate(document: dict[str, Any] | None, device: str) -> dict[str, Any]:
+    """The validate run's results by path and size, its verdict, and what is wrong with them."""
+    if document is None:
+        return {"problems": ["fairring.validate wrote no results"]}
+    expected = {"fairring", "nccl", "fairring-engine-off"} if device == "cuda" else {"fairring", "gloo"}
+    problems = [] if set(document["paths"]) == expected else [f"paths {sorted(document['paths'])}"]
+    if document["wrong"]:
+        problems.append(f"{document['wrong']} wrong element(s)")
+    return {
+        "device": device,
+        "paths": {name: path["results"] for name, path in document["paths"].items()},
+        "comparison": document["comparison"],
+        "bound_note": document["bound_note"],
+        "rails": document["rails"],
+        "engine_stats": document["engine_stats"],
+        "verdict": document["verdict"]["text"],
+        "problems": problems,
+    }
+
+
+def validate_lines(summary: dict[str, Any]) -> list[str]:
+    paths, comparison = summary.get("paths", {}), summary.get("comparison", [])
+    if not paths:
+        return ["Not run."]
+    lines = [
+        "`python -m fairring.validate` under torchrun, 2 agents as 2 machines x 2 ranks: the paths take turns on",
+        "the same tensor, median of the slower rank; every element checked (#wrong). Every machine is on this host:",
+        "this compares code paths, not a cluster"
+        + (" (one GPU time-sliced between the processes, --share-gpu)." if summary["device"] == "cuda" else "."),
+        "",
+    ]
+    names = list(paths)
+    header = ["size", *(f"{name} us" for name in names), *(f"{name} busbw GB/s" for name in names)]
+    header += [f"vs {names[1]}", "of bound", "#wrong"]
+    body = []
+    for index, row in enumerate(comparison):
+        results = [paths[name][index] for name in names]
+        body.append([
+            format_size(row["bytes"]), *(f"{result['time_us']:.1f}" for result in results),
+            *(f"{result['busbw_GBps']:.3f}" for result in results), f"{row['engine_vs_delegate']:.2f}x",
+            percent(row["of_bound"]), sum(result["wrong"] for result in results),
+        ])  # fmt: skip
+    lines += table(header, body)
+    return [*lines, "", f"Bound: {summary['bound_note']}.", "", f"Verdict: {summary['verdict']}"]
+
+
 def why_no_netns() -> str:
     available, reason = netns_available()
     return "" if available else f"skipped: {reason}"
@@ -1116,6 +1236,7 @@ def render(report: dict[str, Any], stages: list[Stage]) -> str:
     lines += ["", "## Training", "", *training_lines(report["training"])]
     lines += ["", f"## Shaped network ({NETWORK_LINK})", "", *network_lines(report["network"])]
     lines += ["", "## Stress", "", *stress_lines(report["stress"])]
+    lines += ["", "## Validate", "", *validate_lines(report["validate"])]
     nixl = report["nixl"]
     lines += [
         "",
@@ -1138,6 +1259,7 @@ def render(report: dict[str, Any], stages: list[Stage]) -> str:
     by_stage["failure"] = report["failure"]
     by_stage["training"] = report["training"]
     by_stage["network"] = report["network"]
+    by_stage["validate"] = report["validate"]
     by_stage.update({world_stage(world): summary for world, summary in report["worlds"].items()})
     problems = [f"{name}: {problem}" for name, summary in by_stage.items() for problem in summary.get("problems", [])]
     if problems:
@@ -1189,6 +1311,7 @@ def steps(args: argparse.Namespace) -> list[Step]:
             functools.partial(run_stress, args),
             "" if args.stress_rounds else "skipped (--stress-rounds 0)",
         ),
+        Step(VALIDATE_STAGE, args.validate_timeout, VALIDATE_MINIMUM_S, functools.partial(run_validate, args)),
         Step(NIXL_STAGE, args.nixl_timeout, NIXL_MINIMUM_S, functools.partial(run_nixl, args), why_no_nixl()),
     ]
 
@@ -1251,6 +1374,7 @@ def write_report(
         "training": summaries.get(TRAINING_STAGE, {}),
         "network": summaries.get(NETWORK_STAGE, {}),
         "stress": summaries.get(STRESS_STAGE, {}),
+        "validate": summaries.get(VALIDATE_STAGE, {}),
         "nixl": summaries.get(NIXL_STAGE, {}),
     }
     args.report.parent.mkdir(parents=True, exist_ok=True)

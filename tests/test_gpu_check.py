@@ -48,6 +48,7 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
         "correctness: 3 processes as 3 machines": "ok",
         "correctness: 4 processes as 4 machines": "ok",
         "stress: cuda_basic, large slices": "ok",
+        "validate: fairring.validate on 2 machines x 2 ranks": "ok",
         # Where NIXL cannot load, the stage says why and is skipped; that is no pass of it.
         "nixl: 2 processes as 2 machines on the NIXL rails": "skipped" if NIXL_MISSING else "ok",
     }
@@ -116,6 +117,14 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
             (MiB, "fairring"),
             (MiB, "gloo"),
         ], rows
+
+    # fairring.validate under torchrun: both CPU paths at 64 KiB and 1 MiB, every element right, a verdict.
+    validate = data["validate"]
+    assert validate["problems"] == [] and sorted(validate["paths"]) == ["fairring", "gloo"], validate
+    for rows in validate["paths"].values():
+        assert [row["bytes"] for row in rows] == [64 * 1024, 256 * 1024, MiB] and all(r["wrong"] == 0 for r in rows)
+    assert validate["verdict"].startswith("fairring's engine") and validate["engine_stats"]["ops"] > 0
+    assert "## Validate" in text and f"Verdict: {validate['verdict']}" in text
 
     # The stress, scaled down: 4 rounds of 4 x 32 MiB in flight, slices of 4 MiB with cuda_basic required.
     stress = data["stress"]

@@ -1,0 +1,141 @@
+"""The paths compared and the timed, checked sweep over sizes."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import fairring
+
+from .check import count_wrong, expected_sum, rank_input
+
+ENGINE = "fairring"
+ENGINE_OFF = "fairring-engine-off"
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One way to all-reduce: a group of every rank and what it stands for."""
+
+    name: str
+    description: str
+    group: dist.ProcessGroup
+
+
+@dataclass
+class Measurement:
+    """One path at one size on this rank: every timed iteration's seconds, and wrong elements seen."""
+
+    seconds: list[float] = field(default_factory=list)
+    wrong: int = 0
+
+
+@dataclass(frozen=True)
+class Row:
+    """One path at one size across ranks: the slowest rank's median, and every rank's wrong elements."""
+
+    nbytes: int
+    count: int
+    median_s: float
+    wrong: int
+
+
+def delegate_name(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def make_paths(device: torch.device, timeout: timedelta) -> list[Contender]:
+    """Every rank makes the same groups in the same order; the engine's first, the delegate's second."""
+    engine = fairring.Options(engine=True, flat_threshold=0)
+    delegate = delegate_name(device)
+    paths = [
+        Contender(
+            ENGINE,
+            "fairring's engine at every size (fairring.Options(engine=True, flat_threshold=0))",
+            dist.new_group(backend="fairring", pg_options=engine, timeout=timeout),
+        ),
+        Contender(delegate, f"{delegate}'s own all-reduce", dist.new_group(backend=delegate, timeout=timeout)),
+    ]
+    if device.type == "cuda":
+        off = dist.new_group(backend="fairring", pg_options=fairring.Options(engine=False), timeout=timeout)
+        paths.append(Contender(ENGINE_OFF, "fairring with its engine off (fairring.Options(engine=False))", off))
+    return paths
+
+
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    """Waits for the device's queued work: an op is done when its result is."""
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+@dataclass
+class Sweep:
+    """Times every path at one size on the same tensor, the paths' order alternating per iteration."""
+
+    paths: list[Contender]
+    coordinator: dist.ProcessGroup  # Gloo: barriers and reductions of the results, outside the timings
+    device: torch.device
+    dtype: torch.dtype
+    iters: int
+    warmup: int
+    corrupt: bool = False  # negative control: rank 0 damages the engine's results before they are checked
+
+    def measure(self, count: int) -> dict[str, Measurement]:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        source = rank_input(rank, count, self.dtype, self.device)
+        expected = expected_sum(world, count, self.dtype, self.device)
+        tensor = torch.empty_like(source)
+        sync = synchronizer(self.device)
+        measured = {path.name: Measurement() for path in self.paths}
+        for iteration in range(self.warmup + self.iters):
+            order = self.paths if iteration % 2 == 0 else self.paths[::-1]
+            for path in order:
+                tensor.copy_(source)
+                sync()
+                dist.barrier(group=self.coordinator)
+                start = time.perf_counter()
+                dist.all_reduce(tensor, group=path.group)
+                sync()
+                elapsed = time.perf_counter() - start
+                if self.corrupt and rank == 0 and path.name == ENGINE:
+                    tensor[0] += 1
+                measured[path.name].wrong += count_wrong(tensor, expected)
+                if iteration >= self.warmup:
+                    measured[path.name].seconds.append(elapsed)
+        return measured
+
+    def across_ranks(self, count: int, measured: dict[str, Measurement]) -> dict[str, Row]:
+        """Each path's slowest median (MAX over ranks) and total wrong elements (SUM over ranks)."""
+        names = [path.name for path in self.paths]
+        medians = torch.tensor([statistics.median(measured[name].seconds) for name in names], dtype=torch.float64)
+        wrong = torch.tensor([measured[name].wrong for name in names], dtype=torch.int64)
+        dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=self.coordinator)
+        dist.all_reduce(wrong, group=self.coordinator)
+        nbytes = count * self.dtype.itemsize
+        return {
+            name: Row(nbytes, count, float(median), int(bad))
+            for name, median, bad in zip(names, medians.tolist(), wrong.tolist(), strict=True)
+        }
+
+    def run(self, count: int) -> dict[str, Row]:
+        return self.across_ranks(count, self.measure(count))
+
+
+def element_counts(sizes: list[int], dtype: torch.dtype) -> list[int]:
+    """Elements per size, as nccl-tests counts them (at least one)."""
+    return [max(1, size // dtype.itemsize) for size in sizes]
+
+
+def geometric_sizes(smallest: int, largest: int, factor: int) -> list[int]:
+    """smallest, smallest x factor, ... up to largest, as nccl-tests' -b, -e and -f."""
+    sizes = [smallest]
+    while sizes[-1] * factor <= largest:
+        sizes.append(sizes[-1] * factor)
+    return sizes
