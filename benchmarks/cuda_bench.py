@@ -206,7 +206,12 @@ class Bench:
             "127.0.0.1", args.port, world_size=self.world, is_master=self.rank == 0, timeout=self.timeout
         )
         dist.init_process_group(
-            "fairring", store=self.store, rank=self.rank, world_size=self.world, timeout=self.timeout
+            "fairring",
+            store=self.store,
+            rank=self.rank,
+            world_size=self.world,
+            timeout=self.timeout,
+            **(nccl_job_arguments(self.device) if args.as_nccl_job else {}),
         )
         self.gloo = dist.new_group(backend="gloo", timeout=self.timeout)
         # NCCL's own all-reduce over the same processes, the baseline of --compare-sizes.
@@ -299,6 +304,17 @@ class Bench:
             self.endpoint.close()
         if not self.closed:
             dist.destroy_process_group()
+
+
+def nccl_job_arguments(device: torch.device) -> dict[str, Any]:
+    """What a job set up for NCCL passes init_process_group: its options (high-priority streams, an
+    NCCL config field) and, on CUDA, its device, which connects the NCCL delegate at init."""
+    options = dist.ProcessGroupNCCL.Options(is_high_priority_stream=True)
+    options.config.max_ctas = 16
+    arguments: dict[str, Any] = {"pg_options": options}
+    if device.type == "cuda":
+        arguments["device_id"] = device
+    return arguments
 
 
 def wait_all(transfers: list[Any], timeout: float) -> None:
@@ -533,6 +549,16 @@ def run_kill(bench: Bench, results: Results) -> None:
         outcome["seconds"] = failed_at - float(fault.read_text())
     outcome["names_victim"] = f"rank {victim}" in outcome["first"]
     results.save()
+    # A later collective of the failed group, one the delegate (NCCL on CUDA) would run: refused at once.
+    refusing = time.monotonic()
+    try:
+        dist.broadcast(tensor, src=0)
+        bench.sync()
+        outcome["later_broadcast"] = "completed"
+    except Exception as error:
+        outcome["later_broadcast"] = str(error)
+    outcome["later_broadcast_seconds"] = time.monotonic() - refusing
+    results.save()
     destroying = time.monotonic()
     try:
         dist.destroy_process_group()
@@ -621,6 +647,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--stress-rounds", type=int, default=0, help="stress: rounds (0: no stress)")
     parser.add_argument("--order-checks", action="store_true", help="same memory, then is_completed()")
     parser.add_argument("--kill-rank", type=int, help="last phase: this rank kills itself mid-stream")
+    parser.add_argument(
+        "--as-nccl-job", action="store_true", help="init with an NCCL job's pg_options and, on CUDA, device_id"
+    )
     parser.add_argument("--compare-sizes", default="", help="side by side with NCCL: byte counts (multiples of 4)")
     parser.add_argument("--compare-gloo", action="store_true", help="--compare-sizes includes Gloo")
     parser.add_argument("--op-timeout", type=float, default=60.0, help="seconds any one wait may take")

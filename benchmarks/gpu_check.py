@@ -12,7 +12,8 @@ Stages in order of value:
    NCCL's socket transport on loopback): every dtype and op against plain torch on
    the CPU; the first layout with the GPU in launch order (CUDA_DEVICE_MAX_CONNECTIONS=1)
    and the default flat threshold, so that NCCL's own small all-reduces are launched
-   among the engine's;
+   among the engine's; the second started as a job set up for NCCL starts (a
+   ProcessGroupNCCL.Options as pg_options, device_id), so that both reach real NCCL groups;
    Each also runs cuda_bench's order checks: an all-reduce then a broadcast of the same
    tensor, is_completed() against a read without wait(), the same tensor twice in
    flight, a coalescing block, and a second group in flight from another thread (left
@@ -22,8 +23,9 @@ Stages in order of value:
    alternated each round, every result checked, NCCL's INFO lines on its transport
    quoted (one GPU time-sliced between the processes: not a cluster);
 3b. failure: rank 3 of 2 machines x 2 ranks kills itself mid-stream; each survivor's
-   first error must name it within the op's timeout (20 s) and 15 s, and its
-   teardown return within 15 s;
+   first error must name it within the op's timeout (20 s) and 15 s, a later broadcast
+   (NCCL's on the GPU) be refused with that cause within 5 s, and its teardown return
+   within 15 s;
 4. tests: `python -m pytest tests/test_cuda.py -rs -s -p no:cacheprovider`;
 5. bench: two processes on one GPU as two machines (benchmarks/cuda_bench.py):
    engine all-reduce throughput against fairring._C._testing.RailsEndpoint moving the same
@@ -137,6 +139,8 @@ FAILURE_WORLD, FAILURE_LOCAL = 4, 2
 FAILURE_OP_TIMEOUT_S = 20.0
 FAILURE_SLACK_S = 15.0
 FAILURE_MINIMUM_S = 40.0
+# After the failure, a collective of the failed group is refused with its cause, not run.
+LATER_REFUSAL_S = 5.0
 TRAINING_STAGE = "training: the study's quick part on 2 machines x 2 ranks"
 TRAINING_MINIMUM_S = 60.0
 NETWORK_LINK = "10gbit"
@@ -602,11 +606,21 @@ def why_no_nixl() -> str:
     return ""
 
 
+def as_an_nccl_job(args: argparse.Namespace, spec: str) -> bool:
+    """The second layout with local steps starts as a job set up for NCCL does (cuda_bench's
+    --as-nccl-job: ProcessGroupNCCL.Options as pg_options, device_id), so those reach real NCCL
+    groups; the first keeps fairring's defaults."""
+    local_layouts = [other for other in args.world_list if parse_layout(other)[1] > 1]
+    return len(local_layouts) > 1 and spec == local_layouts[1]
+
+
 def run_world(args: argparse.Namespace, spec: str, timeout: float) -> tuple[Stage, dict[str, Any]]:
-    stage = Stage(world_stage(spec))
+    nccl_job = as_an_nccl_job(args, spec)
+    stage = Stage(world_stage(spec) + (", as an NCCL job starts (pg_options, device_id)" if nccl_job else ""))
     machines, local = parse_layout(spec)
     extra = as_users_run(args, spec)
-    ranks, problems = run_ranks(args, stage, machines * local, check_phases(args), extra, timeout, local)
+    phases = check_phases(args) + (["--as-nccl-job"] if nccl_job else [])
+    ranks, problems = run_ranks(args, stage, machines * local, phases, extra, timeout, local)
     summary = summarize(ranks, args, [])
     return conclude(stage, summary, problems, f"all {summary['correctness']['planned_per_rank']} cases correct")
 
@@ -628,12 +642,20 @@ def run_failure(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[s
             problems.append(f"rank {rank}'s error does not name rank {victim}: {str(outcome.get('first'))[:300]}")
         if outcome.get("seconds", float("inf")) > FAILURE_OP_TIMEOUT_S + FAILURE_SLACK_S:
             problems.append(f"rank {rank} saw the failure after {outcome.get('seconds')} s")
+        later = str(outcome.get("later_broadcast"))
+        if later == "completed" or outcome.get("later_broadcast_seconds", float("inf")) > LATER_REFUSAL_S:
+            problems.append(
+                f"rank {rank}'s later broadcast was not refused at once "
+                f"({outcome.get('later_broadcast_seconds')} s): {later[:300]}"
+            )
         if outcome.get("destroy_seconds", float("inf")) > FAILURE_SLACK_S or "destroy_error" in outcome:
             problems.append(
                 f"rank {rank}'s teardown: {outcome.get('destroy_seconds')} s, {outcome.get('destroy_error')}"
             )
     summary = {"victim": victim, "outcomes": outcomes, "problems": []}
-    return conclude(stage, summary, problems, f"every survivor named rank {victim} and tore down")
+    return conclude(
+        stage, summary, problems, f"every survivor named rank {victim}, refused a later broadcast and tore down"
+    )
 
 
 def run_fairring_bench(stage: Stage, arguments: list[str], timeout: float) -> tuple[list[dict[str, Any]], list[str]]:

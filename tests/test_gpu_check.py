@@ -36,7 +36,7 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
     assert statuses == {
         "build": "skipped",
         "correctness: 4 processes as 2 machines x 2 ranks": "ok",
-        "correctness: 6 processes as 3 machines x 2 ranks": "ok",
+        "correctness: 6 processes as 3 machines x 2 ranks, as an NCCL job starts (pg_options, device_id)": "ok",
         "compare: fairring, NCCL, Gloo on 2 machines x 2 ranks": "ok",
         "compare: fairring, NCCL, Gloo on 2 machines x 1 ranks": "ok",
         "failure: rank 3 of 2 machines x 2 ranks killed mid-stream": "ok",
@@ -99,6 +99,8 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
     assert failure["problems"] == [] and sorted(failure["outcomes"]) == ["0", "1", "2"], failure
     for outcome in failure["outcomes"].values():
         assert outcome["names_victim"] and outcome["seconds"] < 35 and outcome["destroy_seconds"] < 15, outcome
+        # The failed group refuses later work, with the cause, instead of running it.
+        assert outcome["later_broadcast_seconds"] < 5 and "rank 3" in outcome["later_broadcast"], outcome
 
     # The training study's quick part: both tiny models on both backends, losses in agreement.
     rows = data["training"]["rows"]
