@@ -408,3 +408,20 @@ def test_pg_options_that_cannot_be_used_are_refused() -> None:
         per_rank = pool.run_per_rank(init_with_pg_options, lambda rank: (fairring.Options(engine=rank == 0),))
         for text in per_rank:
             assert "fairring.Options.engine differs across ranks" in text, per_rank
+
+
+def subgroup_of_a_bound_world() -> str:
+    """A subgroup made after init_process_group(device_id=...): torch then asks non-members to split too."""
+    dist.group.WORLD.bound_device_id = torch.device("cpu", 0)  # as init_process_group(device_id=...) does
+    try:
+        members = [0, 1]
+        group = dist.new_group(members, backend="fairring")
+        if dist.get_rank() in members:
+            all_reduce_among(members, group)
+        return "ok"
+    finally:
+        dist.group.WORLD.bound_device_id = None
+
+
+def test_subgroups_of_a_world_bound_to_a_device(ranks: RankPool) -> None:
+    assert ranks.run(subgroup_of_a_bound_world) == ["ok"] * LAYOUT.world_size
