@@ -114,27 +114,41 @@ c10d::AllreduceOptions premultiplied(
 }
 
 bool ncclMisreadsPremulFactor(
-    const std::vector<at::Tensor>& tensors,
-    const c10d::AllreduceOptions& opts) {
-  const auto* supplement = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(
-      opts.reduceOp.supplement_.get());
-  return opts.reduceOp == c10d::ReduceOp::PREMUL_SUM && supplement != nullptr &&
+    const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op) {
+  const auto* supplement =
+      dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+  return op == c10d::ReduceOp::PREMUL_SUM && supplement != nullptr &&
       !supplement->tensor_factor.defined() &&
       std::any_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) {
            return t.scalar_type() == at::kBFloat16;
          });
 }
 
-// Whether the engine can take every tensor, all of one dtype and device so
-// that several travel as one packed tensor.
-bool engineHandlesAll(
-    const std::vector<at::Tensor>& tensors, c10d::ReduceOp::RedOpType op) {
-  return !tensors.empty() &&
+AllreduceArgs allreduceArgs(
+    const std::vector<at::Tensor>& tensors,
+    const c10d::ReduceOp& op,
+    bool coalesced,
+    bool nativeBlockOpen) {
+  AllreduceArgs args;
+  args.op = op.op_;
+  args.tensorCount = tensors.size();
+  args.packable = coalesced;
+  args.canPremultiply = !coalesced;
+  args.nativeBlockOpen = nativeBlockOpen;
+  if (tensors.empty()) {
+    args.uniform = false;
+    return args;
+  }
+  args.deviceType = tensors[0].device().type();
+  args.dtype = tensors[0].scalar_type();
+  args.bytes = totalBytes(tensors);
+  args.uniform =
       std::all_of(tensors.begin(), tensors.end(), [&](const at::Tensor& t) {
         return t.scalar_type() == tensors[0].scalar_type() &&
-            t.device() == tensors[0].device() && !t.is_sparse() &&
-            Engine::handles(t, op);
+            t.device() == tensors[0].device() && !t.is_sparse();
       });
+  args.ncclMisreadsPremulFactor = ncclMisreadsPremulFactor(tensors, op);
+  return args;
 }
 
 // The part of a reduction's arguments that every rank must give alike: the
@@ -158,14 +172,6 @@ std::string reductionSignature(
     signature += "x" + std::to_string(tensors.size());
   }
   return signature + " " + reduceOpName(op.op_);
-}
-
-// Below the crossover of the tensors' device type: the delegate is faster.
-bool belowFlatThreshold(
-    const Config& config, const std::vector<at::Tensor>& tensors) {
-  return !tensors.empty() &&
-      totalBytes(tensors) <
-      config.flatThresholdBytes(tensors[0].device().is_cuda());
 }
 
 // Copies consecutive pieces of the 1-D `packed`, each as long as the next

@@ -16,6 +16,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include "backend/allreduce_path.h"
 #include "config.h"
 #include "engine/engine.h"
 
@@ -41,11 +42,15 @@ c10d::AllreduceOptions premultiplied(
 // tensors that NCCL reads as zero, so every result is 0. fairring
 // premultiplies such tensors itself and asks NCCL for a SUM.
 bool ncclMisreadsPremulFactor(
-    const std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
+    const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op);
 
-// Whether the engine can take every tensor, packed into one.
-bool engineHandlesAll(
-    const std::vector<at::Tensor>& tensors, c10d::ReduceOp::RedOpType op);
+// The arguments of an all-reduce of `tensors` with `op` (see AllreduceArgs):
+// `coalesced` for all_reduce_coalesced.
+AllreduceArgs allreduceArgs(
+    const std::vector<at::Tensor>& tensors,
+    const c10d::ReduceOp& op,
+    bool coalesced,
+    bool nativeBlockOpen);
 
 // What every rank must give alike for this reduction (the ledger compares it).
 std::string reductionSignature(
@@ -53,10 +58,6 @@ std::string reductionSignature(
     c10::DeviceType type,
     const std::vector<at::Tensor>& tensors,
     const c10d::ReduceOp& op);
-
-// Below the crossover of the tensors' device type: the delegate is faster.
-bool belowFlatThreshold(
-    const Config& config, const std::vector<at::Tensor>& tensors);
 
 // Copies consecutive pieces of the 1-D `packed`, each as long as the next
 // tensor, into `tensors` (the all-reduce's packing, all_to_all's too).

@@ -253,16 +253,11 @@ const Engine* Backend::engine(c10::DeviceType type) const {
   return engines_[slotOf(type)].get();
 }
 
-Engine* Backend::engineFor(
-    const std::vector<at::Tensor>& tensors, c10d::ReduceOp::RedOpType op) {
-  if (!topology_.servesEngine() || !engineHandlesAll(tensors, op) ||
-      belowFlatThreshold(config_, tensors)) {
-    return nullptr;
-  }
-  const c10::Device device = tensors[0].device();
-  if (device.is_cuda() && !config_.cudaEngine) {
-    return nullptr;
-  }
+AllreduceRoute Backend::choosePath(const AllreduceArgs& args) const {
+  return chooseAllreducePath(args, topology_.servesEngine(), config_);
+}
+
+Engine* Backend::engineFor(c10::Device device) {
   TORCH_CHECK(
       !cudaGraphCaptureUnderway(device),
       "fairring: an all-reduce of a CUDA tensor on the Herring engine "
@@ -435,44 +430,32 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
   checkNoOverlap(tensors);
   const uint64_t seq = nextCollective(
       reductionSignature("all_reduce", type, tensors, opts.reduceOp));
-  // PREMUL_SUM becomes a SUM wherever fairring runs it; NCCL has its own.
-  const bool premul = opts.reduceOp == c10d::ReduceOp::PREMUL_SUM;
-  Engine* engine = tensors.size() == 1 || premul
-      ? engineFor(tensors, premul ? c10d::ReduceOp::SUM : opts.reduceOp.op_)
+  const AllreduceRoute path = choosePath(allreduceArgs(
+      tensors, opts.reduceOp, /*coalesced=*/false, coalescingBlockOpen()));
+  Engine* engine = path.path == AllreducePath::kEngine
+      ? engineFor(tensors[0].device())
       : nullptr;
-  // Several tensors go to the delegate even where the engine would take
-  // their reduce op (PREMUL_SUM).
-  const bool onEngine = engine != nullptr && tensors.size() == 1;
   // Before premultiplied() writes the tensors.
   memoryOrder_.awaitOverlapping(
       tensors,
-      onEngine                ? MemoryOrder::Executor::kEngine
+      engine != nullptr       ? MemoryOrder::Executor::kEngine
           : type == c10::kCPU ? MemoryOrder::Executor::kGloo
                               : MemoryOrder::Executor::kNccl,
       timeout());
   std::vector<at::Tensor> aliases = withoutAutograd(tensors);
-  // NCCL's own PREMUL_SUM is kept where it works, and inside a native
-  // coalescing block, whose launch may not follow this thread's stream.
-  const bool premultiply = premul &&
-      (type == c10::kCPU || engine != nullptr ||
-       (ncclMisreadsPremulFactor(tensors, opts) && !coalescingBlockOpen()));
   const c10d::AllreduceOptions ownOpts =
-      premultiply ? premultiplied(aliases, opts) : opts;
-  if (onEngine) {
-    auto work = c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
+      path.premultiplyHere ? premultiplied(aliases, opts) : opts;
+  if (engine != nullptr) {
+    return engineWork(
+        "allreduce",
+        "fairring:all_reduce",
+        c10d::OpType::ALLREDUCE,
         engine->allreduce(
             aliases[0], ownOpts.reduceOp, timeoutOf(opts.timeout), seq),
-        c10d::OpType::ALLREDUCE,
-        "fairring:all_reduce",
         seq,
-        tensors));
-    work = hooks_.report(std::move(work));
-    joinBlock("allreduce", type, work);
-    memoryOrder_.track(tensors, MemoryOrder::Executor::kEngine, work);
-    return work;
+        tensors);
   }
-  if (topology_.servesEngine() && belowFlatThreshold(config_, tensors) &&
-      engineHandlesAll(tensors, ownOpts.reduceOp)) {
+  if (path.path == AllreducePath::kDelegateBelowThreshold) {
     ++flatAllreduces_[type == c10::kCPU ? 0 : 1];
   }
   return forwardTo("allreduce", type, seq, tensors, [&](c10d::Backend& inner) {
@@ -500,24 +483,26 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(
   const c10::DeviceType type = route("allreduce_coalesced", tensors);
   const uint64_t seq = nextCollective(
       reductionSignature("all_reduce_coalesced", type, tensors, opts.reduceOp));
-  if (Engine* engine = engineFor(tensors, opts.reduceOp)) {
+  const AllreduceRoute path = choosePath(allreduceArgs(
+      tensors, opts.reduceOp, /*coalesced=*/true, /*nativeBlockOpen=*/false));
+  Engine* engine = path.path == AllreducePath::kEngine
+      ? engineFor(tensors[0].device())
+      : nullptr;
+  if (engine != nullptr) {
     memoryOrder_.awaitOverlapping(
         tensors, MemoryOrder::Executor::kEngine, timeout());
-    auto work = c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
+    return engineWork(
+        "allreduce_coalesced",
+        "fairring:all_reduce_coalesced",
+        c10d::OpType::ALLREDUCE_COALESCED,
         packedAllreduce(
             *engine,
             withoutAutograd(tensors),
             opts.reduceOp,
             timeoutOf(opts.timeout),
             seq),
-        c10d::OpType::ALLREDUCE_COALESCED,
-        "fairring:all_reduce_coalesced",
         seq,
-        tensors));
-    work = hooks_.report(std::move(work));
-    joinBlock("allreduce_coalesced", type, work);
-    memoryOrder_.track(tensors, MemoryOrder::Executor::kEngine, work);
-    return work;
+        tensors);
   }
   return forwardTo(
       "allreduce_coalesced", type, seq, tensors, [&](c10d::Backend& inner) {
@@ -526,6 +511,21 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(
         }
         return inner.allreduce_coalesced(tensors, opts);
       });
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::engineWork(
+    const char* opName,
+    const char* profilingName,
+    c10d::OpType opType,
+    c10::intrusive_ptr<c10::ivalue::Future> future,
+    uint64_t seq,
+    const std::vector<at::Tensor>& tensors) {
+  auto work = c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
+      std::move(future), opType, profilingName, seq, tensors));
+  work = hooks_.report(std::move(work));
+  joinBlock(opName, tensors[0].device().type(), work);
+  memoryOrder_.track(tensors, MemoryOrder::Executor::kEngine, work);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::reduce(

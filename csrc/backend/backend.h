@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "backend/allreduce_path.h"
 #include "backend/delegated.h"
 #include "backend/hooks.h"
 #include "backend/inner_groups.h"
@@ -283,12 +284,24 @@ class Backend final : public c10d::Backend {
   c10d::Backend& cudaBackend();
   c10::intrusive_ptr<c10d::Backend> cudaBackendIfCreated() const;
 
-  // The engine for an all-reduce of `tensors` with `op`, or null: delegate.
-  // Creates the device's engine on first use: a collective step, as every
-  // rank makes its first such all-reduce at the same point of its sequence.
-  Engine* engineFor(
-      const std::vector<at::Tensor>& tensors, c10d::ReduceOp::RedOpType op);
+  // The path of an all-reduce (backend/allreduce_path.h) in this group.
+  AllreduceRoute choosePath(const AllreduceArgs& args) const;
+  // The engine for an all-reduce on `device` that choosePath() sent to it,
+  // or null where the device's engine serves another device (the delegate
+  // then runs it). engineOn() is the one place engines are made: on first
+  // use, a collective step, as every rank makes its first such all-reduce at
+  // the same point of its sequence.
+  Engine* engineFor(c10::Device device);
   Engine* engineOn(c10::Device device);
+  // The Work of an engine all-reduce: reported to the flight recorder,
+  // joined to an open coalescing block, tracked for memory order.
+  c10::intrusive_ptr<c10d::Work> engineWork(
+      const char* opName,
+      const char* profilingName,
+      c10d::OpType opType,
+      c10::intrusive_ptr<c10::ivalue::Future> future,
+      uint64_t seq,
+      const std::vector<at::Tensor>& tensors);
   // Before a NCCL operation is launched: the CUDA engine's local steps of
   // every op issued so far are launched first, so that every rank launches
   // them and the NCCL operation in one order (docs/design.md, "Launch

@@ -6,6 +6,7 @@
 #include "testing/bindings.h"
 
 #include <chrono>
+#include <initializer_list>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -13,6 +14,7 @@
 #include <pybind11/chrono.h>
 #include <torch/extension.h>
 
+#include "backend/allreduce_path.h"
 #include "backend/ledger.h"
 #include "backend/memory_order.h"
 #include "bindings_shared.h"
@@ -32,23 +34,86 @@ namespace fairring::testing {
 
 namespace {
 
-// A local step's op by the name Python gives it ("sum", "max", ...).
-c10d::ReduceOp::RedOpType localOpNamed(const std::string& name) {
-  for (auto op :
-       {c10d::ReduceOp::SUM,
-        c10d::ReduceOp::MAX,
-        c10d::ReduceOp::MIN,
-        c10d::ReduceOp::PRODUCT}) {
+// An op by the name Python gives it ("sum", "max", ...), among `ops`.
+c10d::ReduceOp::RedOpType opNamed(
+    const std::string& name,
+    std::initializer_list<c10d::ReduceOp::RedOpType> ops) {
+  for (auto op : ops) {
     if (name == reduceOpName(op)) {
       return op;
     }
   }
-  throw std::invalid_argument("not a local step's op: " + name);
+  throw std::invalid_argument("not an op here: " + name);
+}
+
+// A local step's op by the name Python gives it.
+c10d::ReduceOp::RedOpType localOpNamed(const std::string& name) {
+  return opNamed(
+      name,
+      {c10d::ReduceOp::SUM,
+       c10d::ReduceOp::MAX,
+       c10d::ReduceOp::MIN,
+       c10d::ReduceOp::PRODUCT});
 }
 
 } // namespace
 
 void bindTesting(py::module_& testing) {
+  // The all-reduce's path decision on its own (backend/allreduce_path.h).
+  testing.def(
+      "allreduce_path",
+      [](const std::string& device,
+         const at::Tensor& dtypeOf,
+         const std::string& op,
+         int64_t bytes,
+         size_t tensorCount,
+         bool uniform,
+         bool coalesced,
+         bool ncclMisreadsPremulFactor,
+         bool nativeBlockOpen,
+         bool servesEngine,
+         const Config& config) {
+        AllreduceArgs args;
+        args.deviceType = c10::Device(device).type();
+        args.dtype = dtypeOf.scalar_type();
+        args.op = opNamed(
+            op,
+            {c10d::ReduceOp::SUM,
+             c10d::ReduceOp::AVG,
+             c10d::ReduceOp::PRODUCT,
+             c10d::ReduceOp::MIN,
+             c10d::ReduceOp::MAX,
+             c10d::ReduceOp::BAND,
+             c10d::ReduceOp::BOR,
+             c10d::ReduceOp::BXOR,
+             c10d::ReduceOp::PREMUL_SUM});
+        args.bytes = bytes;
+        args.tensorCount = tensorCount;
+        args.uniform = uniform;
+        args.packable = coalesced;
+        args.canPremultiply = !coalesced;
+        args.ncclMisreadsPremulFactor = ncclMisreadsPremulFactor;
+        args.nativeBlockOpen = nativeBlockOpen;
+        const AllreduceRoute route =
+            chooseAllreducePath(args, servesEngine, config);
+        const char* path = route.path == AllreducePath::kEngine ? "engine"
+            : route.path == AllreducePath::kDelegateBelowThreshold
+            ? "delegate below threshold"
+            : "delegate";
+        return py::make_tuple(path, route.premultiplyHere);
+      },
+      py::arg("device"),
+      py::arg("dtype_of"),
+      py::arg("op"),
+      py::arg("bytes"),
+      py::arg("tensor_count"),
+      py::arg("uniform"),
+      py::arg("coalesced"),
+      py::arg("nccl_misreads_premul_factor"),
+      py::arg("native_block_open"),
+      py::arg("serves_engine"),
+      py::arg("config"));
+
   // What a rank accepts from peers, exposed so tests can throw malformed
   // input at the checks without a network.
   testing.def(

@@ -1,0 +1,80 @@
+#pragma once
+
+// Which path one all-reduce takes, decided once, by one pure function of its
+// arguments taken as one value and of the group's settings. Every rank gives
+// alike what the decision reads (c10d's rule, which the ledger checks), so
+// every rank decides alike. tests/test_allreduce_path.py checks it by table,
+// without processes.
+
+#include <cstddef>
+#include <cstdint>
+
+#include <c10/core/DeviceType.h>
+#include <c10/core/ScalarType.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include "config.h"
+#include "engine/reduction.h"
+
+namespace fairring {
+
+// An all-reduce's arguments, as the decision reads them (allreduceArgs()
+// in allreduce_args.h takes them from the tensors and options).
+struct AllreduceArgs {
+  c10::DeviceType deviceType = c10::kCPU;
+  at::ScalarType dtype = at::kFloat;
+  c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM;
+  int64_t bytes = 0; // of every tensor together
+  size_t tensorCount = 1;
+  // Every tensor dense, of one dtype and one device.
+  bool uniform = true;
+  // all_reduce_coalesced: several tensors travel packed as one. A plain
+  // all_reduce of several tensors is c10d's legacy form: the delegate's.
+  bool packable = false;
+  // A PREMUL_SUM may be premultiplied here and become a SUM (all_reduce);
+  // all_reduce_coalesced leaves it to the delegate.
+  bool canPremultiply = false;
+  // ProcessGroupNCCL would hand NCCL a bfloat16 factor it reads as zero.
+  bool ncclMisreadsPremulFactor = false;
+  // Inside a native coalescing block, whose launch may not follow this
+  // thread's stream: NCCL keeps its own PREMUL_SUM there.
+  bool nativeBlockOpen = false;
+};
+
+enum class AllreducePath {
+  kEngine, // the Herring engine
+  kDelegateBelowThreshold, // the engine could, but the delegate is faster
+  kDelegate, // the delegate: the engine cannot, or is not asked to
+};
+
+struct AllreduceRoute {
+  AllreducePath path;
+  // Scale by the PREMUL_SUM factor here and reduce a SUM.
+  bool premultiplyHere;
+};
+
+// `servesEngine`: the group spans 2+ machines of equally many ranks.
+inline AllreduceRoute chooseAllreducePath(
+    const AllreduceArgs& args, bool servesEngine, const Config& config) {
+  const bool cpu = args.deviceType == c10::kCPU;
+  const bool premul = args.op == c10d::ReduceOp::PREMUL_SUM;
+  // A premultiplied PREMUL_SUM is the SUM it becomes.
+  const auto reduced =
+      premul && args.canPremultiply ? c10d::ReduceOp::SUM : args.op;
+  const bool engineCan =
+      servesEngine && args.uniform && reductionSupported(args.dtype, reduced);
+  AllreducePath path = AllreducePath::kDelegate;
+  if (engineCan && args.bytes < config.flatThresholdBytes(!cpu)) {
+    path = AllreducePath::kDelegateBelowThreshold;
+  } else if (
+      engineCan && (cpu || config.cudaEngine) &&
+      (args.tensorCount == 1 || args.packable)) {
+    path = AllreducePath::kEngine;
+  }
+  const bool premultiplyHere = premul && args.canPremultiply &&
+      (cpu || path == AllreducePath::kEngine ||
+       (args.ncclMisreadsPremulFactor && !args.nativeBlockOpen));
+  return {path, premultiplyHere};
+}
+
+} // namespace fairring

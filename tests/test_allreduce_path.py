@@ -1,0 +1,126 @@
+"""Which path an all-reduce takes (csrc/backend/allreduce_path.h), by table, without processes.
+
+The expectation is docs/design.md's rule restated here: the engine takes an
+all-reduce when the group serves it (2+ machines of equally many ranks), the
+tensors are one dense tensor (or all_reduce_coalesced's, packed) of one dtype
+and device, at least the flat threshold of their device type, the op is SUM,
+AVG (floating point), MAX, MIN, PRODUCT or PREMUL_SUM (premultiplied, then a
+SUM), the dtype float32/64, float16, bfloat16, int8, uint8, int32 or int64,
+and, for CUDA tensors, the CUDA engine is on. What the engine could take but
+is below the threshold goes to the delegate counted as such. A PREMUL_SUM of
+all_reduce is premultiplied here on CPU, on the engine, and where NCCL would
+misread a bfloat16 factor outside a native coalescing block.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from fairring import _C
+
+MiB = 1 << 20
+THRESHOLDS = {"cpu": 256 * 1024, "cuda": 4 * MiB}
+ENGINE_DTYPES = {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int32}
+ENGINE_DTYPES |= {torch.int64}
+FLOATING = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
+ENGINE_OPS = {"sum", "max", "min", "product"}
+
+
+def config(cuda_engine: bool) -> _C.Config:
+    return _C.Config(
+        total_memory_bytes=50 * MiB,
+        slice_size_bytes=4 * MiB,
+        max_slices_in_flight=4,
+        min_shard_bytes=256 * 1024,
+        cpu_flat_threshold_bytes=THRESHOLDS["cpu"],
+        cuda_flat_threshold_bytes=THRESHOLDS["cuda"],
+        cuda_engine=cuda_engine,
+    )
+
+
+def expected(case: dict[str, object]) -> tuple[str, bool]:
+    """The documented rule, written apart from the code under test."""
+    device, dtype, op = case["device"], case["dtype"], case["op"]
+    premul = op == "premul_sum"
+    reduced = "sum" if premul and not case["coalesced"] else op
+    op_ok = reduced in ENGINE_OPS or (reduced == "avg" and dtype in FLOATING)
+    engine_can = case["serves_engine"] and case["uniform"] and dtype in ENGINE_DTYPES and op_ok
+    if engine_can and case["bytes"] < THRESHOLDS[device]:
+        path = "delegate below threshold"
+    elif engine_can and (device == "cpu" or case["cuda_engine"]) and (case["count"] == 1 or case["coalesced"]):
+        path = "engine"
+    else:
+        path = "delegate"
+    misread = case["nccl_misreads"] and not case["block_open"]
+    premultiply = premul and not case["coalesced"] and (device == "cpu" or path == "engine" or misread)
+    return path, premultiply
+
+
+AXES = {
+    "device": ["cpu", "cuda"],
+    "dtype": [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64],
+    "op": ["sum", "avg", "max", "band", "premul_sum"],
+    "bytes": [4096, 1 * MiB, 64 * MiB],
+    "count": [1, 3],
+    "serves_engine": [True, False],
+    "cuda_engine": [False, True],
+    "coalesced": [False, True],
+}
+CASES = [dict(zip(AXES, values, strict=True)) for values in itertools.product(*AXES.values())]
+
+
+def decide(case: dict[str, object], **overrides: object) -> tuple[str, bool]:
+    case = {"uniform": True, "nccl_misreads": False, "block_open": False, **case, **overrides}
+    return _C._testing.allreduce_path(
+        device=case["device"],
+        dtype_of=torch.empty(0, dtype=case["dtype"]),
+        op=case["op"],
+        bytes=case["bytes"],
+        tensor_count=case["count"],
+        uniform=case["uniform"],
+        coalesced=case["coalesced"],
+        nccl_misreads_premul_factor=case["nccl_misreads"],
+        native_block_open=case["block_open"],
+        serves_engine=case["serves_engine"],
+        config=config(case["cuda_engine"]),
+    )
+
+
+def test_every_combination_takes_the_documented_path() -> None:
+    wrong = []
+    for case in CASES:
+        full = {"uniform": True, "nccl_misreads": False, "block_open": False, **case}
+        if decide(case) != expected(full):
+            wrong.append((case, decide(case), expected(full)))
+    assert not wrong, f"{len(wrong)} of {len(CASES)} cases, e.g. {wrong[:3]}"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "path", "premultiply"),
+    [
+        # Tensors of several dtypes or devices, or sparse: the delegate, never counted as below the threshold.
+        ({"uniform": False}, "delegate", False),
+        ({"uniform": False, "bytes": 4096}, "delegate", False),
+        # NCCL would zero a bfloat16 PREMUL_SUM: premultiplied here, and NCCL gets a SUM...
+        ({"op": "premul_sum", "dtype": torch.bfloat16, "nccl_misreads": True}, "delegate", True),
+        # ...except inside a native coalescing block, whose launch may not follow this thread's stream.
+        ({"op": "premul_sum", "dtype": torch.bfloat16, "nccl_misreads": True, "block_open": True}, "delegate", False),
+        # The CUDA engine on: a PREMUL_SUM on it is premultiplied; several tensors stay with NCCL, as they are.
+        ({"op": "premul_sum", "cuda_engine": True}, "engine", True),
+        ({"op": "premul_sum", "cuda_engine": True, "count": 3}, "delegate", False),
+    ],
+)
+def test_the_rules_that_take_a_second_look(overrides: dict[str, object], path: str, premultiply: bool) -> None:
+    base = {"device": "cuda", "dtype": torch.float32, "op": "sum", "bytes": 64 * MiB, "count": 1}
+    base |= {"serves_engine": True, "cuda_engine": False, "coalesced": False}
+    assert decide(base, **overrides) == (path, premultiply)
+
+
+def test_the_reference_would_catch_a_wrong_rule() -> None:
+    """Negative control: a rule with the CUDA engine switch left out disagrees with the table."""
+    flipped = [case for case in CASES if case["device"] == "cuda" and not case["cuda_engine"]]
+    disagreements = sum(decide(case) != decide(case, cuda_engine=True) for case in flipped)
+    assert disagreements > 0
