@@ -64,7 +64,6 @@ def test_pending_names_the_op_its_stage_and_the_rank_it_awaits() -> None:
         with RankPool(layout) as pool:
             seen = pool.run(one_late_all_reduce, report.name, timeout=90)[0]
     [line] = seen["call"]
-    print(line)
     assert "all_reduce #" in line and "65536 x Float, sum" in line and "cpu" in line, line
     assert "awaits rank(s) 1" in line and "rail peer rank(s) 1" in line, line
     assert "issued " in line and "ms ago" in line, line
