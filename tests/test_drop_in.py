@@ -415,7 +415,12 @@ def subgroup_of_a_bound_world() -> str:
     dist.group.WORLD.bound_device_id = torch.device("cpu", 0)  # as init_process_group(device_id=...) does
     try:
         members = [0, 1]
-        group = dist.new_group(members, backend="fairring")
+        try:
+            group = dist.new_group(members, backend="fairring")
+        except ValueError as error:
+            if "must be an accelerator" not in str(error):
+                raise
+            return f"skip: {error}"  # torch < 2.15 binds accelerators only: the case cannot arise
         if dist.get_rank() in members:
             all_reduce_among(members, group)
         return "ok"
@@ -424,4 +429,7 @@ def subgroup_of_a_bound_world() -> str:
 
 
 def test_subgroups_of_a_world_bound_to_a_device(ranks: RankPool) -> None:
-    assert ranks.run(subgroup_of_a_bound_world) == ["ok"] * LAYOUT.world_size
+    outcomes = ranks.run(subgroup_of_a_bound_world)
+    if all(outcome.startswith("skip: ") for outcome in outcomes):
+        pytest.skip(f"torch {torch.__version__} on CPU: {outcomes[0].removeprefix('skip: ')}")
+    assert outcomes == ["ok"] * LAYOUT.world_size
