@@ -133,10 +133,6 @@ Engine::~Engine() {
   mesh_->shutdown();
 }
 
-bool Engine::handles(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op) {
-  return reductionSupported(tensor.scalar_type(), op);
-}
-
 c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
     const at::Tensor& tensor,
     c10d::ReduceOp::RedOpType reduceOp,

@@ -118,10 +118,6 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Whether the engine reduces tensors of this dtype with this op (else:
-  // delegate). The device is the caller's to check.
-  static bool handles(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op);
-
   c10::Device device() const {
     return device_->device();
   }
