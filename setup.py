@@ -68,7 +68,6 @@ COMMON_SOURCES = [
     "engine/engine.cpp",
     "engine/failures.cpp",
     "engine/plan.cpp",
-    "engine/reduction.cpp",
     "engine/staging.cpp",
     "engine/trace.cpp",
     "local/group_steps.cpp",
@@ -80,6 +79,7 @@ COMMON_SOURCES = [
     "rails/nixl/mesh.cpp",
     "rails/nixl/wire.cpp",
     "rails/watch.cpp",
+    "reduction.cpp",
     "testing/bindings.cpp",
     "topology.cpp",
 ]

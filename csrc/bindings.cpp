@@ -14,7 +14,7 @@
 #include "config.h"
 #include "device/device.h"
 #include "engine/plan.h"
-#include "engine/reduction.h"
+#include "reduction.h"
 #include "engine/staging.h"
 #include "local/shared_memory.h"
 #include "rails/interfaces.h"
@@ -93,7 +93,8 @@ class PyInnerGroupFactory final : public fairring::InnerGroupFactory {
 
   c10::intrusive_ptr<c10d::Backend> delegate(c10::DeviceType type) override {
     return call([&] {
-      return factory_.attr("delegate")(c10::DeviceTypeName(type, true))
+      return factory_
+          .attr("delegate")(c10::DeviceTypeName(type, /*lower_case=*/true))
           .cast<c10::intrusive_ptr<c10d::Backend>>();
     });
   }
@@ -515,7 +516,7 @@ PYBIND11_MODULE(_C, module) {
                   result["ops"] = stats.ops;
                   result["slices"] = stats.slices;
                   result["flat_ops"] =
-                      backend.flatAllreduces(engine.device().type());
+                      backend.belowThresholdAllreduces(engine.device().type());
                   result["rail_bytes_sent"] = stats.railBytesSent;
                   result["rail_bytes_received"] = stats.railBytesReceived;
                   result["local_steps"] = stats.localSteps;

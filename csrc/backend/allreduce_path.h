@@ -8,13 +8,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
-#include <c10/core/DeviceType.h>
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include "config.h"
-#include "engine/reduction.h"
+#include "reduction.h"
 
 namespace fairring {
 
@@ -22,6 +23,10 @@ namespace fairring {
 // in allreduce_args.h takes them from the tensors and options).
 struct AllreduceArgs {
   c10::DeviceType deviceType = c10::kCPU;
+  c10::Device device = c10::kCPU; // the first tensor's
+  // The op with its PREMUL_SUM factor, and what the ledger compares.
+  c10d::ReduceOp reduceOp;
+  std::string signature;
   at::ScalarType dtype = at::kFloat;
   c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM;
   int64_t bytes = 0; // of every tensor together

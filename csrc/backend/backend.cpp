@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "backend/allreduce_args.h"
+#include "backend/delegated.h"
 #include "backend/engine_factory.h"
 #include "backend/pending_report.h"
 #include "backend/work.h"
@@ -16,32 +17,33 @@ namespace fairring {
 
 namespace {
 
-template <typename Visit>
-void forEachTensor(const at::Tensor& tensor, Visit&& visit) {
-  visit(tensor);
-}
-
-template <typename Visit>
-void forEachTensor(const std::vector<at::Tensor>& tensors, Visit&& visit) {
+// Aliases of `tensors` that autograd does not see. fairring's own arithmetic
+// on a caller's tensors (PREMUL_SUM's scaling, packing, copies back, the
+// engine's steps) runs on threads in grad mode, and the tensors may require
+// grad (DDP's buckets under backward(create_graph=True)): through an alias it
+// stays arithmetic on memory, as Gloo's is, and records no graph. Sparse
+// tensors stay themselves: Gloo writes a sparse result by giving the tensor
+// object new indices and values, which an alias would take instead.
+std::vector<at::Tensor> withoutAutograd(
+    const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> aliases;
+  aliases.reserve(tensors.size());
   for (const auto& tensor : tensors) {
-    visit(tensor);
+    aliases.push_back(
+        tensor.layout() == at::kStrided ? tensor.detach() : tensor);
   }
+  return aliases;
 }
 
-template <typename Visit>
-void forEachTensor(
-    const std::vector<std::vector<at::Tensor>>& tensorLists, Visit&& visit) {
-  for (const auto& tensors : tensorLists) {
-    forEachTensor(tensors, visit);
+// Copies consecutive pieces of the 1-D `packed`, each as long as the next
+// tensor, into `tensors`.
+void unpackInto(
+    const at::Tensor& packed, const std::vector<at::Tensor>& tensors) {
+  int64_t offset = 0;
+  for (const auto& tensor : tensors) {
+    tensor.copy_(packed.narrow(0, offset, tensor.numel()).view(tensor.sizes()));
+    offset += tensor.numel();
   }
-}
-
-// Every tensor an operation reads or writes, for MemoryOrder.
-template <typename... Tensors>
-std::vector<at::Tensor> tensorsOf(const Tensors&... tensors) {
-  std::vector<at::Tensor> all;
-  (forEachTensor(tensors, [&](const at::Tensor& t) { all.push_back(t); }), ...);
-  return all;
 }
 
 constexpr const char* kSameCollectives =
@@ -97,101 +99,84 @@ Backend::~Backend() {
   }
 }
 
-template <typename... Tensors>
-c10::DeviceType Backend::route(const char* opName, const Tensors&... tensors) {
-  std::optional<c10::Device> first;
-  auto visit = [&](const at::Tensor& tensor) {
-    const c10::Device device = tensor.device();
-    if (!first) {
-      first = device;
-      return;
-    }
-    TORCH_CHECK(
-        device.type() == first->type(),
-        "fairring: ",
-        opName,
-        " got tensors on both ",
-        *first,
-        " and ",
-        device,
-        "; all tensors of one operation must be on the same device type");
-  };
-  (forEachTensor(tensors, visit), ...);
-  if (!first || first->is_cpu()) {
-    return c10::kCPU;
-  }
-  TORCH_CHECK(
-      first->is_cuda(),
-      "fairring: ",
-      opName,
-      " got a tensor on ",
-      *first,
-      "; fairring supports CPU and CUDA tensors");
-  return c10::kCUDA;
-}
-
 c10d::Backend& Backend::delegate(c10::DeviceType type) {
   return type == c10::kCPU ? *cpuBackend_ : cudaBackend();
 }
 
-template <typename Call, typename... Tensors>
-c10::intrusive_ptr<c10d::Work> Backend::forward(
-    const char* opName, Call&& call, const Tensors&... tensors) {
-  const c10::DeviceType type = route(opName, tensors...);
-  const uint64_t seq = nextCollective(
-      std::string(opName) + " " +
-      c10::DeviceTypeName(type, /*lower_case=*/true));
-  return forwardTo(
-      opName, type, seq, tensorsOf(tensors...), std::forward<Call>(call));
-}
-
-template <typename Call>
-c10::intrusive_ptr<c10d::Work> Backend::forwardTo(
-    const char* opName,
-    c10::DeviceType type,
-    std::optional<uint64_t> collective,
-    const std::vector<at::Tensor>& touches,
-    Call&& call) {
-  if (collective) {
-    checkNotFailed(opName);
+// The funnel: every operation, in this order. Its own part, `launch`, gets
+// where it runs and its number, and returns its Work.
+template <typename Launch>
+c10::intrusive_ptr<c10d::Work> Backend::issue(Operation op, Launch&& launch) {
+  Runner runner;
+  // The ledger numbers a collective, and compares it with the neighbours'.
+  if (op.signature) {
+    runner.seq = nextCollective(std::move(*op.signature));
   }
-  c10d::Backend& inner = delegate(type);
-  bool collect = false;
-  bool native = false;
-  {
-    std::lock_guard<std::mutex> lock(coalescingMutex_);
-    if (CoalescingBlock* block = openBlockLocked(opName, type)) {
-      collect = !inner.supportsCoalescing();
-      if (!collect && block->nativeBlock == nullptr) {
-        block->nativeBlock = &inner;
-        inner.startCoalescing();
-      }
-      native = !collect;
-    }
+  // Where it runs: the engine the path decision chose, made on first use (a
+  // collective step), else the delegate of its device type.
+  if (op.engineDevice) {
+    runner.engine = ensureEngine(*op.engineDevice);
   }
-  const auto executor = isCpu(inner) ? MemoryOrder::Executor::kGloo
-                                     : MemoryOrder::Executor::kNccl;
-  if (collective) {
-    memoryOrder_.awaitOverlapping(touches, executor, timeout());
+  if (runner.engine == nullptr) {
+    runner.delegate = &delegate(op.type);
   }
-  if (!native) {
-    followEngineLaunches(type); // a native block launches at its end
+  const bool onGloo = runner.delegate != nullptr && isCpu(*runner.delegate);
+  // Refused once the group has failed. The engine refuses its own ops, as a
+  // failed Work, the way its other failures reach them.
+  if (runner.seq && runner.delegate != nullptr) {
+    checkNotFailed(op.name);
   }
-  auto work = call(inner);
-  if (collective && isCpu(inner)) {
-    work = delegated_.watch(work, work->retrieveOpType(), *collective, {});
+  // Gloo's rules, before anything is written.
+  if (op.reduceOp && onGloo) {
+    checkGlooReduction(op.name, *op.reduceOp, op.reduced);
   }
-  work = hooks_.report(std::move(work));
-  // A native block (NCCL's group) launches nothing before it ends, so its
-  // members' Works are not waited for; the block orders them itself.
-  if (collective && !native) {
-    memoryOrder_.track(touches, executor, work);
+  const BlockMembership membership =
+      op.coalesces ? joinBlock(op, runner) : BlockMembership::kNone;
+  // After the collectives in flight on the same memory, once; a native
+  // block's members are ordered by the block.
+  const auto executor = runner.engine != nullptr
+      ? MemoryOrder::Executor::kEngine
+      : onGloo ? MemoryOrder::Executor::kGloo
+               : MemoryOrder::Executor::kNccl;
+  const bool ordered = runner.seq && membership != BlockMembership::kNative;
+  if (ordered) {
+    memoryOrder_.awaitOverlapping(op.touches, executor, timeout());
   }
-  if (collect) {
+  // A NCCL launch follows the CUDA engine's local steps issued before it (a
+  // native block launches at its end).
+  if (runner.delegate != nullptr && membership != BlockMembership::kNative) {
+    followEngineLaunches(op.type);
+  }
+  auto work = launch(static_cast<const Runner&>(runner));
+  if (runner.seq && onGloo) {
+    work = delegated_.watch(work, work->retrieveOpType(), *runner.seq, {});
+  }
+  work = torchHooks_.report(std::move(work));
+  if (ordered) {
+    memoryOrder_.track(op.touches, executor, work);
+  }
+  if (membership == BlockMembership::kCollected) {
     std::lock_guard<std::mutex> lock(coalescingMutex_);
     coalescing_->works.push_back(work);
   }
   return work;
+}
+
+Backend::BlockMembership Backend::joinBlock(
+    const Operation& op, const Runner& runner) {
+  std::lock_guard<std::mutex> lock(coalescingMutex_);
+  CoalescingBlock* block = openBlockLocked(op.name, op.type);
+  if (block == nullptr) {
+    return BlockMembership::kNone;
+  }
+  if (runner.delegate == nullptr || !runner.delegate->supportsCoalescing()) {
+    return BlockMembership::kCollected;
+  }
+  if (block->nativeBlock == nullptr) {
+    block->nativeBlock = runner.delegate;
+    runner.delegate->startCoalescing();
+  }
+  return BlockMembership::kNative;
 }
 
 Backend::CoalescingBlock* Backend::openBlockLocked(
@@ -212,16 +197,6 @@ Backend::CoalescingBlock* Backend::openBlockLocked(
       c10::DeviceTypeName(*coalescing_->type),
       " operations; coalesce CPU and CUDA operations in separate blocks");
   return &*coalescing_;
-}
-
-void Backend::joinBlock(
-    const char* opName,
-    c10::DeviceType type,
-    const c10::intrusive_ptr<c10d::Work>& work) {
-  std::lock_guard<std::mutex> lock(coalescingMutex_);
-  if (CoalescingBlock* block = openBlockLocked(opName, type)) {
-    block->works.push_back(work);
-  }
 }
 
 c10d::Backend& Backend::cudaBackend() {
@@ -250,14 +225,17 @@ c10::intrusive_ptr<c10d::Backend> Backend::cudaBackendIfCreated() const {
 
 const Engine* Backend::engine(c10::DeviceType type) const {
   std::lock_guard<std::mutex> lock(stateMutex_);
-  return engines_[slotOf(type)].get();
+  return engines_[indexOfType(type)].get();
 }
 
 AllreduceRoute Backend::choosePath(const AllreduceArgs& args) const {
   return chooseAllreducePath(args, topology_.servesEngine(), config_);
 }
 
-Engine* Backend::engineFor(c10::Device device) {
+// The one place engines are made: at the group's first all-reduce on the
+// engine for a device type, which every rank issues at the same point of its
+// sequence, so that making it (a collective step) lines up.
+Engine* Backend::ensureEngine(c10::Device device) {
   TORCH_CHECK(
       !cudaGraphCaptureUnderway(device),
       "fairring: an all-reduce of a CUDA tensor on the Herring engine "
@@ -265,14 +243,10 @@ Engine* Backend::engineFor(c10::Device device) {
       "engine waits on the host, which a graph cannot hold. Issue it outside "
       "the captured region, or leave FAIRRING_CUDA_ENGINE unset so that NCCL "
       "runs it");
-  return engineOn(device);
-}
-
-Engine* Backend::engineOn(c10::Device device) {
-  const size_t slot = slotOf(device.type());
+  const size_t index = indexOfType(device.type());
   const auto made = [&] {
     std::lock_guard<std::mutex> lock(stateMutex_);
-    return engines_[slot].get();
+    return engines_[index].get();
   };
   Engine* engine = made();
   if (engine == nullptr) {
@@ -292,12 +266,33 @@ Engine* Backend::engineOn(c10::Device device) {
             "one all-reduce before the block, or make the all-reduce the "
             "block's first operation.");
       }
-      auto created = makeEngine(device); // collective; calls into Python
+      // What the engine tells its owner arrives on the engine's threads,
+      // which it joins before it goes; the backend outlives its engines.
+      Engine::Owner owner{
+          [this] { return ledger_.report(); },
+          [this](int neighbour, std::string_view status) {
+            onPeerStatus(neighbour, status);
+          },
+          [this](const std::string& cause) {
+            torchHooks_.runAbortHooks();
+            delegated_.fail(cause);
+          }};
+      // Collective; calls into Python for the local groups.
+      auto created = makeEngine(
+          device,
+          EngineSite{
+              topology_,
+              config_,
+              *innerGroups_,
+              store_,
+              getGroupUid(),
+              timeout()},
+          std::move(owner));
       const std::string rails = created->describeRails();
       {
         std::lock_guard<std::mutex> lock(stateMutex_);
-        engines_[slot] = std::move(created);
-        engine = engines_[slot].get();
+        engines_[index] = std::move(created);
+        engine = engines_[index].get();
       }
       innerGroups_->engineMade(device, rails);
     }
@@ -320,30 +315,11 @@ void Backend::followEngineLaunches(c10::DeviceType type) {
   Engine* engine = nullptr;
   {
     std::lock_guard<std::mutex> lock(stateMutex_);
-    engine = engines_[slotOf(c10::kCUDA)].get();
+    engine = engines_[indexOfType(c10::kCUDA)].get();
   }
   if (engine != nullptr) { // engines live until the destructor
     engine->awaitLaunchesOfIssuedOps();
   }
-}
-
-std::unique_ptr<Engine> Backend::makeEngine(c10::Device device) {
-  // The hooks run on the engine's threads, which the engine joins before it
-  // goes; the backend outlives its engines.
-  Engine::Hooks hooks{
-      [this] { return ledger_.report(); },
-      [this](int neighbour, std::string_view status) {
-        onPeerStatus(neighbour, status);
-      },
-      [this](const std::string& cause) {
-        hooks_.runAbortHooks();
-        delegated_.fail(cause);
-      }};
-  return fairring::makeEngine(
-      device,
-      EngineSite{
-          topology_, config_, *innerGroups_, store_, getGroupUid(), timeout()},
-      std::move(hooks));
 }
 
 uint64_t Backend::nextCollective(std::string signature) {
@@ -389,8 +365,8 @@ void Backend::forEachEngine(Call&& call) {
   std::array<Engine*, 2> engines{};
   {
     std::lock_guard<std::mutex> lock(stateMutex_);
-    for (size_t slot = 0; slot < engines.size(); ++slot) {
-      engines[slot] = engines_[slot].get();
+    for (size_t i = 0; i < engines.size(); ++i) {
+      engines[i] = engines_[i].get();
     }
   }
   for (Engine* engine : engines) {
@@ -418,250 +394,319 @@ void Backend::checkNotFailed(const char* opName) const {
 
 c10::intrusive_ptr<c10d::Work> Backend::broadcast(
     std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
-  return forward(
-      "broadcast",
-      [&](c10d::Backend& inner) { return inner.broadcast(tensors, opts); },
-      tensors);
+  return issue(
+      Operation::collective("broadcast", tensors), [&](const Runner& runner) {
+        return runner.delegate->broadcast(tensors, opts);
+      });
 }
 
+namespace {
+
+// The Work of an engine all-reduce, which completes with `future`.
+c10::intrusive_ptr<c10d::Work> engineWork(
+    c10::intrusive_ptr<c10::ivalue::Future> future,
+    c10d::OpType opType,
+    const char* profilingName,
+    uint64_t seq,
+    const std::vector<at::Tensor>& tensors) {
+  return c10::make_intrusive<FutureWork>(
+      std::move(future), opType, profilingName, seq, tensors);
+}
+
+// PREMUL_SUM is the sum of factor x input over ranks: scaling this rank's
+// input by its own factor first, in place (the all-reduce overwrites it
+// anyway), turns it into a plain SUM that any path can run. Returns the
+// options of that SUM.
+c10d::AllreduceOptions premultiplied(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  // NCCLPreMulSumSupplement: the name torch 2.11 and 2.15 both have.
+  const auto* supplement = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(
+      opts.reduceOp.supplement_.get());
+  TORCH_CHECK(
+      supplement != nullptr,
+      "fairring: all_reduce with ReduceOp.PREMUL_SUM needs a factor; build it "
+      "with torch.distributed._make_nccl_premul_sum(factor)");
+  for (auto& tensor : tensors) {
+    TORCH_CHECK(
+        at::isFloatingType(tensor.scalar_type()),
+        "fairring: all_reduce with ReduceOp.PREMUL_SUM needs a floating-point "
+        "tensor, got ",
+        tensor.scalar_type());
+    if (supplement->tensor_factor.defined()) {
+      tensor.mul_(supplement->tensor_factor.to(tensor.device()));
+    } else {
+      tensor.mul_(supplement->double_factor);
+    }
+  }
+  c10d::AllreduceOptions sum = opts;
+  sum.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+  return sum;
+}
+
+// Gloo reads and writes a CPU tensor as if it were contiguous: a view with
+// gaps (t[::3], a column slice) would get wrong sums and its gaps
+// overwritten. Such tensors go to Gloo as contiguous copies, copied back
+// when it is done (on Gloo's thread).
+c10::intrusive_ptr<c10d::Work> glooAllreduce(
+    c10d::Backend& gloo,
+    std::vector<at::Tensor>& tensors,
+    const c10d::AllreduceOptions& opts,
+    uint64_t seq) {
+  const bool dense =
+      std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) {
+        return t.layout() != at::kStrided || t.is_contiguous();
+      });
+  if (dense) {
+    return gloo.allreduce(tensors, opts);
+  }
+  std::vector<at::Tensor> copies;
+  copies.reserve(tensors.size());
+  for (const auto& tensor : tensors) {
+    copies.push_back(
+        tensor.layout() == at::kStrided ? tensor.contiguous() : tensor);
+  }
+  auto work = gloo.allreduce(copies, opts);
+  auto copiedBack = work->getFuture()->then(
+      [tensors, copies](c10::ivalue::Future& done) {
+        done.value(); // rethrows Gloo's error
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          if (!tensors[i].is_same(copies[i])) {
+            tensors[i].copy_(copies[i]);
+          }
+        }
+        return c10::IValue(tensors);
+      },
+      c10::ListType::create(c10::TensorType::get()));
+  return engineWork(
+      copiedBack, c10d::OpType::ALLREDUCE, "fairring:all_reduce", seq, tensors);
+}
+
+// One engine all-reduce of the tensors packed end to end; the result is
+// unpacked into them when it completes (on the engine's all-gather thread).
+c10::intrusive_ptr<c10::ivalue::Future> packedAllreduce(
+    Engine& engine,
+    const std::vector<at::Tensor>& tensors,
+    c10d::ReduceOp::RedOpType op,
+    std::chrono::milliseconds timeout,
+    uint64_t collective) {
+  std::vector<at::Tensor> flattened;
+  flattened.reserve(tensors.size());
+  for (const auto& tensor : tensors) {
+    flattened.push_back(tensor.reshape({-1}));
+  }
+  at::Tensor packed = at::cat(flattened);
+  return engine.allreduce(packed, op, timeout, collective)
+      ->then(
+          [tensors, packed](c10::ivalue::Future& done) {
+            done.value(); // rethrows the engine's error
+            unpackInto(packed, tensors);
+            return c10::IValue(tensors);
+          },
+          c10::ListType::create(c10::TensorType::get()));
+}
+
+} // namespace
+
+Operation Backend::allreduceOperation(
+    const char* name,
+    const AllreduceArgs& args,
+    const AllreduceRoute& route,
+    const std::vector<at::Tensor>& tensors) {
+  if (route.path == AllreducePath::kDelegateBelowThreshold) {
+    ++belowThreshold_[indexOfType(args.deviceType)];
+  }
+  return Operation{
+      .name = name,
+      .type = args.deviceType,
+      .signature = args.signature,
+      .touches = tensors,
+      .reduceOp = route.premultiplyHere ? c10d::ReduceOp(c10d::ReduceOp::SUM)
+                                        : args.reduceOp,
+      .reduced = tensors,
+      .engineDevice = route.path == AllreducePath::kEngine
+          ? std::optional(args.device)
+          : std::nullopt};
+}
+
+// One all-reduce, in the order it happens: its arguments checked into one
+// value, the path chosen from them, then the funnel, whose launch scales a
+// PREMUL_SUM here where the path says so (the tensors are free to write by
+// then: memory order was awaited) and starts the engine or the delegate.
 c10::intrusive_ptr<c10d::Work> Backend::allreduce(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
-  const c10::DeviceType type = route("allreduce", tensors);
-  checkNoOverlap(tensors);
-  const uint64_t seq = nextCollective(
-      reductionSignature("all_reduce", type, tensors, opts.reduceOp));
-  const AllreduceRoute path = choosePath(allreduceArgs(
-      tensors, opts.reduceOp, /*coalesced=*/false, coalescingBlockOpen()));
-  Engine* engine = path.path == AllreducePath::kEngine
-      ? engineFor(tensors[0].device())
-      : nullptr;
-  // Before premultiplied() writes the tensors.
-  memoryOrder_.awaitOverlapping(
-      tensors,
-      engine != nullptr       ? MemoryOrder::Executor::kEngine
-          : type == c10::kCPU ? MemoryOrder::Executor::kGloo
-                              : MemoryOrder::Executor::kNccl,
-      timeout());
-  std::vector<at::Tensor> aliases = withoutAutograd(tensors);
-  const c10d::AllreduceOptions ownOpts =
-      path.premultiplyHere ? premultiplied(aliases, opts) : opts;
-  if (engine != nullptr) {
-    return engineWork(
-        "allreduce",
-        "fairring:all_reduce",
-        c10d::OpType::ALLREDUCE,
-        engine->allreduce(
-            aliases[0], ownOpts.reduceOp, timeoutOf(opts.timeout), seq),
-        seq,
-        tensors);
-  }
-  if (path.path == AllreducePath::kDelegateBelowThreshold) {
-    ++flatAllreduces_[type == c10::kCPU ? 0 : 1];
-  }
-  return forwardTo("allreduce", type, seq, tensors, [&](c10d::Backend& inner) {
-    if (isCpu(inner)) {
-      checkCpuReduction("allreduce", ownOpts.reduceOp, tensors);
-      return allreduceDense(inner, aliases, ownOpts, seq);
-    }
-    return inner.allreduce(tensors, ownOpts);
-  });
+  const AllreduceArgs args = allreduceArgs(
+      tensors, opts.reduceOp, AllreduceForm::kOne, coalescingBlockOpen());
+  const AllreduceRoute route = choosePath(args);
+  return issue(
+      allreduceOperation("allreduce", args, route, tensors),
+      [&](const Runner& runner) {
+        std::vector<at::Tensor> aliases = withoutAutograd(tensors);
+        const c10d::AllreduceOptions own =
+            route.premultiplyHere ? premultiplied(aliases, opts) : opts;
+        if (runner.engine != nullptr) {
+          return engineWork(
+              runner.engine->allreduce(
+                  aliases[0],
+                  own.reduceOp,
+                  timeoutOf(opts.timeout),
+                  *runner.seq),
+              c10d::OpType::ALLREDUCE,
+              "fairring:all_reduce",
+              *runner.seq,
+              tensors);
+        }
+        if (isCpu(*runner.delegate)) {
+          return glooAllreduce(*runner.delegate, aliases, own, *runner.seq);
+        }
+        return runner.delegate->allreduce(tensors, own);
+      });
+}
+
+// all_reduce_coalesced: the same, its tensors packed into one on the engine.
+c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors,
+    const c10d::AllreduceCoalescedOptions& opts) {
+  const AllreduceArgs args = allreduceArgs(
+      tensors, opts.reduceOp, AllreduceForm::kCoalesced, coalescingBlockOpen());
+  const AllreduceRoute route = choosePath(args);
+  return issue(
+      allreduceOperation("allreduce_coalesced", args, route, tensors),
+      [&](const Runner& runner) {
+        if (runner.engine != nullptr) {
+          return engineWork(
+              packedAllreduce(
+                  *runner.engine,
+                  withoutAutograd(tensors),
+                  opts.reduceOp,
+                  timeoutOf(opts.timeout),
+                  *runner.seq),
+              c10d::OpType::ALLREDUCE_COALESCED,
+              "fairring:all_reduce_coalesced",
+              *runner.seq,
+              tensors);
+        }
+        return runner.delegate->allreduce_coalesced(tensors, opts);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::allreduce_sparse(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
-  return forward(
-      "allreduce_sparse",
-      [&](c10d::Backend& inner) {
-        return inner.allreduce_sparse(tensors, opts);
-      },
-      tensors);
-}
-
-c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(
-    std::vector<at::Tensor>& tensors,
-    const c10d::AllreduceCoalescedOptions& opts) {
-  const c10::DeviceType type = route("allreduce_coalesced", tensors);
-  const uint64_t seq = nextCollective(
-      reductionSignature("all_reduce_coalesced", type, tensors, opts.reduceOp));
-  const AllreduceRoute path = choosePath(allreduceArgs(
-      tensors, opts.reduceOp, /*coalesced=*/true, /*nativeBlockOpen=*/false));
-  Engine* engine = path.path == AllreducePath::kEngine
-      ? engineFor(tensors[0].device())
-      : nullptr;
-  if (engine != nullptr) {
-    memoryOrder_.awaitOverlapping(
-        tensors, MemoryOrder::Executor::kEngine, timeout());
-    return engineWork(
-        "allreduce_coalesced",
-        "fairring:all_reduce_coalesced",
-        c10d::OpType::ALLREDUCE_COALESCED,
-        packedAllreduce(
-            *engine,
-            withoutAutograd(tensors),
-            opts.reduceOp,
-            timeoutOf(opts.timeout),
-            seq),
-        seq,
-        tensors);
-  }
-  return forwardTo(
-      "allreduce_coalesced", type, seq, tensors, [&](c10d::Backend& inner) {
-        if (isCpu(inner)) {
-          checkCpuReduction("allreduce_coalesced", opts.reduceOp, tensors);
-        }
-        return inner.allreduce_coalesced(tensors, opts);
+  return issue(
+      Operation::collective("allreduce_sparse", tensors),
+      [&](const Runner& runner) {
+        return runner.delegate->allreduce_sparse(tensors, opts);
       });
-}
-
-c10::intrusive_ptr<c10d::Work> Backend::engineWork(
-    const char* opName,
-    const char* profilingName,
-    c10d::OpType opType,
-    c10::intrusive_ptr<c10::ivalue::Future> future,
-    uint64_t seq,
-    const std::vector<at::Tensor>& tensors) {
-  auto work = c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<FutureWork>(
-      std::move(future), opType, profilingName, seq, tensors));
-  work = hooks_.report(std::move(work));
-  joinBlock(opName, tensors[0].device().type(), work);
-  memoryOrder_.track(tensors, MemoryOrder::Executor::kEngine, work);
-  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::reduce(
     std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
-  return forward(
-      "reduce",
-      [&](c10d::Backend& inner) {
-        if (isCpu(inner)) {
-          checkCpuReduction("reduce", opts.reduceOp, tensors);
-        }
-        return inner.reduce(tensors, opts);
-      },
-      tensors);
+  return issue(
+      Operation::collective("reduce", tensors).reducing(opts.reduceOp, tensors),
+      [&](const Runner& runner) {
+        return runner.delegate->reduce(tensors, opts);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::allgather(
     std::vector<std::vector<at::Tensor>>& outputs,
     std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  return forward(
-      "allgather",
-      [&](c10d::Backend& inner) {
-        return inner.allgather(outputs, inputs, opts);
-      },
-      outputs,
-      inputs);
+  return issue(
+      Operation::collective("allgather", outputs, inputs),
+      [&](const Runner& runner) {
+        return runner.delegate->allgather(outputs, inputs, opts);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
-  return forward(
-      "all_gather_single",
-      [&](c10d::Backend& inner) {
-        return inner._allgather_base(output, input, opts);
-      },
-      output,
-      input);
+  return issue(
+      Operation::collective("all_gather_single", output, input),
+      [&](const Runner& runner) {
+        return runner.delegate->_allgather_base(output, input, opts);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputLists,
     std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  return forward(
-      "allgather_coalesced",
-      [&](c10d::Backend& inner) {
-        return inner.allgather_coalesced(outputLists, inputs, opts);
-      },
-      outputLists,
-      inputs);
+  return issue(
+      Operation::collective("allgather_coalesced", outputLists, inputs),
+      [&](const Runner& runner) {
+        return runner.delegate->allgather_coalesced(outputLists, inputs, opts);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs,
     std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  return forward(
-      "all_gather_single_coalesced",
-      [&](c10d::Backend& inner) {
-        return inner.allgather_into_tensor_coalesced(outputs, inputs, opts);
-      },
-      outputs,
-      inputs);
+  return issue(
+      Operation::collective("all_gather_single_coalesced", outputs, inputs),
+      [&](const Runner& runner) {
+        return runner.delegate->allgather_into_tensor_coalesced(
+            outputs, inputs, opts);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::gather(
     std::vector<std::vector<at::Tensor>>& outputs,
     std::vector<at::Tensor>& inputs,
     const c10d::GatherOptions& opts) {
-  return forward(
-      "gather",
-      [&](c10d::Backend& inner) { return inner.gather(outputs, inputs, opts); },
-      outputs,
-      inputs);
+  return issue(
+      Operation::collective("gather", outputs, inputs),
+      [&](const Runner& runner) {
+        return runner.delegate->gather(outputs, inputs, opts);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::scatter(
     std::vector<at::Tensor>& outputs,
     std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ScatterOptions& opts) {
-  return forward(
-      "scatter",
-      [&](c10d::Backend& inner) {
-        return inner.scatter(outputs, inputs, opts);
-      },
-      outputs,
-      inputs);
+  return issue(
+      Operation::collective("scatter", outputs, inputs),
+      [&](const Runner& runner) {
+        return runner.delegate->scatter(outputs, inputs, opts);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter(
     std::vector<at::Tensor>& outputs,
     std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  return forward(
-      "reduce_scatter",
-      [&](c10d::Backend& inner) {
-        if (isCpu(inner)) {
-          checkCpuReduction("reduce_scatter", opts.reduceOp, outputs);
-        }
-        return inner.reduce_scatter(outputs, inputs, opts);
-      },
-      outputs,
-      inputs);
+  return issue(
+      Operation::collective("reduce_scatter", outputs, inputs)
+          .reducing(opts.reduceOp, outputs),
+      [&](const Runner& runner) {
+        return runner.delegate->reduce_scatter(outputs, inputs, opts);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::_reduce_scatter_base(
     at::Tensor& output,
     at::Tensor& input,
     const c10d::ReduceScatterOptions& opts) {
-  return forward(
-      "reduce_scatter_single",
-      [&](c10d::Backend& inner) {
-        if (isCpu(inner)) {
-          checkCpuReduction("reduce_scatter_single", opts.reduceOp, {output});
-        }
-        return inner._reduce_scatter_base(output, input, opts);
-      },
-      output,
-      input);
+  return issue(
+      Operation::collective("reduce_scatter_single", output, input)
+          .reducing(opts.reduceOp, {output}),
+      [&](const Runner& runner) {
+        return runner.delegate->_reduce_scatter_base(output, input, opts);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs,
     std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  return forward(
-      "reduce_scatter_single_coalesced",
-      [&](c10d::Backend& inner) {
-        if (isCpu(inner)) {
-          checkCpuReduction(
-              "reduce_scatter_single_coalesced", opts.reduceOp, outputs);
-        }
-        return inner.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
-      },
-      outputs,
-      inputs);
+  return issue(
+      Operation::collective("reduce_scatter_single_coalesced", outputs, inputs)
+          .reducing(opts.reduceOp, outputs),
+      [&](const Runner& runner) {
+        return runner.delegate->reduce_scatter_tensor_coalesced(
+            outputs, inputs, opts);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::alltoall_base(
@@ -670,37 +715,36 @@ c10::intrusive_ptr<c10d::Work> Backend::alltoall_base(
     std::vector<int64_t>& outputSplitSizes,
     std::vector<int64_t>& inputSplitSizes,
     const c10d::AllToAllOptions& opts) {
-  return forward(
-      "all_to_all_single",
-      [&](c10d::Backend& inner) {
-        return inner.alltoall_base(
+  return issue(
+      Operation::collective("all_to_all_single", output, input),
+      [&](const Runner& runner) {
+        return runner.delegate->alltoall_base(
             output, input, outputSplitSizes, inputSplitSizes, opts);
-      },
-      output,
-      input);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::alltoall(
     std::vector<at::Tensor>& outputs,
     std::vector<at::Tensor>& inputs,
     const c10d::AllToAllOptions& opts) {
-  return forward(
-      "alltoall",
-      [&](c10d::Backend& inner) {
-        return isCpu(inner) ? alltoallAsSingle(inner, outputs, inputs, opts)
-                            : inner.alltoall(outputs, inputs, opts);
-      },
-      outputs,
-      inputs);
+  return issue(
+      Operation::collective("alltoall", outputs, inputs),
+      [&](const Runner& runner) {
+        return isCpu(*runner.delegate)
+            ? alltoallAsSingle(
+                  *runner.delegate, outputs, inputs, opts, *runner.seq)
+            : runner.delegate->alltoall(outputs, inputs, opts);
+      });
 }
 
 // Gloo's list alltoall needs every tensor to have one shape; NCCL's does not.
 // Sending the flattened lists with element splits serves any shapes.
 c10::intrusive_ptr<c10d::Work> Backend::alltoallAsSingle(
-    c10d::Backend& inner,
+    c10d::Backend& gloo,
     std::vector<at::Tensor>& outputs,
     std::vector<at::Tensor>& inputs,
-    const c10d::AllToAllOptions& opts) {
+    const c10d::AllToAllOptions& opts,
+    uint64_t seq) {
   TORCH_CHECK(
       static_cast<int>(outputs.size()) == getSize() &&
           static_cast<int>(inputs.size()) == getSize(),
@@ -727,7 +771,7 @@ c10::intrusive_ptr<c10d::Work> Backend::alltoallAsSingle(
   }
   at::Tensor packedInput = at::cat(flatInputs);
   at::Tensor packedOutput = at::empty({outputElements}, packedInput.options());
-  auto work = inner.alltoall_base(
+  auto work = gloo.alltoall_base(
       packedOutput, packedInput, outputSplits, inputSplits, opts);
   // Runs on Gloo's worker thread once the exchange is done: unpack.
   auto unpacked = work->getFuture()->then(
@@ -739,53 +783,48 @@ c10::intrusive_ptr<c10d::Work> Backend::alltoallAsSingle(
       },
       c10::ListType::create(c10::TensorType::get()));
   return c10::make_intrusive<FutureWork>(
-      unpacked,
-      c10d::OpType::ALLTOALL,
-      "fairring:all_to_all",
-      getSequenceNumberForGroup(),
-      inputs);
+      unpacked, c10d::OpType::ALLTOALL, "fairring:all_to_all", seq, inputs);
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::send(
     std::vector<at::Tensor>& tensors, int dstRank, int tag) {
-  return forwardTo(
-      "send",
-      route("send", tensors),
-      std::nullopt, // not a collective
-      {},
-      [&](c10d::Backend& inner) { return inner.send(tensors, dstRank, tag); });
+  return issue(
+      Operation::pointToPoint("send", tensors), [&](const Runner& runner) {
+        return runner.delegate->send(tensors, dstRank, tag);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::recv(
     std::vector<at::Tensor>& tensors, int srcRank, int tag) {
-  return forwardTo(
-      "recv",
-      route("recv", tensors),
-      std::nullopt, // not a collective
-      {},
-      [&](c10d::Backend& inner) { return inner.recv(tensors, srcRank, tag); });
+  return issue(
+      Operation::pointToPoint("recv", tensors), [&](const Runner& runner) {
+        return runner.delegate->recv(tensors, srcRank, tag);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::recvAnysource(
     std::vector<at::Tensor>& tensors, int tag) {
-  return forwardTo(
-      "recvAnysource",
-      route("recvAnysource", tensors),
-      std::nullopt, // not a collective
-      {},
-      [&](c10d::Backend& inner) { return inner.recvAnysource(tensors, tag); });
+  return issue(
+      Operation::pointToPoint("recvAnysource", tensors),
+      [&](const Runner& runner) {
+        return runner.delegate->recvAnysource(tensors, tag);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::barrier(
     const c10d::BarrierOptions& opts) {
-  const uint64_t seq = nextCollective("barrier");
-  checkNotFailed("barrier");
-  return hooks_.report(delegated_.watch(
-      cpuBackend_->barrier(opts), c10d::OpType::BARRIER, seq, {}));
+  return issue(
+      Operation{
+          .name = "barrier",
+          .type = c10::kCPU,
+          .signature = "barrier",
+          .coalesces = false},
+      [&](const Runner& runner) { return runner.delegate->barrier(opts); });
 }
 
 void Backend::monitoredBarrier(
     const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  // Returns nothing to watch or report: the ledger and refusal only.
   nextCollective("monitored_barrier");
   checkNotFailed("monitored_barrier");
   cpuBackend_->monitoredBarrier(opts, waitAllRanks);
@@ -822,16 +861,16 @@ c10::intrusive_ptr<c10d::Work> Backend::endCoalescing() {
     return block.works.front();
   }
   if (block.works.size() == 1) {
-    return hooks_.report(block.works.front());
+    return torchHooks_.report(block.works.front());
   }
-  return hooks_.report(
+  return torchHooks_.report(
       c10::make_intrusive<AllOfWork>(
           std::move(block.works), getSequenceNumberForGroup()));
 }
 
 #if FAIRRING_HAS_BACKEND_HOOKS
 void Backend::registerCompletionHook(int64_t id, c10d::CompletionHook hook) {
-  hooks_.addCompletionHook(
+  torchHooks_.addCompletionHook(
       id,
       [hook = std::move(hook)](uint64_t key, std::optional<float> durationMs) {
         c10d::CompletionHookArgs args;
@@ -842,15 +881,15 @@ void Backend::registerCompletionHook(int64_t id, c10d::CompletionHook hook) {
 }
 
 void Backend::unregisterCompletionHook(int64_t id) {
-  hooks_.removeCompletionHook(id);
+  torchHooks_.removeCompletionHook(id);
 }
 
 void Backend::registerAbortHook(int64_t id, c10d::AbortHook hook) {
-  hooks_.addAbortHook(id, std::move(hook));
+  torchHooks_.addAbortHook(id, std::move(hook));
 }
 
 void Backend::unregisterAbortHook(int64_t id) {
-  hooks_.removeAbortHook(id);
+  torchHooks_.removeAbortHook(id);
 }
 #endif
 
@@ -870,8 +909,8 @@ std::vector<std::string> Backend::pending() const {
   std::array<const Engine*, 2> engines{};
   {
     std::lock_guard<std::mutex> lock(stateMutex_);
-    for (size_t slot = 0; slot < engines.size(); ++slot) {
-      engines[slot] = engines_[slot].get();
+    for (size_t i = 0; i < engines.size(); ++i) {
+      engines[i] = engines_[i].get();
     }
   }
   std::vector<std::string> lines;
@@ -933,7 +972,7 @@ void Backend::stopEngines(const std::string& did) {
 }
 
 void Backend::abort() {
-  hooks_.quiet();
+  torchHooks_.quiet();
   stopEngines("aborted its process group");
   delegated_.fail(
       topology_.describeRank(getRank()) + " aborted its process group");
@@ -944,7 +983,7 @@ void Backend::abort() {
 }
 
 void Backend::shutdown() {
-  hooks_.quiet();
+  torchHooks_.quiet();
   stopEngines("shut down its process group");
   delegated_.fail(
       topology_.describeRank(getRank()) + " shut down its process group");

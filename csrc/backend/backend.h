@@ -20,6 +20,7 @@
 #include "backend/inner_groups.h"
 #include "backend/ledger.h"
 #include "backend/memory_order.h"
+#include "backend/operation.h"
 #include "config.h"
 #include "engine/engine.h"
 #include "topology.h"
@@ -73,8 +74,8 @@ class Backend final : public c10d::Backend {
   const Engine* engine(c10::DeviceType type) const;
   // All-reduces of tensors of `type` that went to the delegate because they
   // were below the flat threshold.
-  int64_t flatAllreduces(c10::DeviceType type) const {
-    return flatAllreduces_[type == c10::kCPU ? 0 : 1].load();
+  int64_t belowThresholdAllreduces(c10::DeviceType type) const {
+    return belowThreshold_[indexOfType(type)].load();
   }
 
   const std::string getBackendName() const override {
@@ -238,78 +239,64 @@ class Backend final : public c10d::Backend {
 #endif
 
  private:
-  // The device type shared by all the given tensors (checked), and its
-  // delegate, made on first use.
-  template <typename... Tensors>
-  c10::DeviceType route(const char* opName, const Tensors&... tensors);
-  c10d::Backend& delegate(c10::DeviceType type);
+  // Where an operation runs, and its number if it is a collective.
+  struct Runner {
+    Engine* engine = nullptr; // the Herring engine, or else
+    c10d::Backend* delegate = nullptr; // the delegate of its device type
+    std::optional<uint64_t> seq;
+  };
+  // The funnel every operation goes through (backend.cpp lists its steps in
+  // order): the ledger, the runner, refusal after a failure, Gloo's rules,
+  // the coalescing block, memory order, launch order, then `launch(runner)`
+  // (the operation's own part, which returns its Work), the CPU watch, the
+  // report to torch's hooks, and memory-order tracking.
+  template <typename Launch>
+  c10::intrusive_ptr<c10d::Work> issue(Operation op, Launch&& launch);
 
-  // Runs `call` on the delegate of the tensors' device type, joining an open
-  // coalescing block; forward() also counts it as a collective.
-  template <typename Call, typename... Tensors>
-  c10::intrusive_ptr<c10d::Work> forward(
-      const char* opName, Call&& call, const Tensors&... tensors);
-  // Runs `call` on the delegate of `type` (the tensors', from route()),
-  // joining an open coalescing block. `collective`: its number, if it is one
-  // (not a send or receive): then it is refused once the group has failed,
-  // on the CPU watched, and ordered after earlier collectives in flight on
-  // the memory it `touches` (MemoryOrder).
-  template <typename Call>
-  c10::intrusive_ptr<c10d::Work> forwardTo(
-      const char* opName,
-      c10::DeviceType type,
-      std::optional<uint64_t> collective,
-      const std::vector<at::Tensor>& touches,
-      Call&& call);
+  // How an operation belongs to the open coalescing block: not at all; as a
+  // member of the delegate's own (NCCL's group call), which orders and
+  // launches it at the block's end; or collected, its Work among the
+  // block's (Gloo's, or the engine's, which run at once).
+  enum class BlockMembership { kNone, kNative, kCollected };
+  BlockMembership joinBlock(const Operation& op, const Runner& runner);
   // The open coalescing block, its device type set by its first operation
   // and checked against `type`; null when none is open. Needs
   // coalescingMutex_.
   struct CoalescingBlock;
   CoalescingBlock* openBlockLocked(const char* opName, c10::DeviceType type);
-  // Records an engine op's Work in an open coalescing block.
-  void joinBlock(
-      const char* opName,
-      c10::DeviceType type,
-      const c10::intrusive_ptr<c10d::Work>& work);
+  bool coalescingBlockOpen();
 
+  c10d::Backend& delegate(c10::DeviceType type);
   bool isCpu(const c10d::Backend& inner) const {
     return &inner == cpuBackend_.get();
   }
-  c10::intrusive_ptr<c10d::Work> alltoallAsSingle(
-      c10d::Backend& inner,
-      std::vector<at::Tensor>& outputs,
-      std::vector<at::Tensor>& inputs,
-      const c10d::AllToAllOptions& opts);
-
   c10d::Backend& cudaBackend();
   c10::intrusive_ptr<c10d::Backend> cudaBackendIfCreated() const;
 
-  // The path of an all-reduce (backend/allreduce_path.h) in this group.
+  // The path of an all-reduce (backend/allreduce_path.h) in this group, and
+  // the operation the funnel takes for it.
   AllreduceRoute choosePath(const AllreduceArgs& args) const;
-  // The engine for an all-reduce on `device` that choosePath() sent to it,
-  // or null where the device's engine serves another device (the delegate
-  // then runs it). engineOn() is the one place engines are made: on first
-  // use, a collective step, as every rank makes its first such all-reduce at
-  // the same point of its sequence.
-  Engine* engineFor(c10::Device device);
-  Engine* engineOn(c10::Device device);
-  // The Work of an engine all-reduce: reported to the flight recorder,
-  // joined to an open coalescing block, tracked for memory order.
-  c10::intrusive_ptr<c10d::Work> engineWork(
-      const char* opName,
-      const char* profilingName,
-      c10d::OpType opType,
-      c10::intrusive_ptr<c10::ivalue::Future> future,
-      uint64_t seq,
+  Operation allreduceOperation(
+      const char* name,
+      const AllreduceArgs& args,
+      const AllreduceRoute& route,
       const std::vector<at::Tensor>& tensors);
+  // The engine for `device`, made here on first use; null where the device
+  // type's engine is on another device (the delegate then runs the op).
+  Engine* ensureEngine(c10::Device device);
+
+  c10::intrusive_ptr<c10d::Work> alltoallAsSingle(
+      c10d::Backend& gloo,
+      std::vector<at::Tensor>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::AllToAllOptions& opts,
+      uint64_t seq);
+
   // Before a NCCL operation is launched: the CUDA engine's local steps of
   // every op issued so far are launched first, so that every rank launches
   // them and the NCCL operation in one order (docs/design.md, "Launch
   // order"). Nothing for CPU tensors, or before a CUDA engine exists.
   void followEngineLaunches(c10::DeviceType type);
-  bool coalescingBlockOpen();
-  // An engine on `device`, with its local groups and rails mesh (collective).
-  std::unique_ptr<Engine> makeEngine(c10::Device device);
   // Fails every engine's pending ops because this rank `did` something
   // ("shut down its process group"), and abandons their local steps.
   void stopEngines(const std::string& did);
@@ -333,7 +320,8 @@ class Backend final : public c10d::Backend {
   // Refuses a delegated collective once the group has failed.
   void checkNotFailed(const char* opName) const;
 
-  static size_t slotOf(c10::DeviceType type) {
+  // engines_ and belowThreshold_ hold one entry per device type.
+  static size_t indexOfType(c10::DeviceType type) {
     return type == c10::kCPU ? 0 : 1;
   }
 
@@ -343,12 +331,12 @@ class Backend final : public c10d::Backend {
   std::atomic<std::chrono::milliseconds> timeout_;
   const c10::intrusive_ptr<c10d::Backend> cpuBackend_;
   const std::shared_ptr<InnerGroupFactory> innerGroups_;
-  std::array<std::atomic<int64_t>, 2> flatAllreduces_{}; // CPU, CUDA
+  std::array<std::atomic<int64_t>, 2> belowThreshold_{}; // CPU, CUDA
   CollectiveLedger ledger_;
   DelegatedWorks delegated_; // the CPU delegate's collectives
-  // Completion and abort hooks (torch's flight recorder): every Work handed
-  // out goes through hooks_.report().
-  BackendHooks hooks_;
+  // torch's completion and abort hooks (its flight recorder): every Work
+  // handed out goes through torchHooks_.report().
+  BackendHooks torchHooks_;
   MemoryOrder memoryOrder_; // collectives in flight, by the memory they touch
 
   // Serialises the creation of CUDA groups, engines and splits, which calls

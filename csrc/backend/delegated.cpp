@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include "backend/work.h"
+#include "reduction.h"
 
 namespace fairring {
 
@@ -104,6 +105,49 @@ void DelegatedWorks::fail(const std::string& cause) {
 std::string DelegatedWorks::failure() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return failure_;
+}
+
+// Gloo, which serves CPU tensors, has no PREMUL_SUM and cannot average
+// integers; say so up front instead of failing inside Gloo. (all_reduce turns
+// PREMUL_SUM into SUM first: see premultiplied().)
+void checkGlooReduction(
+    const char* opName,
+    const c10d::ReduceOp& op,
+    const std::vector<at::Tensor>& tensors) {
+  for (const auto& tensor : tensors) {
+    const at::ScalarType dtype = tensor.scalar_type();
+    // Gloo reduces what the engine does, and bool and complex64/128.
+    const bool glooReduces = reducibleDtype(dtype) || dtype == at::kBool ||
+        dtype == at::kComplexFloat || dtype == at::kComplexDouble;
+    TORCH_CHECK(
+        glooReduces,
+        "fairring: ",
+        opName,
+        " of ",
+        dtype,
+        " CPU tensors is not supported (Gloo reduces float32, float64, "
+        "float16, bfloat16, int8, uint8, int32, int64, bool and complex); "
+        "convert the tensor first, e.g. to ",
+        at::isFloatingType(dtype) ? "float32" : "int64");
+  }
+  TORCH_CHECK(
+      op != c10d::ReduceOp::PREMUL_SUM,
+      "fairring: ",
+      opName,
+      " with ReduceOp.PREMUL_SUM is not supported for CPU tensors (all_reduce "
+      "supports it); scale the tensor and use ReduceOp.SUM");
+  if (op != c10d::ReduceOp::AVG) {
+    return;
+  }
+  for (const auto& tensor : tensors) {
+    TORCH_CHECK(
+        at::isFloatingType(tensor.scalar_type()),
+        "fairring: ",
+        opName,
+        " with ReduceOp.AVG needs a floating-point tensor, got ",
+        tensor.scalar_type(),
+        "; use ReduceOp.SUM and divide by the group size");
+  }
 }
 
 } // namespace fairring

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 namespace fairring {
@@ -58,5 +59,11 @@ class DelegatedWorks {
   size_t pruneAt_ = 64;
   std::thread failing_; // runs fail()'s callbacks; joined by the destructor
 };
+
+// Throws, saying what to change, where Gloo cannot run `op` on `tensors`.
+void checkGlooReduction(
+    const char* opName,
+    const c10d::ReduceOp& op,
+    const std::vector<at::Tensor>& tensors);
 
 } // namespace fairring

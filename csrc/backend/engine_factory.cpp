@@ -32,7 +32,7 @@ std::shared_ptr<LocalSteps> makeLocalSteps(LocalGroups groups, int localSize) {
 } // namespace
 
 std::unique_ptr<Engine> makeEngine(
-    c10::Device device, const EngineSite& site, Engine::Hooks hooks) {
+    c10::Device device, const EngineSite& site, Engine::Owner owner) {
   const Topology& topology = site.topology;
   auto localSteps = makeLocalSteps(
       site.innerGroups.localGroups(device), topology.localSize());
@@ -47,7 +47,8 @@ std::unique_ptr<Engine> makeEngine(
   }
   auto mesh = rails::makeMesh(
       {site.store,
-       "fairring/rails/" + c10::DeviceTypeName(device.type(), true) + "/",
+       "fairring/rails/" +
+           c10::DeviceTypeName(device.type(), /*lower_case=*/true) + "/",
        topology,
        site.config.network,
        device,
@@ -64,7 +65,7 @@ std::unique_ptr<Engine> makeEngine(
       std::move(mesh),
       site.timeout,
       std::move(timeline),
-      std::move(hooks));
+      std::move(owner));
 }
 
 } // namespace fairring

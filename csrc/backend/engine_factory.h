@@ -14,7 +14,8 @@
 
 namespace fairring {
 
-// What one engine needs from its group, besides the group's own hooks.
+// What one engine needs from its group, besides what it tells its owner
+// (Engine::Owner).
 struct EngineSite {
   const Topology& topology;
   const Config& config;
@@ -30,6 +31,6 @@ struct EngineSite {
 // then the rails (rails/mesh_factory.h picks the transport). Called at the
 // first all-reduce that needs it, which every rank reaches in the same order.
 std::unique_ptr<Engine> makeEngine(
-    c10::Device device, const EngineSite& site, Engine::Hooks hooks);
+    c10::Device device, const EngineSite& site, Engine::Owner owner);
 
 } // namespace fairring

@@ -23,7 +23,7 @@ class CpuContext final : public DeviceContext {
   CpuContext() : DeviceContext(c10::Device(c10::kCPU)) {}
 
   Fence adoptInput(
-      const at::Tensor& /*flat*/, const at::Tensor& /*tensor*/) override {
+      const at::Tensor& /*elements*/, const at::Tensor& /*tensor*/) override {
     return Fence();
   }
   std::vector<c10::Device> futureDevices() const override {

@@ -72,12 +72,12 @@ class DeviceContext {
 
   // -- Issue, on the caller's thread.
 
-  // The engine will read `flat` (the caller's tensor, or its contiguous copy)
-  // and write `flat` and `tensor` from its stages. Returns what the first
-  // stage waits for before reading: the caller's work so far. Their memory is
-  // not reused before the engine's work on it is done.
+  // The engine will read `elements` (the caller's tensor, or its contiguous
+  // copy) and write `elements` and `tensor` from its stages. Returns what the
+  // first stage waits for before reading: the caller's work so far. Their
+  // memory is not reused before the engine's work on it is done.
   virtual Fence adoptInput(
-      const at::Tensor& flat, const at::Tensor& tensor) = 0;
+      const at::Tensor& elements, const at::Tensor& tensor) = 0;
   // The devices an op's future records its completion on; none on the CPU.
   virtual std::vector<c10::Device> futureDevices() const = 0;
 

@@ -22,12 +22,12 @@ StreamedContext::~StreamedContext() {
 }
 
 Fence StreamedContext::adoptInput(
-    const at::Tensor& flat, const at::Tensor& tensor) {
+    const at::Tensor& elements, const at::Tensor& tensor) {
   Fence callerWork = policy_->recordCaller();
-  // The reduce-scatter stage reads `flat`; the all-gather stage writes it
+  // The reduce-scatter stage reads `elements`; the all-gather stage writes it
   // and, when it is a copy, `tensor`.
-  policy_->recordUse(flat, streamOf(Stage::kReduceScatter));
-  policy_->recordUse(flat, streamOf(Stage::kAllGather));
+  policy_->recordUse(elements, streamOf(Stage::kReduceScatter));
+  policy_->recordUse(elements, streamOf(Stage::kAllGather));
   policy_->recordUse(tensor, streamOf(Stage::kAllGather));
   return callerWork;
 }

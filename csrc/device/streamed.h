@@ -73,7 +73,8 @@ class StreamedContext final : public DeviceContext {
   explicit StreamedContext(std::unique_ptr<StreamPolicy> policy);
   ~StreamedContext() override;
 
-  Fence adoptInput(const at::Tensor& flat, const at::Tensor& tensor) override;
+  Fence adoptInput(
+      const at::Tensor& elements, const at::Tensor& tensor) override;
   std::vector<c10::Device> futureDevices() const override;
   void enqueue(Stage stage, std::function<void()> work) override;
   void waitOnDevice(Stage stage, const Fence& fence) override;

@@ -4,7 +4,7 @@
 
 #include "engine/ops.h"
 #include "engine/plan.h"
-#include "engine/reduction.h"
+#include "reduction.h"
 
 namespace fairring {
 
@@ -30,13 +30,13 @@ Engine::Engine(
     std::unique_ptr<rails::Mesh> mesh,
     std::chrono::milliseconds timeout,
     std::unique_ptr<Timeline> timeline,
-    Hooks hooks)
+    Owner owner)
     : topology_(topology),
       config_(config),
       localSteps_(std::move(localSteps)),
       device_(std::move(device)),
       timeline_(std::move(timeline)),
-      hooks_(std::move(hooks)),
+      owner_(std::move(owner)),
       heartbeatInterval_(
           std::clamp(
               timeout / 10,
@@ -83,8 +83,8 @@ Engine::Engine(
           },
           [this](int neighbour) { onBye(neighbour); },
           [this](int neighbour, std::string_view status) {
-            if (hooks_.onPeerStatus) {
-              hooks_.onPeerStatus(neighbour, status);
+            if (owner_.onPeerStatus) {
+              owner_.onPeerStatus(neighbour, status);
             }
           }});
   watch_->start();
@@ -98,12 +98,10 @@ Engine::Engine(
         (this->*loop)();
       } catch (const std::exception& error) {
         stop(
-            Cause{
-                -1,
+            Cause::secondHand(
                 who(topology_.rank()) + "'s " +
-                    stageName(static_cast<Stage>(stage)) +
-                    " stage failed: " + error.what(),
-                false});
+                stageName(static_cast<Stage>(stage)) +
+                " stage failed: " + error.what()));
       }
     });
   }
@@ -146,7 +144,7 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
   op->collective = collective;
   op->tensor = tensor;
   op->copyBack = !tensor.is_contiguous();
-  op->flat = tensor.contiguous().view({-1});
+  op->elements = tensor.contiguous().view({-1});
   op->reduceOp = reduceOp;
   op->timeout = timeout;
   op->deadline = Clock::now() + timeout;
@@ -155,9 +153,10 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
       c10::ListType::create(c10::TensorType::get()), device_->futureDevices());
   auto result = completions_.relay(op->future);
 
-  const auto shape =
-      planShape(op->flat.numel(), op->flat.element_size(), planSettings_);
-  const auto plan = makePlan(op->flat.numel(), shape.sliceNumel, shape.unit);
+  const auto shape = planShape(
+      op->elements.numel(), op->elements.element_size(), planSettings_);
+  const auto plan =
+      makePlan(op->elements.numel(), shape.sliceNumel, shape.unit);
   op->slicesLeft = static_cast<int64_t>(plan.size());
   if (plan.empty()) {
     op->seq = nextSeq_++;
@@ -165,9 +164,10 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
     op->finishSlice();
     return result;
   }
-  op->inputReady = device_->adoptInput(op->flat, op->tensor);
-  const int64_t window =
-      launchOrder_.enforced() ? launchWindow(plan, op->flat.element_size()) : 1;
+  op->inputReady = device_->adoptInput(op->elements, op->tensor);
+  const int64_t window = launchOrder_.enforced()
+      ? launchWindow(plan, op->elements.element_size())
+      : 1;
 
   std::vector<std::shared_ptr<SliceWork>> slices;
   for (size_t i = 0; i < plan.size(); ++i) {
@@ -175,7 +175,7 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
     slice->op = op;
     slice->index = static_cast<int64_t>(i);
     slice->plan = plan[i];
-    slice->input = op->flat.narrow(0, plan[i].offset, plan[i].numel);
+    slice->input = op->elements.narrow(0, plan[i].offset, plan[i].numel);
     slice->shardFrom.assign(topology_.numMachines(), 0);
     slice->reducedFrom.assign(topology_.numMachines(), 0);
     slice->sendsTo.assign(topology_.numMachines(), 0);
@@ -468,7 +468,7 @@ std::function<void()> Engine::deviceWork(
               " failed: " + error.what();
           break;
       }
-      stop(Cause{-1, what, false});
+      stop(Cause::secondHand(what));
     }
   };
 }

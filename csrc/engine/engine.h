@@ -91,7 +91,7 @@ class Engine {
 
   // What the engine asks of its owner and tells it. Each may be empty; none
   // may block.
-  struct Hooks {
+  struct Owner {
     // This rank's status, sent with every heartbeat (watchdog thread).
     std::function<std::string()> status;
     // A neighbour's status, from its heartbeat (transport thread).
@@ -112,7 +112,7 @@ class Engine {
       std::unique_ptr<rails::Mesh> mesh,
       std::chrono::milliseconds timeout,
       std::unique_ptr<Timeline> timeline = nullptr,
-      Hooks hooks = {});
+      Owner owner = {});
   ~Engine();
 
   Engine(const Engine&) = delete;
@@ -176,13 +176,28 @@ class Engine {
 
   // Why the engine stopped, as every rank will report it.
   struct Cause {
-    int culprit = -1; // the rank that failed first, if known
+    static constexpr int kNoCulprit = -1;
+    int culprit = kNoCulprit; // the rank that failed first, if known
     std::string what; // a sentence that names it
     bool certain = false; // else: wait for a neighbour's notice first
     // This rank leaves in good order: with no op pending, it only says
     // goodbye, which stops no other rank.
     bool departure = false;
     Clock::time_point settleBy{}; // for an uncertain one
+
+    // Seen first hand: it settles at once.
+    static Cause firstHand(std::string what, int culprit = kNoCulprit) {
+      return Cause{culprit, std::move(what), true};
+    }
+    // Seen second hand (a peer's connection broke, a stage threw): it waits
+    // kSettleGrace for a neighbour's notice that names a better one.
+    static Cause secondHand(std::string what, int culprit = kNoCulprit) {
+      return Cause{culprit, std::move(what), false};
+    }
+    // This rank, `rank`, leaves in good order.
+    static Cause leaving(int rank, std::string what) {
+      return Cause{rank, std::move(what), true, /*departure=*/true};
+    }
   };
 
   // The stage threads' loops, and one slice's steps in order.
@@ -269,7 +284,7 @@ class Engine {
   const std::shared_ptr<LocalSteps> localSteps_;
   const std::unique_ptr<DeviceContext> device_;
   const std::unique_ptr<Timeline> timeline_;
-  const Hooks hooks_;
+  const Owner owner_;
   const std::chrono::milliseconds heartbeatInterval_;
   const PlanSettings planSettings_;
   // The other machines, starting with the next one, in the order a slice's

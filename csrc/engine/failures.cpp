@@ -35,21 +35,18 @@ std::string Engine::who(int rank) const {
 }
 
 Engine::Cause Engine::stillNeeded(int rank, const std::string& detail) const {
-  return Cause{
-      rank,
+  return Cause::firstHand(
       who(rank) + " shut down its process group while " +
           who(topology_.rank()) + " still needed it; " + detail,
-      true};
+      rank);
 }
 
 void Engine::abort(const std::string& did) {
-  Cause cause{topology_.rank(), who(topology_.rank()) + " " + did, true};
-  cause.departure = true;
-  stop(std::move(cause));
+  stop(Cause::leaving(topology_.rank(), who(topology_.rank()) + " " + did));
 }
 
 void Engine::fail(const std::string& what) {
-  stop(Cause{-1, what, true});
+  stop(Cause::firstHand(what));
 }
 
 bool Engine::departed(int rank) const {
@@ -78,7 +75,7 @@ void Engine::onRailsFailure(
   const std::string me = who(topology_.rank());
   if (mismatch) {
     // Seen first hand, and no rank is more to blame than another.
-    stop(Cause{-1, me + ": " + message, true});
+    stop(Cause::firstHand(me + ": " + message));
     return;
   }
   bool gone = false;
@@ -92,11 +89,13 @@ void Engine::onRailsFailure(
   }
   // The peer may have failed, or only stopped because of a failure elsewhere:
   // its notice, or its control connection breaking, tells which.
-  stop(Cause{peerRank, me + " lost " + who(peerRank) + ": " + message, false});
+  stop(
+      Cause::secondHand(
+          me + " lost " + who(peerRank) + ": " + message, peerRank));
 }
 
 void Engine::onNotice(int /*neighbour*/, const rails::Watch::Notice& notice) {
-  stop(Cause{notice.culprit, notice.what, true});
+  stop(Cause::firstHand(notice.what, notice.culprit));
 }
 
 void Engine::onLost(int neighbour, const std::string& error) {
@@ -107,13 +106,12 @@ void Engine::onLost(int neighbour, const std::string& error) {
     }
   }
   stop(
-      Cause{
-          neighbour,
+      Cause::firstHand(
           who(neighbour) +
-              " exited, crashed or lost its network: its control "
-              "connection to " +
+              " exited, crashed or lost its network: its control connection "
+              "to " +
               who(topology_.rank()) + " broke (" + error + ")",
-          true});
+          neighbour));
 }
 
 bool Engine::drainDevice() {
@@ -179,8 +177,8 @@ void Engine::stop(Cause cause) {
   }
   // Before any op's failure reaches its waiter, who may then exit: the
   // backend's abort hooks (the flight recorder's dump) run in onFailed.
-  if (settled && !cause.departure && hooks_.onFailed) {
-    hooks_.onFailed(cause.what);
+  if (settled && !cause.departure && owner_.onFailed) {
+    owner_.onFailed(cause.what);
   }
   const std::string prefix =
       "fairring: rank " + std::to_string(topology_.rank()) + ": ";
@@ -196,7 +194,7 @@ void Engine::watchdogLoop() {
     const auto now = Clock::now();
     if (now >= nextBeat) {
       lock.unlock();
-      watch_->heartbeat(hooks_.status ? hooks_.status() : std::string());
+      watch_->heartbeat(owner_.status ? owner_.status() : std::string());
       lock.lock();
       nextBeat = now + heartbeatInterval_;
       continue;
@@ -248,10 +246,9 @@ std::optional<Engine::Cause> Engine::expiredLocked(
   std::string what = me + "'s " + expired->describe() + " timed out after " +
       std::to_string(expired->timeout.count()) + " ms, " + where;
   if (const std::string down = mesh_->downInterface(); !down.empty()) {
-    return Cause{
-        topology_.rank(),
+    return Cause::firstHand(
         me + " lost its network: interface " + down + " is down; " + what,
-        true};
+        topology_.rank());
   }
   for (int rank : awaited) {
     if (departed(rank)) {
@@ -262,7 +259,7 @@ std::optional<Engine::Cause> Engine::expiredLocked(
   // seen first hand, so certain. The one this op waits for comes first.
   const auto silences = watch_->silences(3 * heartbeatInterval_);
   if (silences.empty()) {
-    return Cause{-1, what, false};
+    return Cause::secondHand(what);
   }
   auto culprit = silences.front();
   for (const auto& silence : silences) {
@@ -272,12 +269,11 @@ std::optional<Engine::Cause> Engine::expiredLocked(
       break;
     }
   }
-  return Cause{
-      culprit.first,
+  return Cause::firstHand(
       who(culprit.first) + " stopped responding (" + me +
           " heard nothing from it for " + secondsText(culprit.second) +
           ": it is stopped, hung or unreachable); " + what,
-      true};
+      culprit.first);
 }
 
 std::string Engine::whereStuckLocked(
@@ -325,9 +321,10 @@ std::vector<std::string> Engine::pending() const {
         now - (op->deadline - op->timeout));
     lines.push_back(
         who(topology_.rank()) + " " +
-        c10::DeviceTypeName(device().type(), true) + ": " + op->describe() +
-        ", issued " + std::to_string(age.count()) + " ms ago (timeout " +
-        std::to_string(op->timeout.count()) + " ms), " + where +
+        c10::DeviceTypeName(device().type(), /*lower_case=*/true) + ": " +
+        op->describe() + ", issued " + std::to_string(age.count()) +
+        " ms ago (timeout " + std::to_string(op->timeout.count()) + " ms), " +
+        where +
         (awaited.empty() ? "" : "; awaits rank(s) " + rankList(awaited)));
   }
   return lines;

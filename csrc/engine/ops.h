@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "engine/reduction.h"
+#include "reduction.h"
 
 namespace fairring {
 
@@ -31,7 +31,7 @@ struct Engine::Op {
   uint64_t seq; // the engine's: rails tags carry it
   uint64_t collective; // the group's number, as errors name the op
   at::Tensor tensor; // the caller's
-  at::Tensor flat; // 1-D and contiguous; aliases `tensor` unless copyBack
+  at::Tensor elements; // 1-D and contiguous; aliases `tensor` unless copyBack
   bool copyBack;
   c10d::ReduceOp::RedOpType reduceOp;
   std::chrono::milliseconds timeout;
@@ -46,8 +46,9 @@ struct Engine::Op {
 
   std::string describe() const {
     return "all_reduce #" + std::to_string(collective) + " (" +
-        std::to_string(flat.numel()) + " x " +
-        c10::toString(flat.scalar_type()) + ", " + reduceOpName(reduceOp) + ")";
+        std::to_string(elements.numel()) + " x " +
+        c10::toString(elements.scalar_type()) + ", " + reduceOpName(reduceOp) +
+        ")";
   }
 
   // On the all-gather stage's queue, after the slice's last device work:
@@ -58,7 +59,7 @@ struct Engine::Op {
     }
     try {
       if (copyBack) {
-        tensor.copy_(flat.view(tensor.sizes()));
+        tensor.copy_(elements.view(tensor.sizes()));
       }
     } catch (const std::exception& error) {
       // Settled already: fail() would do nothing, and the op never complete.
@@ -85,7 +86,7 @@ struct Engine::SliceWork {
   std::shared_ptr<Op> op;
   int64_t index;
   Slice plan;
-  at::Tensor input; // the slice of op->flat
+  at::Tensor input; // the slice of op->elements
   std::optional<StagingRing::Lease> lease;
   at::Tensor padded; // staging copy of a padded slice; else undefined
   at::Tensor parts; // [L, slot]: every local rank's part of my slot

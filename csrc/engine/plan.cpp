@@ -57,8 +57,9 @@ int64_t longestSliceInFlightTwice(
     int64_t elementSize, int64_t unit, const PlanSettings& settings) {
   const int64_t budget = settings.totalMemoryBytes / 2;
   const auto fits = [&](int64_t numel) {
-    return stagingBytesOf(numel, elementSize, settings, false) <= budget &&
-        stagingBytesOf(numel, elementSize, settings, true) <=
+    return stagingBytesOf(numel, elementSize, settings, /*padded=*/false) <=
+        budget &&
+        stagingBytesOf(numel, elementSize, settings, /*padded=*/true) <=
         settings.totalMemoryBytes;
   };
   // A full slice's staging is (1 + 1/L) x its bytes (staging.h); alignment
@@ -106,7 +107,7 @@ PlanShape planShape(
   const int64_t longestSlice =
       std::min(sliceNumel, (numel + unit - 1) / unit * unit);
   const int64_t stagingBytes =
-      stagingBytesOf(sliceNumel, elementSize, settings, false);
+      stagingBytesOf(sliceNumel, elementSize, settings, /*padded=*/false);
   return PlanShape{
       unit,
       sliceNumel,
@@ -129,7 +130,8 @@ int64_t stagingCapacity(const PlanSettings& settings) {
     needed = std::max(
         {needed,
          settings.maxSlicesInFlight * shape.stagingBytes,
-         stagingBytesOf(shape.sliceNumel, elementSize, settings, true)});
+         stagingBytesOf(
+             shape.sliceNumel, elementSize, settings, /*padded=*/true)});
   }
   return std::min(needed, settings.totalMemoryBytes);
 }

@@ -5,7 +5,7 @@
 
 #include <c10/util/Exception.h>
 
-#include "engine/reduction.h"
+#include "reduction.h"
 
 namespace fairring {
 

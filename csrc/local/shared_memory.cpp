@@ -19,7 +19,7 @@
 #include <ATen/ops/from_blob.h>
 #include <c10/util/Exception.h>
 
-#include "engine/reduction.h"
+#include "reduction.h"
 
 namespace fairring {
 

@@ -20,7 +20,7 @@
 #include "bindings_shared.h"
 #include "engine/launch_order.h"
 #include "engine/plan.h"
-#include "engine/reduction.h"
+#include "reduction.h"
 #include "engine/staging.h"
 #include "local/group_steps.h"
 #include "local/shared_memory.h"
@@ -259,7 +259,9 @@ void bindTesting(py::module_& testing) {
     throw std::invalid_argument("a step is 'rs' or 'ag', not " + step);
   };
   py::class_<LaunchOrder>(testing, "LaunchOrder")
-      .def(py::init([] { return std::make_unique<LaunchOrder>(true); }))
+      .def(py::init([] {
+        return std::make_unique<LaunchOrder>(/*enforced=*/true);
+      }))
       .def(
           "issued",
           &LaunchOrder::issued,

@@ -15,7 +15,7 @@ bool reducibleDtype(at::ScalarType dtype);
 
 // Whether the engine reduces `dtype` with `op`: SUM, MAX, MIN, PRODUCT on the
 // reducible dtypes; AVG on the floating-point ones. (PREMUL_SUM arrives as
-// SUM: see backend/allreduce_args.cpp.)
+// SUM: see premultiplied() in backend/backend.cpp.)
 bool reductionSupported(at::ScalarType dtype, c10d::ReduceOp::RedOpType op);
 
 // The op's name as Python spells it, lower case ("sum", "premul_sum").

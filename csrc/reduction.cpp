@@ -1,4 +1,4 @@
-#include "engine/reduction.h"
+#include "reduction.h"
 
 #include <ATen/ops/add.h>
 #include <ATen/ops/amax.h>
