@@ -39,7 +39,7 @@ test: build
 # the checks of peers' input, and the source tree against docs/design.md.
 QUICK_TESTS := tests/test_source_tree.py tests/test_sizes.py tests/test_config.py tests/test_model.py \
 	tests/test_plans.py tests/test_topology.py tests/test_interfaces.py tests/test_transports.py \
-	tests/test_nixl_settings.py tests/test_staging.py tests/test_untrusted_peers.py
+	tests/test_nixl_settings.py tests/test_staging.py tests/test_untrusted_peers.py tests/test_options.py
 .PHONY: test-quick
 test-quick: build
 	$(PY) -m pytest -q $(QUICK_TESTS)
@@ -57,7 +57,7 @@ test-nixl: build
 # extension built out of tree (build/oldest), and the tests that do not
 # depend on timing or namespaces run against it.
 OLDEST_VENV := .venv-oldest
-OLDEST_TESTS ?= tests/test_build.py tests/test_engine.py tests/test_collectives.py \
+OLDEST_TESTS ?= tests/test_build.py tests/test_engine.py tests/test_plans.py tests/test_collectives.py \
 	tests/test_rails_protocol.py tests/test_registration.py tests/test_cuda.py \
 	tests/test_drop_in.py tests/test_tracing.py tests/test_memory_order.py tests/test_emulated_device.py
 # The emulated device's random runs exercise fairring's own ordering code, not torch's: `make
@@ -106,7 +106,7 @@ test-oldest: $(OLDEST_VENV)/.installed
 # all, even from a rank that a test killed anyway or expected to fail, fails the target.
 SANITIZE_TESTS ?= .ci/sanitize_check.py tests/test_untrusted_peers.py tests/test_wire_fuzz.py \
 	tests/test_mismatches.py tests/test_rails_protocol.py tests/test_staging.py tests/test_config.py \
-	tests/test_topology.py tests/test_engine.py tests/test_lifecycle.py tests/test_failures.py \
+	tests/test_topology.py tests/test_engine.py tests/test_plans.py tests/test_lifecycle.py tests/test_failures.py \
 	tests/test_shared_memory.py tests/test_memory_order.py tests/test_emulated_device.py \
 	tests/test_flight_recorder.py tests/test_group_steps.py tests/test_launch_order.py
 SANITIZE_DESELECT ?= not ddp_matches_gloo and not 1x4 and not (2x3 and not interleaved) and not link_goes_down \

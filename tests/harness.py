@@ -28,6 +28,8 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import torch.distributed as dist
+
     from fairring.bench.netns import Host
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)
@@ -145,6 +147,22 @@ def init_process_group(spec: InitSpec, rank: int, world_size: int, store_port: i
     else:
         raise ValueError(f"unknown init method {spec.method!r}")
     return dist.get_backend()
+
+
+def make_flat_group(threshold: str) -> dist.ProcessGroup:
+    """Runs on each rank: a fairring group over every rank whose all-reduces below `threshold` take the
+    delegate (each group reads FAIRRING_FLAT_THRESHOLD when it is made)."""
+    import torch.distributed as dist
+
+    previous = os.environ.get("FAIRRING_FLAT_THRESHOLD")
+    os.environ["FAIRRING_FLAT_THRESHOLD"] = threshold
+    try:
+        return dist.new_group(backend="fairring")
+    finally:
+        if previous is None:
+            del os.environ["FAIRRING_FLAT_THRESHOLD"]
+        else:
+            os.environ["FAIRRING_FLAT_THRESHOLD"] = previous
 
 
 class RankPool:

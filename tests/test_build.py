@@ -1,8 +1,10 @@
-"""What the extension was built with."""
+"""What the extension was built with, and the version the package says it is."""
 
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,3 +34,12 @@ def test_backend_name_is_registered() -> None:
 
     assert dist.Backend.FAIRRING == "fairring"
     assert "FAIRRING" in dist.Backend._plugins
+
+
+def test_the_version_is_the_one_setup_py_reads() -> None:
+    # fairring/_version.py is the one place the version is written (docs/configuration.md); setup.py reads
+    # the file's text rather than importing the package, and gives that to the wheel.
+    namespace: dict[str, object] = {}
+    exec((Path(__file__).resolve().parents[1] / "fairring" / "_version.py").read_text(), namespace)
+    assert fairring.__version__ == namespace["__version__"]
+    assert re.fullmatch(r"\d+\.\d+\.\d+((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?", fairring.__version__)

@@ -1,14 +1,10 @@
-"""Environment parsing: no processes, no sockets."""
+"""Environment parsing (fairring/config.py): every variable, its defaults and errors, and what an NCCL job
+already sets. No processes, no sockets."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
-import torch
-import torch.distributed as dist
 
-from fairring import nixl
 from fairring.config import (
     DEFAULT_CPU_FLAT_THRESHOLD,
     DEFAULT_CUDA_FLAT_THRESHOLD,
@@ -20,40 +16,6 @@ from fairring.config import (
     load_config,
     load_transport_settings,
 )
-from fairring.options import Options, group_options, nccl_options
-from fairring.sizes import format_size, parse_size
-
-
-@pytest.mark.parametrize(
-    ("raw", "expected"),
-    [
-        ("26214400", 26214400),
-        ("25MiB", 25 * 2**20),
-        ("25mib", 25 * 2**20),
-        ("50M", 50 * 2**20),
-        (" 50 M ", 50 * 2**20),
-        ("4K", 4096),
-        ("4KB", 4000),
-        ("1.5GiB", 3 * 2**29),
-        ("2G", 2 * 2**30),
-        ("1GB", 10**9),
-        ("1T", 2**40),
-        ("512B", 512),
-    ],
-)
-def test_parse_size_accepts(raw: str, expected: int) -> None:
-    assert parse_size("FAIRRING_SLICE_SIZE", raw) == expected
-
-
-@pytest.mark.parametrize(
-    "raw", ["", "abc", "25 bananas", "-5", "0", "0MiB", "1.5", "0.1K", "1e6", "12 MiB extra", "MiB"]
-)
-def test_parse_size_rejects_with_variable_value_and_accepted_forms(raw: str) -> None:
-    with pytest.raises(ConfigError) as error:
-        parse_size("FAIRRING_SLICE_SIZE", raw)
-    message = str(error.value)
-    assert f"FAIRRING_SLICE_SIZE={raw!r}" in message
-    assert "e.g. 25MiB" in message
 
 
 def test_defaults() -> None:
@@ -180,19 +142,6 @@ def test_invalid_environment(env: dict[str, str], expected: str) -> None:
         load_config(env)
 
 
-@pytest.mark.parametrize(
-    ("size", "text"), [(25 * 2**20, "25MiB"), (2**30, "1GiB"), (4096, "4KiB"), (1000, "1000B"), (0, "0B")]
-)
-def test_format_size(size: int, text: str) -> None:
-    assert format_size(size) == text
-
-
-def test_nixl_rails_without_nixl_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(nixl, "NIXL_MODULES", ("no_such_nixl_module",))
-    with pytest.raises(ConfigError, match=r"pip install 'nixl-cu13>=1.4'"):
-        nixl.nixl_library()
-
-
 # --- what an NCCL job already sets ----------------------------------------------------------------
 
 
@@ -222,44 +171,3 @@ def test_an_nccl_ib_hca_the_tensorpipe_rails_cannot_honour_is_refused_naming_the
     # The NIXL rails can use any port; fairring's own variable keeps NCCL's out of the rails.
     assert load_transport_settings({"NCCL_IB_HCA": "mlx5_0:2"}, tensorpipe=False).ib_hca is not None
     assert load_transport_settings({"NCCL_IB_HCA": "mlx5_0:2", "FAIRRING_IB_HCA": "mlx5_0"}).ib_hca is not None
-
-
-# --- per-group options (pg_options) ---------------------------------------------------------------
-
-
-def test_group_options_over_the_variables() -> None:
-    env = load_config({"FAIRRING_CUDA_ENGINE": "0", "FAIRRING_FLAT_THRESHOLD": "1MiB"})
-    assert env.with_group_options(None, None) == env
-    on = env.with_group_options(True, 0)
-    assert on.cuda_engine and on.cpu_flat_threshold == on.cuda_flat_threshold == 0 and not on.engine_off
-    off = load_config({"FAIRRING_CUDA_ENGINE": "1"}).with_group_options(False, None)
-    assert off.engine_off and not off.cuda_engine
-    # No all-reduce is as large as the threshold of a group kept off the engine.
-    assert off.cpu_flat_threshold == off.cuda_flat_threshold == 2**63 - 1
-    # Ranks compare the switch itself, named as the user sets it.
-    assert off.must_agree()["fairring.Options.engine"] != on.must_agree()["fairring.Options.engine"]
-    assert env.must_agree()["fairring.Options.engine"] == "unset"
-
-
-def test_pg_options_are_checked_and_an_nccl_jobs_options_are_kept() -> None:
-    assert group_options(None) == Options()
-    mine = Options(engine=False, flat_threshold=4096)
-    assert group_options(mine) is mine
-    with pytest.raises(TypeError, match=r"pass fairring.Options\(engine=..., flat_threshold=..., nccl=...\)"):
-        group_options(object())
-    with pytest.raises(TypeError, match="flat_threshold must be a byte count"):
-        Options(flat_threshold=-1)
-    with pytest.raises(TypeError, match="engine must be None, True or False"):
-        Options(engine="yes")  # type: ignore[arg-type]
-    nccl_type = getattr(getattr(dist, "ProcessGroupNCCL", None), "Options", None)
-    if nccl_type is None:
-        pytest.skip(f"torch {torch.__version__} has no ProcessGroupNCCL: an NCCL job's options cannot exist")
-    user = nccl_type(is_high_priority_stream=True)
-    user.config.max_ctas = 7
-    assert group_options(user).nccl is user
-    made = nccl_options(user, timedelta(seconds=42))
-    assert made is not user and made.is_high_priority_stream and made.config.max_ctas == 7
-    assert made._timeout == timedelta(seconds=42)
-    user.config.max_ctas = 9  # copied by value: later edits to the user's object stay theirs
-    assert made.config.max_ctas == 7
-    assert not nccl_options(None, timedelta(seconds=1)).is_high_priority_stream

@@ -1,4 +1,5 @@
-"""The Herring engine: slicing, staging bounds, overlap and DDP, against references."""
+"""The Herring engine at work: slicing, staging bounds, overlap and DDP, against references (its plans' arithmetic
+on its own: test_plans.py)."""
 
 from __future__ import annotations
 
@@ -14,65 +15,6 @@ from scenarios import make_engine, shutdown_with_an_op_in_flight
 
 def cpu_backend() -> _C.Backend:
     return dist.group.WORLD._get_backend(torch.device("cpu"))
-
-
-@pytest.mark.parametrize(
-    ("numel", "slice_numel", "unit", "slices"),
-    [
-        (0, 8, 4, []),
-        (3, 8, 4, [(0, 3, 4)]),  # shorter than a unit: one padded slice
-        (8, 8, 4, [(0, 8, 8)]),
-        (21, 8, 4, [(0, 8, 8), (8, 8, 8), (16, 5, 8)]),  # the remainder rides in the last slice
-        (12, 12, 6, [(0, 12, 12)]),
-        (13, 12, 6, [(0, 12, 12), (12, 1, 6)]),
-    ],
-)
-def test_plan_is_one_pipeline_with_a_padded_last_slice(numel: int, slice_numel: int, unit: int, slices: list) -> None:
-    plan = _C._testing.plan(numel, slice_numel, unit)
-    assert plan == slices
-    # Every element is covered once, every padded slice divides by the unit.
-    assert sum(n for _, n, _ in plan) == numel
-    assert all(padded % unit == 0 and padded >= n for _, n, padded in plan)
-
-
-@pytest.mark.parametrize(
-    ("local_size", "machines", "element_size", "min_shard_bytes", "unit"),
-    [
-        (2, 2, 4, 1, 4),  # CPU: one element per (rank, machine) pair
-        (2, 2, 2, 32, 64),  # CUDA, float16: shards of 16 elements (32 bytes)
-        (1, 2, 8, 32, 8),  # CUDA, float64: shards of 4 elements
-        (8, 1000, 4, 32, 64_000),
-    ],
-)
-def test_plan_unit_keeps_shards_above_the_transport_floor(
-    local_size: int, machines: int, element_size: int, min_shard_bytes: int, unit: int
-) -> None:
-    # The floor depends on the device type only, so every rank plans alike.
-    assert _C._testing.plan_unit(local_size, machines, element_size, min_shard_bytes) == unit
-
-
-def test_slice_numel_is_a_positive_multiple_of_the_unit() -> None:
-    assert _C._testing.slice_numel_for(25 * 2**20, 4, 4) == 25 * 2**20 // 4
-    assert _C._testing.slice_numel_for(100, 4, 6) == 24  # 25 elements fit, 24 divide evenly by the unit
-    assert _C._testing.slice_numel_for(8, 8, 6) == 6  # never zero: one unit at least
-
-
-MiB = 2**20
-
-
-@pytest.mark.parametrize(
-    ("tensor_bytes", "max_slice", "expected"),
-    [
-        (100 * MiB, 4 * MiB, 4 * MiB),  # long: the maximum
-        (24 * MiB, 4 * MiB, 3 * MiB),  # 8 slices deep
-        (8 * MiB, 4 * MiB, 2 * MiB),  # not below half the maximum
-        (1024, 4 * MiB, 2 * MiB),  # one slice, as short as the tensor
-        (0, 4 * MiB, 2 * MiB),
-        (10, 1, 1),
-    ],
-)
-def test_slice_size_pipelines_short_tensors(tensor_bytes: int, max_slice: int, expected: int) -> None:
-    assert _C.slice_bytes_for(tensor_bytes, max_slice) == expected
 
 
 def cuda_engine_stats() -> tuple[object, object, str]:

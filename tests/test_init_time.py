@@ -1,10 +1,11 @@
-"""Smoke test of benchmarks/init_time.py: one run per backend on 2 machines x 2 ranks; nothing about speed."""
+"""Smoke test of fairring/bench/init_time.py (benchmarks/init_time.py runs it): one run per backend on 2 machines
+x 2 ranks; nothing about speed."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks import init_time
+from fairring.bench import init_time
 
 
 @pytest.mark.timeout(180)

@@ -1,4 +1,5 @@
-"""Which network devices the NIXL rails' UCX uses: the user's settings mapped onto UCX's own, one device per rail."""
+"""The NIXL rails' settings (fairring/nixl.py): the library, and which network devices their UCX uses (the
+user's settings mapped onto UCX's own, one device per rail)."""
 
 from __future__ import annotations
 
@@ -88,3 +89,9 @@ def test_settings_only_nixl_can_honour_are_refused_for_tensorpipe_saying_so() ->
         load_transport_settings({"FAIRRING_IB_HCA": "mlx5_0:2"})
     with pytest.raises(ConfigError, match="not a GID index"):
         load_transport_settings({"FAIRRING_IB_GID_INDEX": "three"}, tensorpipe=False)
+
+
+def test_nixl_rails_without_nixl_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nixl, "NIXL_MODULES", ("no_such_nixl_module",))
+    with pytest.raises(ConfigError, match=r"pip install 'nixl-cu13>=1.4'"):
+        nixl.nixl_library()

@@ -1,4 +1,5 @@
-"""The engine's plans from 8 to 1,024 machines, computed without running them (csrc/engine/plan.h).
+"""The engine's plans, computed without running them (csrc/engine/plan.h): the arithmetic on its own
+(slices, padding, the unit, the slice size), then plans from 8 to 1,024 machines.
 
 No over-sharding: slices grow so that shards keep at least FAIRRING_MIN_SHARD_SIZE,
 as far as the staging memory holds two slices; past that, the plan says so.
@@ -20,6 +21,68 @@ pytestmark = pytest.mark.timeout(60)
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 MACHINES = [8, 16, 32, 64, 128, 256, 512, 1024]
 RANKS_PER_MACHINE = 8
+
+
+# --- the arithmetic on its own ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("numel", "slice_numel", "unit", "slices"),
+    [
+        (0, 8, 4, []),
+        (3, 8, 4, [(0, 3, 4)]),  # shorter than a unit: one padded slice
+        (8, 8, 4, [(0, 8, 8)]),
+        (21, 8, 4, [(0, 8, 8), (8, 8, 8), (16, 5, 8)]),  # the remainder rides in the last slice
+        (12, 12, 6, [(0, 12, 12)]),
+        (13, 12, 6, [(0, 12, 12), (12, 1, 6)]),
+    ],
+)
+def test_plan_is_one_pipeline_with_a_padded_last_slice(numel: int, slice_numel: int, unit: int, slices: list) -> None:
+    plan = _C._testing.plan(numel, slice_numel, unit)
+    assert plan == slices
+    # Every element is covered once, every padded slice divides by the unit.
+    assert sum(n for _, n, _ in plan) == numel
+    assert all(padded % unit == 0 and padded >= n for _, n, padded in plan)
+
+
+@pytest.mark.parametrize(
+    ("local_size", "machines", "element_size", "min_shard_bytes", "unit"),
+    [
+        (2, 2, 4, 1, 4),  # CPU: one element per (rank, machine) pair
+        (2, 2, 2, 32, 64),  # CUDA, float16: shards of 16 elements (32 bytes)
+        (1, 2, 8, 32, 8),  # CUDA, float64: shards of 4 elements
+        (8, 1000, 4, 32, 64_000),
+    ],
+)
+def test_plan_unit_keeps_shards_above_the_transport_floor(
+    local_size: int, machines: int, element_size: int, min_shard_bytes: int, unit: int
+) -> None:
+    # The floor depends on the device type only, so every rank plans alike.
+    assert _C._testing.plan_unit(local_size, machines, element_size, min_shard_bytes) == unit
+
+
+def test_slice_numel_is_a_positive_multiple_of_the_unit() -> None:
+    assert _C._testing.slice_numel_for(25 * 2**20, 4, 4) == 25 * 2**20 // 4
+    assert _C._testing.slice_numel_for(100, 4, 6) == 24  # 25 elements fit, 24 divide evenly by the unit
+    assert _C._testing.slice_numel_for(8, 8, 6) == 6  # never zero: one unit at least
+
+
+@pytest.mark.parametrize(
+    ("tensor_bytes", "max_slice", "expected"),
+    [
+        (100 * MiB, 4 * MiB, 4 * MiB),  # long: the maximum
+        (24 * MiB, 4 * MiB, 3 * MiB),  # 8 slices deep
+        (8 * MiB, 4 * MiB, 2 * MiB),  # not below half the maximum
+        (1024, 4 * MiB, 2 * MiB),  # one slice, as short as the tensor
+        (0, 4 * MiB, 2 * MiB),
+        (10, 1, 1),
+    ],
+)
+def test_slice_size_pipelines_short_tensors(tensor_bytes: int, max_slice: int, expected: int) -> None:
+    assert _C.slice_bytes_for(tensor_bytes, max_slice) == expected
+
+
+# --- plans at scale ------------------------------------------------------------------------------------
 
 
 def shape(tensor_bytes: int, machines: int, *, min_shard: int, memory: int, slice_size: int = 4 * MiB) -> dict:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fairring.sizes import MiB, format_bytes, format_rate, parse_rate, parse_size
+from fairring.config import ConfigError
+from fairring.sizes import MiB, format_bytes, format_rate, format_size, parse_rate, parse_size
 
 
 def test_rates_and_sizes_parse() -> None:
@@ -33,3 +34,45 @@ def test_rates_read_as_people_say_them() -> None:
         "10 kbit/s",
         "8 bit/s",
     ]
+
+
+# --- settings' sizes: parse_size and format_size, as fairring.config reads and writes them ---------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("26214400", 26214400),
+        ("25MiB", 25 * 2**20),
+        ("25mib", 25 * 2**20),
+        ("50M", 50 * 2**20),
+        (" 50 M ", 50 * 2**20),
+        ("4K", 4096),
+        ("4KB", 4000),
+        ("1.5GiB", 3 * 2**29),
+        ("2G", 2 * 2**30),
+        ("1GB", 10**9),
+        ("1T", 2**40),
+        ("512B", 512),
+    ],
+)
+def test_parse_size_accepts(raw: str, expected: int) -> None:
+    assert parse_size("FAIRRING_SLICE_SIZE", raw) == expected
+
+
+@pytest.mark.parametrize(
+    "raw", ["", "abc", "25 bananas", "-5", "0", "0MiB", "1.5", "0.1K", "1e6", "12 MiB extra", "MiB"]
+)
+def test_parse_size_rejects_with_variable_value_and_accepted_forms(raw: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_size("FAIRRING_SLICE_SIZE", raw)
+    message = str(error.value)
+    assert f"FAIRRING_SLICE_SIZE={raw!r}" in message
+    assert "e.g. 25MiB" in message
+
+
+@pytest.mark.parametrize(
+    ("size", "text"), [(25 * 2**20, "25MiB"), (2**30, "1GiB"), (4096, "4KiB"), (1000, "1000B"), (0, "0B")]
+)
+def test_format_size(size: int, text: str) -> None:
+    assert format_size(size) == text

@@ -1,7 +1,9 @@
 """docs/design.md's "Source tree" against the files: every listed file exists, every source is listed.
 
 The section is the intended tree; its "Moves still to make" names the steps between that tree and
-the code today, and each of those must still be pending (its source here, its target not yet).
+the code today, and each of those must still be pending (its source here, its target not yet). Its
+"Tests of each file" names, for every listed file, the tests that cover it: each of those must exist,
+and each of its lines must be a file of the tree.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 DESIGN = REPO / "docs" / "design.md"
 # The roots listed file by file, and which of their files count as sources.
 CHECKED_ROOTS = {"csrc": (".h", ".cpp", ".cu", ".cuh"), "fairring": (".py",)}
+TESTS = REPO / "tests"
+TEST_MAP_HEADING = "### Tests of each file"
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,53 @@ def listed_paths(tree_section: str) -> list[str]:
     return paths
 
 
+def listed_files(tree_section: str) -> list[str]:
+    """The tree's entries under the roots listed file by file: files and `name.*` patterns."""
+    return [
+        path for path in listed_paths(tree_section) if not path.endswith("/") and path.split("/")[0] in CHECKED_ROOTS
+    ]
+
+
+def map_of_tests(tree_section: str) -> dict[str, list[str]]:
+    """The "Tests of each file" block: each line's entry (a path as the tree lists it), and its test files."""
+    match = re.search(rf"^{re.escape(TEST_MAP_HEADING)}\n(.*?)(?=^#|\Z)", tree_section, re.S | re.M)
+    assert match, f"the Source tree section has no {TEST_MAP_HEADING!r} subsection"
+    block = re.search(r"^```\n(.*?)^```", match.group(1), re.S | re.M)
+    assert block, f"{TEST_MAP_HEADING!r} has no fenced block"
+    tests: dict[str, list[str]] = {}
+    for line in block.group(1).splitlines():
+        if not line.strip():
+            continue
+        entry, *named = line.split()
+        assert entry not in tests, f"{entry} has two lines in {TEST_MAP_HEADING!r}"
+        tests[entry] = named
+    return tests
+
+
+def untested_files(tree: str) -> list[str]:
+    """Listed files that the map gives no test."""
+    tests = map_of_tests(tree)
+    return [path for path in listed_files(tree) if not tests.get(path)]
+
+
+def missing_tests(tree: str) -> list[str]:
+    """Names in the map that are not test files in tests/."""
+    return sorted(
+        {
+            name
+            for named in map_of_tests(tree).values()
+            for name in named
+            if not re.fullmatch(r"test_\w+\.py", name) or not (TESTS / name).is_file()
+        }
+    )
+
+
+def unknown_map_entries(tree: str) -> list[str]:
+    """Lines of the map for a file the tree does not list."""
+    listed = set(listed_files(tree))
+    return [entry for entry in map_of_tests(tree) if entry not in listed]
+
+
 def pending_moves(tree_section: str) -> list[Move]:
     moves = []
     for source, arrow, target in re.findall(r"^- `([^`]+)` (→|⇐) `([^`]+)`", tree_section, re.M):
@@ -83,12 +134,7 @@ def sources() -> set[str]:
 def missing_files(tree: str) -> list[str]:
     """Listed files that are neither in the tree nor the target of a pending move."""
     targets = {move.target for move in pending_moves(tree)}
-    return [
-        path
-        for path in listed_paths(tree)
-        if not path.endswith("/") and path.split("/")[0] in CHECKED_ROOTS
-        if not expand(path) and path not in targets
-    ]
+    return [path for path in listed_files(tree) if not expand(path) and path not in targets]
 
 
 def unlisted_sources(tree: str) -> list[str]:
@@ -138,6 +184,18 @@ def test_no_done_move_is_left_pending(tree: str) -> None:
     assert not stale_moves(tree), "drop the done moves from docs/design.md's list"
 
 
+def test_every_listed_file_names_its_tests(tree: str) -> None:
+    assert not untested_files(tree), f"listed files without tests in docs/design.md's {TEST_MAP_HEADING!r}"
+
+
+def test_every_named_test_exists(tree: str) -> None:
+    assert not missing_tests(tree), f"named in docs/design.md's {TEST_MAP_HEADING!r}, not in tests/"
+
+
+def test_every_map_entry_is_in_the_tree(tree: str) -> None:
+    assert not unknown_map_entries(tree), f"in docs/design.md's {TEST_MAP_HEADING!r}, not in the tree"
+
+
 def test_the_checks_fail_on_a_drifted_tree(tree: str) -> None:
     """Negative control: a renamed entry shows as both a missing file and an unlisted source,
     and a move already made (here, one whose source does not exist) as stale."""
@@ -147,3 +205,24 @@ def test_the_checks_fail_on_a_drifted_tree(tree: str) -> None:
     assert {"csrc/engine/plan.h", "csrc/engine/plan.cpp"} <= set(unlisted_sources(drifted))
     drifted = tree + "\n- `csrc/engine/never.*` → `csrc/engine/plan.*`\n"
     assert len(stale_moves(drifted)) == len(stale_moves(tree)) + 2
+
+
+def test_the_map_checks_fail_on_a_drifted_map(tree: str) -> None:
+    """Negative control: a listed file whose line names no test, or that has no line, shows as untested; a
+    test renamed to one that does not exist as missing; a line for a file the tree lacks as unknown."""
+    assert map_of_tests(tree)["csrc/engine/plan.*"], "the control needs plan.* to name its tests"
+    line = re.search(r"^csrc/engine/plan\.\* .*$", tree, re.M)
+    assert line
+    drifted = tree.replace(line.group(0), "csrc/engine/plan.*", 1)
+    assert set(untested_files(drifted)) == {*untested_files(tree), "csrc/engine/plan.*"}
+    drifted = tree.replace(line.group(0) + "\n", "", 1)
+    assert drifted != tree and "csrc/engine/plan.*" in untested_files(drifted)
+    drifted = tree.replace(line.group(0), line.group(0) + " test_plans_gone.py", 1)
+    assert set(missing_tests(drifted)) == {*missing_tests(tree), "test_plans_gone.py"}
+    drifted = tree.replace(line.group(0), line.group(0) + " harness.py", 1)
+    assert "harness.py" in missing_tests(drifted)  # a helper of the tests is not a test
+    drifted = tree.replace(line.group(0), line.group(0) + "\ncsrc/engine/gone.*  test_plans.py", 1)
+    assert set(unknown_map_entries(drifted)) == {*unknown_map_entries(tree), "csrc/engine/gone.*"}
+    # A map entry spelled as a path relative to its folder (as the tree indents it) is not the tree's.
+    drifted = tree.replace(line.group(0), line.group(0).replace("csrc/engine/plan.*", "plan.*"), 1)
+    assert "plan.*" in unknown_map_entries(drifted) and "csrc/engine/plan.*" in untested_files(drifted)

@@ -15,8 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from benchmarks.soak import make_flat_group
-from harness import Layout, RankPool
+from harness import Layout, RankPool, make_flat_group
 from reference import REDUCE_OPS, TOLERANCES, rank_tensor, reduce_reference
 
 LAYOUT = Layout(2, 2)

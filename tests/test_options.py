@@ -1,0 +1,51 @@
+"""A group's pg_options (fairring/options.py): fairring.Options over the environment's settings, checked, and
+an NCCL job's options kept. No processes, no sockets."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from fairring.config import load_config
+from fairring.options import Options, group_options, nccl_options
+
+
+def test_group_options_over_the_variables() -> None:
+    env = load_config({"FAIRRING_CUDA_ENGINE": "0", "FAIRRING_FLAT_THRESHOLD": "1MiB"})
+    assert env.with_group_options(None, None) == env
+    on = env.with_group_options(True, 0)
+    assert on.cuda_engine and on.cpu_flat_threshold == on.cuda_flat_threshold == 0 and not on.engine_off
+    off = load_config({"FAIRRING_CUDA_ENGINE": "1"}).with_group_options(False, None)
+    assert off.engine_off and not off.cuda_engine
+    # No all-reduce is as large as the threshold of a group kept off the engine.
+    assert off.cpu_flat_threshold == off.cuda_flat_threshold == 2**63 - 1
+    # Ranks compare the switch itself, named as the user sets it.
+    assert off.must_agree()["fairring.Options.engine"] != on.must_agree()["fairring.Options.engine"]
+    assert env.must_agree()["fairring.Options.engine"] == "unset"
+
+
+def test_pg_options_are_checked_and_an_nccl_jobs_options_are_kept() -> None:
+    assert group_options(None) == Options()
+    mine = Options(engine=False, flat_threshold=4096)
+    assert group_options(mine) is mine
+    with pytest.raises(TypeError, match=r"pass fairring.Options\(engine=..., flat_threshold=..., nccl=...\)"):
+        group_options(object())
+    with pytest.raises(TypeError, match="flat_threshold must be a byte count"):
+        Options(flat_threshold=-1)
+    with pytest.raises(TypeError, match="engine must be None, True or False"):
+        Options(engine="yes")  # type: ignore[arg-type]
+    nccl_type = getattr(getattr(dist, "ProcessGroupNCCL", None), "Options", None)
+    if nccl_type is None:
+        pytest.skip(f"torch {torch.__version__} has no ProcessGroupNCCL: an NCCL job's options cannot exist")
+    user = nccl_type(is_high_priority_stream=True)
+    user.config.max_ctas = 7
+    assert group_options(user).nccl is user
+    made = nccl_options(user, timedelta(seconds=42))
+    assert made is not user and made.is_high_priority_stream and made.config.max_ctas == 7
+    assert made._timeout == timedelta(seconds=42)
+    user.config.max_ctas = 9  # copied by value: later edits to the user's object stay theirs
+    assert made.config.max_ctas == 7
+    assert not nccl_options(None, timedelta(seconds=1)).is_high_priority_stream
