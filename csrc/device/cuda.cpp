@@ -111,7 +111,7 @@ class CudaStreams final : public StreamPolicy {
   }
 
   void issue(
-      int stream, Stage /*issuer*/, std::function<void()> work) override {
+      int stream, Queue /*issuer*/, std::function<void()> work) override {
     const RelaxedCapture relaxed(kRelaxed);
     const c10::cuda::CUDAStreamGuard onStream(cudaStream(stream));
     work();

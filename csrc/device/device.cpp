@@ -2,18 +2,6 @@
 
 namespace fairring {
 
-const char* stageName(Stage stage) {
-  switch (stage) {
-    case Stage::kReduceScatter:
-      return "reduce-scatter";
-    case Stage::kReduce:
-      return "reduce";
-    case Stage::kAllGather:
-      return "all-gather";
-  }
-  return "?";
-}
-
 namespace {
 
 // The CPU: work is done when the call that does it returns, so there is
@@ -29,11 +17,11 @@ class CpuContext final : public DeviceContext {
   std::vector<c10::Device> futureDevices() const override {
     return {};
   }
-  void enqueue(Stage /*stage*/, std::function<void()> work) override {
+  void enqueue(Queue /*queue*/, std::function<void()> work) override {
     work();
   }
-  void waitOnDevice(Stage /*stage*/, const Fence& /*fence*/) override {}
-  Fence record(Stage /*stage*/) override {
+  void waitOnDevice(Queue /*queue*/, const Fence& /*fence*/) override {}
+  Fence record(Queue /*queue*/) override {
     return Fence();
   }
   bool waitOnHost(

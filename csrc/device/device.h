@@ -13,11 +13,12 @@
 
 namespace fairring {
 
-// The stages of a slice that do device work, in the order a slice goes
-// through them. Each has one thread and, on CUDA, one stream of its own.
-enum class Stage : int { kReduceScatter = 0, kReduce = 1, kAllGather = 2 };
-constexpr int kStages = 3;
-const char* stageName(Stage stage);
+// The device's queues of work, one for each engine stage that does device
+// work (engine/stage.h maps the stages onto them). Work on one queue runs in
+// the order it was enqueued; work on different queues may overlap. kInput's
+// work reads the caller's tensor, kOutput's writes the result into it.
+enum class Queue : int { kInput = 0, kReduce = 1, kOutput = 2 };
+constexpr int kQueues = 3;
 
 // What a fence is on one kind of device (a CUDA event, a position in an
 // emulated stream); only that device's context looks inside.
@@ -25,7 +26,7 @@ struct FenceState {
   virtual ~FenceState() = default;
 };
 
-// A point in the device work of one stage, for another stage or the host to
+// A point in the device work of one queue, for another queue or the host to
 // wait on. Empty on the CPU, where work is done when the host call returns.
 class Fence {
  public:
@@ -55,7 +56,8 @@ constexpr int64_t kCudaMinShardBytes = 32;
 // one implementation of the ordering, StreamedContext (device/streamed.h).
 //
 // Threads: adoptInput and futureDevices run on the caller's thread; the
-// methods marked "stage" on the stage thread of the Stage they name;
+// methods marked "stage" on the engine's stage thread that feeds the Queue
+// they name;
 // receivedFence on the transport's thread; abort on any; join on the
 // engine's owner, after its stage threads have returned.
 class DeviceContext {
@@ -83,13 +85,13 @@ class DeviceContext {
 
   // -- Stage threads.
 
-  // Stage: `work` runs on `stage`'s device queue, after everything enqueued
-  // there before (at once on the CPU). It must not throw.
-  virtual void enqueue(Stage stage, std::function<void()> work) = 0;
-  // Stage: `stage`'s later device work waits for `fence`; the host does not.
-  virtual void waitOnDevice(Stage stage, const Fence& fence) = 0;
-  // Stage: where `stage`'s device work stands now.
-  virtual Fence record(Stage stage) = 0;
+  // Stage: `work` runs on `queue`, after everything enqueued there before
+  // (at once on the CPU). It must not throw.
+  virtual void enqueue(Queue queue, std::function<void()> work) = 0;
+  // Stage: `queue`'s later work waits for `fence`; the host does not.
+  virtual void waitOnDevice(Queue queue, const Fence& fence) = 0;
+  // Stage: where `queue`'s work stands now.
+  virtual Fence record(Queue queue) = 0;
   // Any thread: blocks until the work before `fence` is done, or returns
   // false as soon as `cancelled()` is true.
   virtual bool waitOnHost(

@@ -173,7 +173,7 @@ class EmulatedStreams final : public StreamPolicy {
     return Fence(); // a CPU caller's work is done when it issues
   }
 
-  void issue(int stream, Stage issuer, std::function<void()> work) override {
+  void issue(int stream, Queue issuer, std::function<void()> work) override {
     holdForForcedOrder(issuer);
     streams_[stream]->push(std::move(work));
     {
@@ -272,18 +272,18 @@ class EmulatedStreams final : public StreamPolicy {
         std::make_shared<EmulatedFence>(streams_[stream], stream, position));
   }
 
-  // The forced interleaving: `issuer`'s enqueue waits for the other stage's
-  // next one, for at most 500 ms.
-  void holdForForcedOrder(Stage issuer) {
+  // The forced interleaving: `issuer`'s enqueue waits for the other local
+  // step's next one, for at most 500 ms. The reduce-scatter is the input
+  // queue's work, the all-gather the output queue's.
+  void holdForForcedOrder(Queue issuer) {
     using Force = EmulatedDeviceSettings::Force;
-    Stage awaited;
+    Queue awaited;
     if (settings_.force == Force::kReduceScatterFirst &&
-        issuer == Stage::kAllGather) {
-      awaited = Stage::kReduceScatter;
+        issuer == Queue::kOutput) {
+      awaited = Queue::kInput;
     } else if (
-        settings_.force == Force::kAllGatherFirst &&
-        issuer == Stage::kReduceScatter) {
-      awaited = Stage::kAllGather;
+        settings_.force == Force::kAllGatherFirst && issuer == Queue::kInput) {
+      awaited = Queue::kOutput;
     } else {
       return;
     }
@@ -300,7 +300,7 @@ class EmulatedStreams final : public StreamPolicy {
   std::unordered_map<void*, Bounce> bounces_; // by the rails' buffer
   std::mutex forceMutex_;
   std::condition_variable forceChanged_;
-  std::array<int64_t, kStages> issued_{}; // work enqueued, by stage
+  std::array<int64_t, kQueues> issued_{}; // work enqueued, by queue
   bool aborted_ = false;
 };
 

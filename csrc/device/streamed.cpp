@@ -6,11 +6,10 @@
 namespace fairring {
 
 static_assert(
-    StreamPolicy::kReduceScatterStream ==
-            static_cast<int>(Stage::kReduceScatter) &&
-        StreamPolicy::kReduceStream == static_cast<int>(Stage::kReduce) &&
-        StreamPolicy::kAllGatherStream == static_cast<int>(Stage::kAllGather),
-    "each stage's stream is numbered as the stage");
+    StreamPolicy::kInputStream == static_cast<int>(Queue::kInput) &&
+        StreamPolicy::kReduceStream == static_cast<int>(Queue::kReduce) &&
+        StreamPolicy::kOutputStream == static_cast<int>(Queue::kOutput),
+    "each queue's stream is numbered as the queue");
 
 StreamedContext::StreamedContext(std::unique_ptr<StreamPolicy> policy)
     : DeviceContext(policy->device()), policy_(std::move(policy)) {}
@@ -24,11 +23,11 @@ StreamedContext::~StreamedContext() {
 Fence StreamedContext::adoptInput(
     const at::Tensor& elements, const at::Tensor& tensor) {
   Fence callerWork = policy_->recordCaller();
-  // The reduce-scatter stage reads `elements`; the all-gather stage writes it
-  // and, when it is a copy, `tensor`.
-  policy_->recordUse(elements, streamOf(Stage::kReduceScatter));
-  policy_->recordUse(elements, streamOf(Stage::kAllGather));
-  policy_->recordUse(tensor, streamOf(Stage::kAllGather));
+  // The input queue reads `elements`; the output queue writes it and, when
+  // it is a copy, `tensor`.
+  policy_->recordUse(elements, streamOf(Queue::kInput));
+  policy_->recordUse(elements, streamOf(Queue::kOutput));
+  policy_->recordUse(tensor, streamOf(Queue::kOutput));
   return callerWork;
 }
 
@@ -36,18 +35,18 @@ std::vector<c10::Device> StreamedContext::futureDevices() const {
   return policy_->futureDevices();
 }
 
-void StreamedContext::enqueue(Stage stage, std::function<void()> work) {
-  policy_->issue(streamOf(stage), stage, std::move(work));
+void StreamedContext::enqueue(Queue queue, std::function<void()> work) {
+  policy_->issue(streamOf(queue), queue, std::move(work));
 }
 
-void StreamedContext::waitOnDevice(Stage stage, const Fence& fence) {
+void StreamedContext::waitOnDevice(Queue queue, const Fence& fence) {
   if (fence.state() != nullptr) {
-    policy_->wait(streamOf(stage), fence);
+    policy_->wait(streamOf(queue), fence);
   }
 }
 
-Fence StreamedContext::record(Stage stage) {
-  return policy_->record(streamOf(stage));
+Fence StreamedContext::record(Queue queue) {
+  return policy_->record(streamOf(queue));
 }
 
 bool StreamedContext::waitOnHost(

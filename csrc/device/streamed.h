@@ -20,9 +20,9 @@ namespace fairring {
 class StreamPolicy {
  public:
   enum Stream : int {
-    kReduceScatterStream = 0,
-    kReduceStream = 1,
-    kAllGatherStream = 2,
+    kInputStream = 0, // Queue::kInput's
+    kReduceStream = 1, // Queue::kReduce's
+    kOutputStream = 2, // Queue::kOutput's
     kSendStream = 3, // the rails' copies out of device memory, nothing else
     kReceiveStream = 4, // the rails' copies into device memory, nothing else
   };
@@ -40,8 +40,8 @@ class StreamPolicy {
   virtual Fence recordCaller() = 0;
   // `work` (which launches device work from the host) lands on `stream`,
   // after what was issued there before. It does not throw. `issuer`: the
-  // stage whose thread issues it.
-  virtual void issue(int stream, Stage issuer, std::function<void()> work) = 0;
+  // queue whose stage thread issues it.
+  virtual void issue(int stream, Queue issuer, std::function<void()> work) = 0;
   virtual Fence record(int stream) = 0;
   // `stream`'s later work waits for `fence`; the host does not.
   virtual void wait(int stream, const Fence& fence) = 0;
@@ -65,7 +65,7 @@ class StreamPolicy {
 
 // DeviceContext on a device with streams: which stream each piece of work
 // goes on, which fences it records and waits for, what memory is kept alive
-// on which streams. Each stage's work goes on its own stream, in slice
+// on which streams. Each queue's work goes on its own stream, in slice
 // order, fed by that stage's thread only; the rails' copies go on the send
 // and receive streams.
 class StreamedContext final : public DeviceContext {
@@ -76,9 +76,9 @@ class StreamedContext final : public DeviceContext {
   Fence adoptInput(
       const at::Tensor& elements, const at::Tensor& tensor) override;
   std::vector<c10::Device> futureDevices() const override;
-  void enqueue(Stage stage, std::function<void()> work) override;
-  void waitOnDevice(Stage stage, const Fence& fence) override;
-  Fence record(Stage stage) override;
+  void enqueue(Queue queue, std::function<void()> work) override;
+  void waitOnDevice(Queue queue, const Fence& fence) override;
+  Fence record(Queue queue) override;
   bool waitOnHost(
       const Fence& fence, const std::function<bool()>& cancelled) override;
   at::TensorOptions memoryOptions() const override;
@@ -92,9 +92,8 @@ class StreamedContext final : public DeviceContext {
   void join() override;
 
  private:
-  static int streamOf(Stage stage) {
-    return static_cast<int>(
-        stage); // kReduceScatterStream, kReduceStream, kAllGatherStream
+  static int streamOf(Queue queue) {
+    return static_cast<int>(queue); // numbered alike
   }
 
   const std::unique_ptr<StreamPolicy> policy_;

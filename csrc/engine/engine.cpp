@@ -8,6 +8,18 @@
 
 namespace fairring {
 
+const char* stageName(Stage stage) {
+  switch (stage) {
+    case Stage::kReduceScatter:
+      return "reduce-scatter";
+    case Stage::kReduce:
+      return "reduce";
+    case Stage::kAllGather:
+      return "all-gather";
+  }
+  return "?";
+}
+
 namespace {
 
 std::vector<int> sendOrderOf(const Topology& topology) {
@@ -258,7 +270,7 @@ void Engine::allGatherLoop() {
     }
     slice->step = SliceStep::kDone;
     // Completion is device work too: it follows the slice's all-gather.
-    device_->enqueue(Stage::kAllGather, [this, op = slice->op] {
+    device_->enqueue(queueOf(Stage::kAllGather), [this, op = slice->op] {
       op->finishSlice();
       if (op->settled) {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -324,10 +336,11 @@ void Engine::attachStaging(
 bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
   slice->step = SliceStep::kLocalReduceScatter;
   if (slice->index == 0) {
-    device_->waitOnDevice(Stage::kReduceScatter, slice->op->inputReady);
+    device_->waitOnDevice(
+        queueOf(Stage::kReduceScatter), slice->op->inputReady);
   }
   device_->enqueue(
-      Stage::kReduceScatter,
+      queueOf(Stage::kReduceScatter),
       deviceWork(slice, Stage::kReduceScatter, [this, slice] {
         if (slice->padded.defined()) {
           const int64_t numel = slice->plan.numel;
@@ -346,7 +359,7 @@ bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
         const int me = topology_.machine();
         slice->shards[me].copy_(shardOf(*slice, me));
       }));
-  slice->reduceScattered = device_->record(Stage::kReduceScatter);
+  slice->reduceScattered = device_->record(queueOf(Stage::kReduceScatter));
   launched(LaunchOrder::Step::kReduceScatter);
   // The rails read the slot from the host's side: it must be ready.
   if (!device_->waitOnHost(
@@ -362,15 +375,16 @@ bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
 // Steps 3 and 4.
 bool Engine::reduce(const std::shared_ptr<SliceWork>& slice) {
   const int me = topology_.machine();
-  device_->waitOnDevice(Stage::kReduce, slice->reduceScattered);
-  device_->waitOnDevice(Stage::kReduce, slice->shardsArrived);
+  device_->waitOnDevice(queueOf(Stage::kReduce), slice->reduceScattered);
+  device_->waitOnDevice(queueOf(Stage::kReduce), slice->shardsArrived);
   device_->enqueue(
-      Stage::kReduce, deviceWork(slice, Stage::kReduce, [this, slice, me] {
+      queueOf(Stage::kReduce),
+      deviceWork(slice, Stage::kReduce, [this, slice, me] {
         at::Tensor out = shardOf(*slice, me);
         reduceRows(
             out, slice->shards, slice->op->reduceOp, topology_.worldSize());
       }));
-  slice->reduced = device_->record(Stage::kReduce);
+  slice->reduced = device_->record(queueOf(Stage::kReduce));
   if (!device_->waitOnHost(slice->reduced, [this] { return failed(); })) {
     return false;
   }
@@ -382,10 +396,11 @@ bool Engine::reduce(const std::shared_ptr<SliceWork>& slice) {
 
 // Step 5; then the staging goes back.
 bool Engine::allGather(const std::shared_ptr<SliceWork>& slice) {
-  device_->waitOnDevice(Stage::kAllGather, slice->reduced);
-  device_->waitOnDevice(Stage::kAllGather, slice->reducedArrived);
+  device_->waitOnDevice(queueOf(Stage::kAllGather), slice->reduced);
+  device_->waitOnDevice(queueOf(Stage::kAllGather), slice->reducedArrived);
   device_->enqueue(
-      Stage::kAllGather, deviceWork(slice, Stage::kAllGather, [this, slice] {
+      queueOf(Stage::kAllGather),
+      deviceWork(slice, Stage::kAllGather, [this, slice] {
         at::Tensor output = slice->io();
         localSteps_->allGather(
             output, slice->slot, slice->localStepKey(), slice->op->deadline);
@@ -396,7 +411,7 @@ bool Engine::allGather(const std::shared_ptr<SliceWork>& slice) {
   if (failed()) {
     return false; // the CPU runs work at once: it failed there
   }
-  const Fence done = device_->record(Stage::kAllGather);
+  const Fence done = device_->record(queueOf(Stage::kAllGather));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     lastReleased_ = done; // before the lease: whoever gets it sees this

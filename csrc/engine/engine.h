@@ -22,6 +22,7 @@
 #include "engine/completions.h"
 #include "engine/launch_order.h"
 #include "engine/plan.h"
+#include "engine/stage.h"
 #include "engine/staging.h"
 #include "engine/trace.h"
 #include "local/local_steps.h"

@@ -12,7 +12,7 @@
 #include <c10/core/Device.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 
-#include "device/device.h"
+#include "engine/stage.h"
 #include "topology.h"
 
 namespace fairring {
