@@ -16,6 +16,8 @@
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 
+#include "rails/peer_text.h"
+
 namespace fairring::rails {
 
 // The lanes between two rail peers. Each is its own connection, so reduced
@@ -66,31 +68,6 @@ class Connection {
 };
 
 constexpr size_t kMaxNoteBytes = 4096;
-
-// `text`, which a peer sent, made safe to quote in an error, in at most
-// `limit` characters: printable ASCII, tabs and newlines stay (a notice may
-// forward a multi-line error), any other byte becomes \xNN.
-// Raw, a NUL would cut the error short and a stray byte would make it invalid
-// UTF-8, which Python refuses to decode, raising a UnicodeDecodeError in place
-// of the error. Printable text within the limit comes back unchanged, so a
-// quote forwarded by another rank is not quoted twice.
-inline std::string printable(std::string_view text, size_t limit) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string quoted;
-  for (const char c : text) {
-    const auto byte = static_cast<unsigned char>(c);
-    const bool plain = (byte >= 0x20 && byte < 0x7f) || c == '\n' || c == '\t';
-    if (quoted.size() + (plain ? 1 : 4) > limit) {
-      break;
-    }
-    if (plain) {
-      quoted += c;
-    } else {
-      quoted += {'\\', 'x', kHex[byte >> 4], kHex[byte & 0xf]};
-    }
-  }
-  return quoted;
-}
 
 // Connections from this rank to its rail peers (the ranks with the same local
 // index on every other machine): data lanes, and one control connection

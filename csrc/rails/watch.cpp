@@ -1,7 +1,5 @@
 #include "rails/watch.h"
 
-#include <charconv>
-
 namespace fairring::rails {
 
 namespace {
@@ -128,20 +126,14 @@ bool Watch::parseNotice(
     return false;
   }
   rest.remove_prefix(kFailed.size());
-  const size_t space = rest.find(' ');
-  if (space == std::string_view::npos || space == 0) {
+  const auto culprit = takeWord(rest);
+  const auto rank = culprit ? parseDecimal<int>(*culprit) : std::nullopt;
+  if (!rank || *rank < -1 || *rank >= worldSize) {
     return false;
   }
-  int culprit = 0;
-  const auto [end, error] =
-      std::from_chars(rest.data(), rest.data() + space, culprit);
-  if (error != std::errc() || end != rest.data() + space || culprit < -1 ||
-      culprit >= worldSize) {
-    return false;
-  }
-  notice.culprit = culprit;
+  notice.culprit = *rank;
   // Quoted in every rank's errors: it came from a peer.
-  notice.what = printable(rest.substr(space + 1), kMaxNoteBytes);
+  notice.what = printable(rest, kMaxNoteBytes);
   return true;
 }
 

@@ -43,20 +43,6 @@ uint64_t addressOf(const void* data) {
   return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(data));
 }
 
-std::vector<std::string_view> words(std::string_view text) {
-  std::vector<std::string_view> found;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t space = text.find(' ', start);
-    found.push_back(text.substr(start, space - start));
-    if (space == std::string_view::npos) {
-      break;
-    }
-    start = space + 1;
-  }
-  return found;
-}
-
 // Callbacks gathered under the mesh's lock, run after it is released.
 void runAll(std::vector<std::function<void()>>& callbacks) {
   for (auto& callback : callbacks) {
@@ -377,27 +363,29 @@ void NixlMesh::registerStaging(const Buffer& staging) {
     const std::string& key = keys[index];
     const std::string text(values[index].begin(), values[index].end());
     const size_t newline = text.find('\n');
-    const auto fields =
-        words(std::string_view(text).substr(0, std::min(newline, size_t{512})));
+    const auto fields = splitWords(
+        std::string_view(text).substr(0, std::min(newline, size_t{512})));
     std::string why;
     if (newline == std::string::npos || fields.size() != 8 ||
         std::string(fields[0]) + " " + std::string(fields[1]) !=
             kMetadataMagic) {
       why = "it is not fairring's NIXL metadata";
     } else if (
-        parseNumber(fields[2]) !=
+        parseDecimal<uint64_t>(fields[2]) !=
         std::optional<uint64_t>(static_cast<uint64_t>(peer))) {
       why = "it names another rank";
     } else if (!plausibleAgentName(fields[3])) {
       why = "its agent name is not one fairring makes";
     } else if (
-        parseNumber(fields[4]) !=
+        parseDecimal<uint64_t>(fields[4]) !=
         std::optional<uint64_t>(static_cast<uint64_t>(type))) {
       why = "its staging is on another device type";
     } else if (
-        !parseNumber(fields[5]) || !parseNumber(fields[6]) ||
-        !parseNumber(fields[7]) || *parseNumber(fields[6]) == 0 ||
-        *parseNumber(fields[7]) == 0) {
+        !parseDecimal<uint64_t>(fields[5]) ||
+        !parseDecimal<uint64_t>(fields[6]) ||
+        !parseDecimal<uint64_t>(fields[7]) ||
+        *parseDecimal<uint64_t>(fields[6]) == 0 ||
+        *parseDecimal<uint64_t>(fields[7]) == 0) {
       why = "its staging is not described";
     }
     Peer found;
@@ -405,9 +393,9 @@ void NixlMesh::registerStaging(const Buffer& staging) {
       found = Peer{
           peer,
           std::string(fields[3]),
-          *parseNumber(fields[6]),
-          *parseNumber(fields[7]),
-          *parseNumber(fields[5])};
+          *parseDecimal<uint64_t>(fields[6]),
+          *parseDecimal<uint64_t>(fields[7]),
+          *parseDecimal<uint64_t>(fields[5])};
       char* name = nullptr;
       const int loadStatus = api_.loadRemoteMetadata(
           agent_, text.data() + newline + 1, text.size() - newline - 1, &name);

@@ -1,6 +1,6 @@
 #include "rails/nixl/wire.h"
 
-#include <charconv>
+#include "rails/peer_text.h"
 
 namespace fairring::rails::nixl {
 
@@ -8,19 +8,8 @@ namespace {
 
 constexpr std::string_view kPrefix = "fairring-nixl ";
 
-// Splits the next space-ended word off `rest`; nullopt if there is none.
-std::optional<std::string_view> word(std::string_view& rest) {
-  const size_t space = rest.find(' ');
-  if (space == std::string_view::npos || space == 0) {
-    return std::nullopt;
-  }
-  const std::string_view found = rest.substr(0, space);
-  rest.remove_prefix(space + 1);
-  return found;
-}
-
 std::optional<uint64_t> number(std::optional<std::string_view> text) {
-  return text ? parseNumber(*text) : std::nullopt;
+  return text ? parseDecimal<uint64_t>(*text) : std::nullopt;
 }
 
 bool dataKind(Kind kind) {
@@ -28,17 +17,6 @@ bool dataKind(Kind kind) {
 }
 
 } // namespace
-
-std::optional<uint64_t> parseNumber(std::string_view text) {
-  uint64_t value = 0;
-  const auto [end, error] =
-      std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc() ||
-      end != text.data() + text.size()) {
-    return std::nullopt;
-  }
-  return value;
-}
 
 std::string encode(const Message& message) {
   std::string out(kPrefix);
@@ -76,7 +54,7 @@ std::optional<Message> parse(
     return fail("a notification that is not fairring's");
   }
   std::string_view rest = bytes.substr(kPrefix.size());
-  const auto kindWord = word(rest);
+  const auto kindWord = takeWord(rest);
   if (!kindWord || kindWord->size() != 1) {
     return fail("a notification of no known kind");
   }
@@ -93,28 +71,28 @@ std::optional<Message> parse(
       return fail("a notification of no known kind");
   }
   if (dataKind(message.kind)) {
-    const auto lane = number(word(rest));
+    const auto lane = number(takeWord(rest));
     if (!lane || *lane >= static_cast<uint64_t>(lanes)) {
       return fail("a data notification with no valid lane");
     }
     message.lane = static_cast<int>(*lane);
   }
   if (message.kind != Kind::kClosed) {
-    const auto seq = number(word(rest));
+    const auto seq = number(takeWord(rest));
     if (!seq) {
       return fail("a notification with no sequence number");
     }
     message.seq = *seq;
   }
   if (message.kind == Kind::kGrant) {
-    const auto address = number(word(rest));
+    const auto address = number(takeWord(rest));
     if (!address || *address == 0) {
       return fail("a grant with no valid address");
     }
     message.address = *address;
   }
   if (dataKind(message.kind)) {
-    const auto length = number(word(rest));
+    const auto length = number(takeWord(rest));
     if (!length) {
       return fail("a data notification with no valid length");
     }

@@ -50,9 +50,6 @@ constexpr size_t kMaxTagBytes = 256;
 
 std::string encode(const Message& message);
 
-// The whole of `text` as a decimal number, or nothing.
-std::optional<uint64_t> parseNumber(std::string_view text);
-
 // The message in `bytes`, or nullopt with `error` set to why it is not one
 // (`lanes`: how many data lanes there are; `maxNoteBytes`: longest text).
 std::optional<Message> parse(

@@ -1,7 +1,6 @@
 #include "rails/tensorpipe/mesh.h"
 
 #include <algorithm>
-#include <charconv>
 #include <condition_variable>
 #include <limits>
 #include <mutex>
@@ -41,32 +40,6 @@ tensorpipe::Device tensorpipeDevice(c10::Device device) {
   return device.is_cuda()
       ? tensorpipe::Device{tensorpipe::kCudaDeviceType, device.index()}
       : tensorpipe::Device{tensorpipe::kCpuDeviceType, 0};
-}
-
-// The whole of `text` as a decimal int, or nothing.
-std::optional<int> parseInt(std::string_view text) {
-  int value = 0;
-  const auto [end, error] =
-      std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc() ||
-      end != text.data() + text.size()) {
-    return std::nullopt;
-  }
-  return value;
-}
-
-// Words between single spaces; empty ones where spaces repeat or end the text.
-std::vector<std::string_view> splitWords(std::string_view text) {
-  std::vector<std::string_view> words;
-  size_t start = 0;
-  while (true) {
-    const size_t space = text.find(' ', start);
-    words.push_back(text.substr(start, space - start));
-    if (space == std::string_view::npos) {
-      return words;
-    }
-    start = space + 1;
-  }
 }
 
 // A device index a peer may name: 0 on the CPU; a CUDA device index.
@@ -352,7 +325,7 @@ std::string checkHello(
   std::optional<int> fields[3];
   if (words.size() == 4 && words[0] == kHello) {
     for (int i = 0; i < 3; ++i) {
-      fields[i] = parseInt(words[i + 1]);
+      fields[i] = parseDecimal<int>(words[i + 1]);
     }
   }
   if (!fields[0] || !fields[1] || !fields[2]) {
@@ -499,7 +472,7 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
     const std::string record(bytes.begin(), bytes.end());
     const auto words = splitWords(record);
     const auto peerDeviceIndex =
-        words.size() == 2 ? parseInt(words[0]) : std::nullopt;
+        words.size() == 2 ? parseDecimal<int>(words[0]) : std::nullopt;
     TORCH_CHECK(
         peerDeviceIndex &&
             plausibleDeviceIndex(*peerDeviceIndex, site.device.is_cuda()) &&
