@@ -1,3 +1,5 @@
+#include <torch_headers.h> // first: the precompiled torch headers
+
 // The product's Python module, _C (the test-only objects: _C._testing,
 // testing/bindings.cpp).
 

@@ -1,3 +1,5 @@
+#include <torch_headers.h> // first: the precompiled torch headers
+
 #include "backend/engine_factory.h"
 
 #include <c10/util/Exception.h>

@@ -1,3 +1,5 @@
+#include <torch_headers.h> // first: the precompiled torch headers
+
 #include "backend/pending_report.h"
 
 #include <fcntl.h>

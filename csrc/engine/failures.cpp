@@ -1,3 +1,5 @@
+#include <torch_headers.h> // first: the precompiled torch headers
+
 // The engine's failure handling: the causes it stops for, settling an
 // uncertain cause against its neighbours' notices, the watchdog (heartbeats
 // and op deadlines) and, for a timeout's error, whom each stuck slice waits

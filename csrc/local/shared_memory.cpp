@@ -1,3 +1,5 @@
+#include <torch_headers.h> // first: the precompiled torch headers
+
 #include "local/shared_memory.h"
 
 #include <fcntl.h>

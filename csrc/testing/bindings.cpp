@@ -1,3 +1,5 @@
+#include <torch_headers.h> // first: the precompiled torch headers
+
 // _C._testing: what the tests drive that the product does not use: the
 // checks a rank runs on peers' input, the collective ledger, the staging
 // allocator and plan arithmetic on their own, and the TensorPipe harnesses

@@ -1,3 +1,5 @@
+#include <torch_headers.h> // first: the precompiled torch headers
+
 #include "testing/endpoint.h"
 
 #include <c10/core/impl/VirtualGuardImpl.h>

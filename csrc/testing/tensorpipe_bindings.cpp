@@ -1,3 +1,5 @@
+#include <torch_headers.h> // first: the precompiled torch headers
+
 // The TensorPipe rails' Python bindings, for tests and benchmarks: the hello
 // check, the rails endpoint and the wire probe. Built only with TensorPipe
 // (rails/tensorpipe/none.cpp binds nothing in their place).

@@ -1,3 +1,5 @@
+#include <torch_headers.h> // first: the precompiled torch headers
+
 // What a build without TensorPipe has in place of the TensorPipe rails.
 
 #include "rails/tensorpipe/factory.h"
