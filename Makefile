@@ -39,7 +39,8 @@ test: build
 # the checks of peers' input, and the source tree against docs/design.md.
 QUICK_TESTS := tests/test_source_tree.py tests/test_sizes.py tests/test_config.py tests/test_model.py \
 	tests/test_plans.py tests/test_topology.py tests/test_interfaces.py tests/test_transports.py \
-	tests/test_nixl_settings.py tests/test_staging.py tests/test_untrusted_peers.py tests/test_options.py
+	tests/test_nixl_settings.py tests/test_staging.py tests/test_untrusted_peers.py tests/test_options.py \
+	tests/test_nixl_wire.py
 .PHONY: test-quick
 test-quick: build
 	$(PY) -m pytest -q $(QUICK_TESTS)
@@ -104,7 +105,7 @@ test-oldest: $(OLDEST_VENV)/.installed
 # takes its call), so --capture=sys leaves stderr uncaptured, where pytest would lose it with
 # a process that dies, and the output is kept in build/sanitize-logs/output. Any report at
 # all, even from a rank that a test killed anyway or expected to fail, fails the target.
-SANITIZE_TESTS ?= .ci/sanitize_check.py tests/test_untrusted_peers.py tests/test_wire_fuzz.py \
+SANITIZE_TESTS ?= .ci/sanitize_check.py tests/test_untrusted_peers.py tests/test_wire_fuzz.py tests/test_nixl_wire.py \
 	tests/test_mismatches.py tests/test_rails_protocol.py tests/test_staging.py tests/test_config.py \
 	tests/test_topology.py tests/test_engine.py tests/test_plans.py tests/test_lifecycle.py tests/test_failures.py \
 	tests/test_shared_memory.py tests/test_memory_order.py tests/test_emulated_device.py \

@@ -27,6 +27,7 @@
 #include "local/group_steps.h"
 #include "local/shared_memory.h"
 #include "rails/tensorpipe/factory.h"
+#include "rails/nixl/wire.h"
 #include "rails/watch.h"
 #include "testing/recording_group.h"
 
@@ -130,6 +131,99 @@ void bindTesting(py::module_& testing) {
       py::arg("text"),
       py::arg("world_size"),
       "A control note parsed as a failure notice: (culprit, what), or None.");
+  // The NIXL rails' formats (rails/nixl/wire.h), parsed and written without
+  // NIXL: a parsed value is a dict, a refusal the reason's string.
+  namespace wire = fairring::rails::nixl;
+  testing.def(
+      "nixl_parse_message",
+      [](const py::bytes& bytes, int lanes, size_t maxNoteBytes) -> py::object {
+        std::string error;
+        const auto message =
+            wire::parse(std::string(bytes), lanes, maxNoteBytes, error);
+        if (!message) {
+          return py::str(error);
+        }
+        py::dict out;
+        out["kind"] = std::string(1, static_cast<char>(message->kind));
+        out["lane"] = message->lane;
+        out["seq"] = message->seq;
+        out["address"] = message->address;
+        out["bytes"] = message->bytes;
+        out["text"] = py::bytes(message->text);
+        return out;
+      },
+      py::arg("bytes"),
+      py::arg("lanes"),
+      py::arg("max_note_bytes"));
+  testing.def(
+      "nixl_encode_message",
+      [](const std::string& kind,
+         int lane,
+         uint64_t seq,
+         uint64_t address,
+         uint64_t bytes,
+         const py::bytes& text) {
+        wire::Message message;
+        message.kind = static_cast<wire::Kind>(kind.at(0));
+        message.lane = lane;
+        message.seq = seq;
+        message.address = address;
+        message.bytes = bytes;
+        message.text = std::string(text);
+        return py::bytes(wire::encode(message));
+      },
+      py::arg("kind"),
+      py::arg("lane"),
+      py::arg("seq"),
+      py::arg("address"),
+      py::arg("bytes"),
+      py::arg("text"));
+  testing.def(
+      "nixl_parse_staging_record",
+      [](const py::bytes& bytes) -> py::object {
+        std::string error;
+        const auto record = wire::parseStagingRecord(std::string(bytes), error);
+        if (!record) {
+          return py::str(error);
+        }
+        py::dict out;
+        out["rank"] = record->rank;
+        out["agent"] = py::bytes(record->agent);
+        out["memory_type"] = record->memoryType;
+        out["device_id"] = record->deviceId;
+        out["address"] = record->address;
+        out["bytes"] = record->bytes;
+        out["agent_metadata"] = py::bytes(record->agentMetadata);
+        return out;
+      },
+      py::arg("bytes"));
+  testing.def(
+      "nixl_encode_staging_record",
+      [](uint64_t rank,
+         const py::bytes& agent,
+         uint64_t memoryType,
+         uint64_t deviceId,
+         uint64_t address,
+         uint64_t bytes,
+         const py::bytes& agentMetadata) {
+        return py::bytes(
+            wire::encode(
+                wire::StagingRecord{
+                    rank,
+                    agent,
+                    memoryType,
+                    deviceId,
+                    address,
+                    bytes,
+                    std::string(agentMetadata)}));
+      },
+      py::arg("rank"),
+      py::arg("agent"),
+      py::arg("memory_type"),
+      py::arg("device_id"),
+      py::arg("address"),
+      py::arg("bytes"),
+      py::arg("agent_metadata"));
   // The collective ledger's comparisons, for tests; a disagreement is
   // (neighbour, seq, mine, theirs).
   using fairring::CollectiveLedger;

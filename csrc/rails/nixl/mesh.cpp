@@ -16,7 +16,6 @@ namespace fairring::rails::nixl {
 
 namespace {
 
-constexpr std::string_view kMetadataMagic = "fairring-nixl-md 1";
 // At most this many grants or notes a peer may send ahead of what is due.
 constexpr size_t kMaxAhead = 1024;
 // How long the mesh's thread sleeps between polls: while it waits for peers,
@@ -315,13 +314,16 @@ void NixlMesh::registerStaging(const Buffer& staging) {
       status == kSuccess,
       "fairring: NIXL could not describe this rank's agent: ",
       statusText(status));
-  std::string metadata(static_cast<const char*>(data), length);
+  StagingRecord own;
+  own.rank = static_cast<uint64_t>(topology_.rank());
+  own.agent = name_;
+  own.memoryType = static_cast<uint64_t>(type);
+  own.deviceId = deviceIdOf(device_);
+  own.address = addressOf(staging.data);
+  own.bytes = staging.bytes;
+  own.agentMetadata.assign(static_cast<const char*>(data), length);
   std::free(data);
-  std::ostringstream header;
-  header << kMetadataMagic << " " << topology_.rank() << " " << name_ << " "
-         << static_cast<int>(type) << " " << deviceIdOf(device_) << " "
-         << addressOf(staging.data) << " " << staging.bytes << "\n";
-  const std::string published = header.str() + metadata;
+  const std::string published = encode(own);
   store_->set(
       storePrefix_ + std::to_string(topology_.rank()),
       std::vector<uint8_t>(published.begin(), published.end()));
@@ -364,43 +366,31 @@ void NixlMesh::registerStaging(const Buffer& staging) {
     const int peer = neighbours_[index];
     const std::string& key = keys[index];
     const std::string text(values[index].begin(), values[index].end());
-    const size_t newline = text.find('\n');
-    const auto fields = splitWords(
-        std::string_view(text).substr(0, std::min(newline, size_t{512})));
     std::string why;
-    if (newline == std::string::npos || fields.size() != 8 ||
-        std::string(fields[0]) + " " + std::string(fields[1]) !=
-            kMetadataMagic) {
-      why = "it is not fairring's NIXL metadata";
-    } else if (
-        parseDecimal<uint64_t>(fields[2]) !=
-        std::optional<uint64_t>(static_cast<uint64_t>(peer))) {
+    const auto record = parseStagingRecord(text, why);
+    if (!record) {
+      // `why` says what is wrong with it.
+    } else if (record->rank != static_cast<uint64_t>(peer)) {
       why = "it names another rank";
-    } else if (!plausibleAgentName(fields[3])) {
+    } else if (!plausibleAgentName(record->agent)) {
       why = "its agent name is not one fairring makes";
-    } else if (
-        parseDecimal<uint64_t>(fields[4]) !=
-        std::optional<uint64_t>(static_cast<uint64_t>(type))) {
+    } else if (record->memoryType != static_cast<uint64_t>(type)) {
       why = "its staging is on another device type";
-    } else if (
-        !parseDecimal<uint64_t>(fields[5]) ||
-        !parseDecimal<uint64_t>(fields[6]) ||
-        !parseDecimal<uint64_t>(fields[7]) ||
-        *parseDecimal<uint64_t>(fields[6]) == 0 ||
-        *parseDecimal<uint64_t>(fields[7]) == 0) {
-      why = "its staging is not described";
     }
     Peer found;
     if (why.empty()) {
       found = Peer{
           peer,
-          std::string(fields[3]),
-          *parseDecimal<uint64_t>(fields[6]),
-          *parseDecimal<uint64_t>(fields[7]),
-          *parseDecimal<uint64_t>(fields[5])};
+          record->agent,
+          record->address,
+          record->bytes,
+          record->deviceId};
       char* name = nullptr;
       const int loadStatus = api_.loadRemoteMetadata(
-          agent_, text.data() + newline + 1, text.size() - newline - 1, &name);
+          agent_,
+          record->agentMetadata.data(),
+          record->agentMetadata.size(),
+          &name);
       if (loadStatus != kSuccess) {
         why = "NIXL refused it (" + statusText(loadStatus) + ")";
       } else {

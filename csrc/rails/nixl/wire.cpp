@@ -1,5 +1,7 @@
 #include "rails/nixl/wire.h"
 
+#include <algorithm>
+
 #include "rails/peer_text.h"
 
 namespace fairring::rails::nixl {
@@ -7,6 +9,7 @@ namespace fairring::rails::nixl {
 namespace {
 
 constexpr std::string_view kPrefix = "fairring-nixl ";
+constexpr std::string_view kStagingMagic = "fairring-nixl-md 1 ";
 
 std::optional<uint64_t> number(std::optional<std::string_view> text) {
   return text ? parseDecimal<uint64_t>(*text) : std::nullopt;
@@ -107,6 +110,48 @@ std::optional<Message> parse(
   }
   message.text = std::string(rest);
   return message;
+}
+
+std::string encode(const StagingRecord& record) {
+  return std::string(kStagingMagic) + std::to_string(record.rank) + ' ' +
+      record.agent + ' ' + std::to_string(record.memoryType) + ' ' +
+      std::to_string(record.deviceId) + ' ' + std::to_string(record.address) +
+      ' ' + std::to_string(record.bytes) + '\n' + record.agentMetadata;
+}
+
+std::optional<StagingRecord> parseStagingRecord(
+    std::string_view bytes, std::string& error) {
+  const size_t newline = bytes.find('\n');
+  const auto words =
+      splitWords(bytes.substr(0, std::min(newline, kMaxStagingLineBytes)));
+  // The magic is two words, then six fields.
+  if (newline == std::string_view::npos || newline > kMaxStagingLineBytes ||
+      !bytes.starts_with(kStagingMagic) || words.size() != 8) {
+    error = "it is not fairring's NIXL metadata";
+    return std::nullopt;
+  }
+  StagingRecord record;
+  const auto rank = parseDecimal<uint64_t>(words[2]);
+  const auto memoryType = parseDecimal<uint64_t>(words[4]);
+  const auto deviceId = parseDecimal<uint64_t>(words[5]);
+  const auto address = parseDecimal<uint64_t>(words[6]);
+  const auto length = parseDecimal<uint64_t>(words[7]);
+  if (!rank || words[3].empty() || !memoryType) {
+    error = "it is not fairring's NIXL metadata";
+    return std::nullopt;
+  }
+  if (!deviceId || !address || !length || *address == 0 || *length == 0) {
+    error = "its staging is not described";
+    return std::nullopt;
+  }
+  record.rank = *rank;
+  record.agent = std::string(words[3]);
+  record.memoryType = *memoryType;
+  record.deviceId = *deviceId;
+  record.address = *address;
+  record.bytes = *length;
+  record.agentMetadata = std::string(bytes.substr(newline + 1));
+  return record;
 }
 
 } // namespace fairring::rails::nixl

@@ -20,6 +20,17 @@
 // <seq> counts from 0 per (peer, lane) for data and per peer for notes; NIXL
 // does not promise to deliver notifications in order, so receivers order
 // them by it. A tag is the rest of its line; a note's text may hold newlines.
+//
+// Before any of those, each rank publishes its staging record in the
+// group's store, which every rail peer reads before it lets NIXL load the
+// agent metadata that follows it:
+//
+//   "fairring-nixl-md 1 <rank> <agent> <memory type> <device id> <address>
+//    <bytes>\n" (one line, at most kMaxStagingLineBytes) then NIXL's own
+//   metadata of <agent>, opaque bytes
+//
+// <memory type> is NIXL's, as a number; <address> and <bytes> describe the
+// registered staging, neither zero.
 
 #include <cstdint>
 #include <optional>
@@ -50,9 +61,30 @@ constexpr size_t kMaxTagBytes = 256;
 
 std::string encode(const Message& message);
 
+struct StagingRecord {
+  uint64_t rank = 0;
+  std::string agent;
+  uint64_t memoryType = 0;
+  uint64_t deviceId = 0;
+  uint64_t address = 0;
+  uint64_t bytes = 0;
+  std::string agentMetadata; // NIXL's, after the line
+};
+
+constexpr size_t kMaxStagingLineBytes = 512;
+
+std::string encode(const StagingRecord& record);
+
 // The message in `bytes`, or nullopt with `error` set to why it is not one
 // (`lanes`: how many data lanes there are; `maxNoteBytes`: longest text).
 std::optional<Message> parse(
     std::string_view bytes, int lanes, size_t maxNoteBytes, std::string& error);
+
+// The staging record in `bytes`, or nullopt with `error` set to why it is
+// not one. What it says is the publisher's claim: the reader still checks
+// that it names the rank it was published for, a plausible agent and the
+// reader's memory type.
+std::optional<StagingRecord> parseStagingRecord(
+    std::string_view bytes, std::string& error);
 
 } // namespace fairring::rails::nixl
