@@ -24,6 +24,9 @@ unchanged.
 Install with `pip install --no-build-isolation .`: the extension must be built
 against the torch it will run with.
 
+FAIRRING_PCH=0 builds without precompiling torch's headers (csrc/torch_headers.h;
+see BuildExtensionWithPch below).
+
 FAIRRING_WITH_EXTENSION=0 leaves the extension out: `make` installs the
 checkout editable that way (its metadata, so that torch finds the
 `torch.distributed.backends` entry point) and builds the extension in place

@@ -134,14 +134,12 @@ c10::intrusive_ptr<c10d::Work> Backend::issue(Operation op, Launch&& launch) {
   }
   const BlockMembership membership =
       op.coalesces ? joinBlock(op, runner) : BlockMembership::kNone;
-  // After the collectives in flight on the same memory, once; a native
-  // block's members are ordered by the block.
+  // After the collectives in flight on the same memory, once.
   const auto executor = runner.engine != nullptr
       ? MemoryOrder::Executor::kEngine
       : onGloo ? MemoryOrder::Executor::kGloo
                : MemoryOrder::Executor::kNccl;
-  const bool ordered = runner.seq && membership != BlockMembership::kNative;
-  if (ordered) {
+  if (runner.seq) {
     memoryOrder_.awaitOverlapping(op.touches, executor, timeout());
   }
   // A NCCL launch follows the CUDA engine's local steps issued before it (a
@@ -154,7 +152,9 @@ c10::intrusive_ptr<c10d::Work> Backend::issue(Operation op, Launch&& launch) {
     work = delegated_.watch(work, work->retrieveOpType(), *runner.seq, {});
   }
   work = torchHooks_.report(std::move(work));
-  if (ordered) {
+  // A native block's members launch at the block's end, so their Works are
+  // not waited for; the block orders them itself.
+  if (runner.seq && membership != BlockMembership::kNative) {
     memoryOrder_.track(op.touches, executor, work);
   }
   if (membership == BlockMembership::kCollected) {
