@@ -115,19 +115,20 @@ c10::intrusive_ptr<c10d::Work> Backend::issue(Operation op, Launch&& launch) {
     runner.seq = nextCollective(std::move(*op.signature));
   }
   // Where it runs: the engine the path decision chose, made on first use (a
-  // collective step), else the delegate of its device type.
+  // collective step), else the delegate of its device type. A delegated
+  // collective is refused once the group has failed, before its delegate is
+  // made (the first CUDA one makes NCCL's group); the engine refuses its own
+  // ops, as a failed Work, the way its other failures reach them.
   if (op.engineDevice) {
     runner.engine = ensureEngine(*op.engineDevice);
   }
   if (runner.engine == nullptr) {
+    if (runner.seq) {
+      checkNotFailed(op.name);
+    }
     runner.delegate = &delegate(op.type);
   }
   const bool onGloo = runner.delegate != nullptr && isCpu(*runner.delegate);
-  // Refused once the group has failed. The engine refuses its own ops, as a
-  // failed Work, the way its other failures reach them.
-  if (runner.seq && runner.delegate != nullptr) {
-    checkNotFailed(op.name);
-  }
   // Gloo's rules, before anything is written.
   if (op.reduceOp && onGloo) {
     checkGlooReduction(op.name, *op.reduceOp, op.reduced);
