@@ -361,18 +361,16 @@ void Backend::onPeerStatus(int neighbour, std::string_view status) {
   }
 }
 
+std::array<Engine*, 2> Backend::madeEngines() const {
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  return {engines_[0].get(), engines_[1].get()};
+}
+
 template <typename Call>
 void Backend::forEachEngine(Call&& call) {
   // Failing ops runs their callbacks here, which may call back into this
-  // backend: call outside the lock (engines live until the destructor).
-  std::array<Engine*, 2> engines{};
-  {
-    std::lock_guard<std::mutex> lock(stateMutex_);
-    for (size_t i = 0; i < engines.size(); ++i) {
-      engines[i] = engines_[i].get();
-    }
-  }
-  for (Engine* engine : engines) {
+  // backend: call outside the lock.
+  for (Engine* engine : madeEngines()) {
     if (engine != nullptr) {
       call(*engine);
     }
@@ -405,8 +403,9 @@ c10::intrusive_ptr<c10d::Work> Backend::broadcast(
 
 namespace {
 
-// The Work of an engine all-reduce, which completes with `future`.
-c10::intrusive_ptr<c10d::Work> engineWork(
+// fairring's own Work, which completes with `future` (an engine op, or a
+// Gloo op whose result is copied or unpacked afterwards).
+c10::intrusive_ptr<c10d::Work> futureWork(
     c10::intrusive_ptr<c10::ivalue::Future> future,
     c10d::OpType opType,
     const char* profilingName,
@@ -480,7 +479,7 @@ c10::intrusive_ptr<c10d::Work> glooAllreduce(
         return c10::IValue(tensors);
       },
       c10::ListType::create(c10::TensorType::get()));
-  return engineWork(
+  return futureWork(
       copiedBack, c10d::OpType::ALLREDUCE, "fairring:all_reduce", seq, tensors);
 }
 
@@ -547,7 +546,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
         const c10d::AllreduceOptions own =
             route.premultiplyHere ? premultiplied(aliases, opts) : opts;
         if (runner.engine != nullptr) {
-          return engineWork(
+          return futureWork(
               runner.engine->allreduce(
                   aliases[0],
                   own.reduceOp,
@@ -576,7 +575,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(
       allreduceOperation("allreduce_coalesced", args, route, tensors),
       [&](const Runner& runner) {
         if (runner.engine != nullptr) {
-          return engineWork(
+          return futureWork(
               packedAllreduce(
                   *runner.engine,
                   withoutAutograd(tensors),
@@ -785,7 +784,7 @@ c10::intrusive_ptr<c10d::Work> Backend::alltoallAsSingle(
         return c10::IValue(outputs);
       },
       c10::ListType::create(c10::TensorType::get()));
-  return c10::make_intrusive<FutureWork>(
+  return futureWork(
       unpacked, c10d::OpType::ALLTOALL, "fairring:all_to_all", seq, inputs);
 }
 
@@ -906,18 +905,11 @@ void Backend::setTimeout(std::chrono::milliseconds timeout) {
 }
 
 std::vector<std::string> Backend::pending() const {
-  // Engines live until the destructor, which first unlists this backend,
-  // waiting for the report that called this: no lock is held while an
-  // engine reports (its failure callbacks may take stateMutex_).
-  std::array<const Engine*, 2> engines{};
-  {
-    std::lock_guard<std::mutex> lock(stateMutex_);
-    for (size_t i = 0; i < engines.size(); ++i) {
-      engines[i] = engines_[i].get();
-    }
-  }
+  // The destructor first unlists this backend, waiting for the report that
+  // called this: no lock is held while an engine reports (its failure
+  // callbacks may take stateMutex_).
   std::vector<std::string> lines;
-  for (const Engine* engine : engines) {
+  for (const Engine* engine : madeEngines()) {
     if (engine == nullptr) {
       continue;
     }

@@ -274,7 +274,8 @@ class Backend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> cudaBackendIfCreated() const;
 
   // The path of an all-reduce (backend/allreduce_path.h) in this group, and
-  // the operation the funnel takes for it.
+  // the operation the funnel takes for it (which counts it in
+  // belowThresholdAllreduces where the threshold sent it to the delegate).
   AllreduceRoute choosePath(const AllreduceArgs& args) const;
   Operation allreduceOperation(
       const char* name,
@@ -314,6 +315,9 @@ class Backend final : public c10d::Backend {
   // Fails every engine with `what`, a cause seen first hand here; the
   // engines announce it, and their failure fails the delegated works.
   void failGroup(const std::string& what);
+  // The engines made so far (null where none), read under the lock; engines
+  // live until the destructor, so the pointers may be used without it.
+  std::array<Engine*, 2> madeEngines() const;
   // Calls `call(engine)` for each engine made, without holding a lock.
   template <typename Call>
   void forEachEngine(Call&& call);

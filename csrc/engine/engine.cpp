@@ -10,18 +10,6 @@
 
 namespace fairring {
 
-const char* stageName(Stage stage) {
-  switch (stage) {
-    case Stage::kReduceScatter:
-      return "reduce-scatter";
-    case Stage::kReduce:
-      return "reduce";
-    case Stage::kAllGather:
-      return "all-gather";
-  }
-  return "?";
-}
-
 namespace {
 
 std::vector<int> sendOrderOf(const Topology& topology) {

@@ -8,7 +8,18 @@ namespace fairring {
 // through them. Each has one thread and feeds one queue of the device.
 enum class Stage : int { kReduceScatter = 0, kReduce = 1, kAllGather = 2 };
 constexpr int kStages = 3;
-const char* stageName(Stage stage);
+
+constexpr const char* stageName(Stage stage) {
+  switch (stage) {
+    case Stage::kReduceScatter:
+      return "reduce-scatter";
+    case Stage::kReduce:
+      return "reduce";
+    case Stage::kAllGather:
+      return "all-gather";
+  }
+  return "?";
+}
 
 // The device queue a stage's work goes on: the reduce-scatter reads the
 // caller's input, the all-gather writes the result.
