@@ -178,8 +178,7 @@ wheel-check: wheel
 # fairring against $(PYTHON)'s torch, then in order of value: every dtype and op on 2x2 and 3x2
 # machines x ranks with real NCCL local steps (one process per rank on the one GPU, each its own
 # NCCL host), fairring beside NCCL and Gloo on 2x2, a rank of 2x2 killed, tests/test_cuda.py, a
-# CUDA bench (2 processes as 2 machines), every dtype and op with 3 and 4 processes as machines,
-# a stress of large slices over TensorPipe's cuda_basic channel, the bench's two processes on the
+# CUDA bench (2 processes as 2 machines), the training study's quick part, a stress of large slices over TensorPipe's cuda_basic channel, the bench's two processes on the
 # NIXL rails (where the nixl-cu13 wheel is importable, e.g. on PYTHONPATH); the report,
 # FAIRRING_GPU_REPORT (default gpu-check-report.md), is rewritten after every stage. GPU_CHECK_ARGS go to `python -m benchmarks.gpu_check` (see
 # its --help), e.g. --quick or "--device cpu" (with FAIRRING_WITH_CUDA=auto, where there is no

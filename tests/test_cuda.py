@@ -1,12 +1,13 @@
 """CUDA tensors through fairring: routed to NCCL, or on the engine. Needs a GPU.
 
-NCCL refuses two ranks of one communicator on one GPU, and the machines lent to
-this project have one GPU. So the NCCL tests run a 1-rank group, and the engine
-test on one GPU runs two machines of one rank each: with one rank per machine
-there is no local NCCL group, and the engine needs no flat group (a remainder
-rides padded in the last slice), so no NCCL communicator spans the two
-processes; the rails carry CUDA buffers between them. Tests with local NCCL
-groups need one GPU per rank.
+NCCL refuses two ranks of one host on one GPU, and the machines lent to this
+project have one GPU. So the engine tests either run one rank per machine (no
+local NCCL group; a remainder rides padded in the last slice, so no NCCL
+communicator spans the processes), or make each process an NCCL host of its own
+(NCCL_HOSTID), which NCCL then connects through its socket transport: that is
+how the 2x2 layout's local reduce-scatter and all-gather run on real NCCL on one
+GPU (docs/design.md, "One GPU, several processes"). With a GPU per rank, the
+2x2 layout runs as a cluster would.
 """
 
 from __future__ import annotations
@@ -124,11 +125,10 @@ def engine_premul_sum_and_non_contiguous(device_of_rank: str) -> None:
     assert_matches(tensor.cpu(), torch.stack(inputs).sum(0).to(torch.float32).t())
 
 
-def engine_orders_ops_on_one_tensor(device_of_rank: str) -> None:
+def engine_orders_ops_on_one_tensor(device_of_rank: str, broadcast: bool) -> None:
     device = torch.device(device_of_rank.format(rank=dist.get_rank()))
     torch.cuda.set_device(device)
-    # Ranks sharing one GPU: NCCL refuses the delegated broadcast ("Duplicate GPU detected").
-    broadcast_then_two_all_reduces(str(device), 300_001, broadcast="{rank}" in device_of_rank)
+    broadcast_then_two_all_reduces(str(device), 300_001, broadcast=broadcast)
 
 
 def engine_refuses_graph_capture(device_of_rank: str) -> str:
@@ -150,13 +150,22 @@ ONE_GPU = "cuda:0"
 GPU_PER_RANK = "cuda:{rank}"
 
 
-def run_engine_checks(layout: Layout, device_of_rank: str, sizes: list[int]) -> list[dict[str, int]]:
-    """Every check above on `layout`; the engine counters of each rank."""
-    with RankPool(layout, InitSpec(extra_env=CUDA_ENGINE_ENV)) as ranks:
+def one_nccl_host_per_process(world: int) -> dict[int, dict[str, str]]:
+    """Each rank's NCCL_HOSTID, so that NCCL takes several processes on one GPU (see the docstring)."""
+    return {rank: {"NCCL_HOSTID": f"fairring-test-cuda-{rank}"} for rank in range(world)}
+
+
+def run_engine_checks(
+    layout: Layout, device_of_rank: str, sizes: list[int], nccl_hosts: dict[int, dict[str, str]] | None = None
+) -> list[dict[str, int]]:
+    """Every check above on `layout`; the engine counters of each rank. Ranks sharing one GPU as one
+    NCCL host (no `nccl_hosts`) skip the delegated broadcast, which NCCL refuses ("Duplicate GPU")."""
+    broadcast = "{rank}" in device_of_rank or nccl_hosts is not None
+    with RankPool(layout, InitSpec(extra_env=CUDA_ENGINE_ENV), rank_env=nccl_hosts) as ranks:
         results = ranks.run(engine_matches_reference, device_of_rank, sizes, timeout=600)
         ranks.run(engine_orders_streams, device_of_rank)
         ranks.run(engine_premul_sum_and_non_contiguous, device_of_rank)
-        ranks.run(engine_orders_ops_on_one_tensor, device_of_rank)
+        ranks.run(engine_orders_ops_on_one_tensor, device_of_rank, broadcast)
         for error in ranks.run(engine_refuses_graph_capture, device_of_rank):
             assert "graph capture" in error and "FAIRRING_CUDA_ENGINE" in error, error
     return results
@@ -170,10 +179,16 @@ def test_cuda_engine_two_machines_on_one_gpu() -> None:
         assert stats["rail_bytes_received"] == stats["rail_bytes_sent"] > 0
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs 4 GPUs (one per rank of a 2x2 layout)")
 def test_cuda_engine_with_local_groups() -> None:
-    for stats in run_engine_checks(Layout(2, 2), GPU_PER_RANK, [1, 3, 1001, 300_001]):
+    """2x2: the engine's local reduce-scatter and all-gather on real NCCL groups."""
+    layout = Layout(2, 2)
+    if torch.cuda.device_count() >= layout.world_size:
+        device_of_rank, nccl_hosts = GPU_PER_RANK, None
+    else:
+        device_of_rank, nccl_hosts = ONE_GPU, one_nccl_host_per_process(layout.world_size)
+    for stats in run_engine_checks(layout, device_of_rank, [1, 3, 1001, 300_001], nccl_hosts):
         assert stats is not None and stats["slices"] > 0 and stats["flat_ops"] == 0
+        assert stats["local_steps"] == "nccl", stats
 
 
 def engine_ops_in_a_coalescing_block(device_of_rank: str) -> None:

@@ -45,8 +45,6 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
         "training: the study's quick part on 2 machines x 2 ranks": "ok",
         # Where namespaces cannot be made, the stage says why and is skipped.
         "network: 2 hosts x 2 ranks, NICs shaped to 10gbit": "ok" if NETNS else "skipped",
-        "correctness: 3 processes as 3 machines": "ok",
-        "correctness: 4 processes as 4 machines": "ok",
         "stress: cuda_basic, large slices": "ok",
         "validate: fairring.validate on 2 machines x 2 ranks": "ok",
         # Where NIXL cannot load, the stage says why and is skipped; that is no pass of it.
@@ -71,7 +69,7 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
         assert stats["ops"] > 0 and stats["rail_bytes_sent"] == stats["rail_bytes_received"] > 0
 
     # Every rank of every layout checked every case, on the engine, with its local steps where it has some.
-    assert sorted(data["worlds"]) == ["2x2", "3", "3x2", "4"]
+    assert sorted(data["worlds"]) == ["2x2", "3x2"]
     for spec, summary in data["worlds"].items():
         machines, _, local = spec.partition("x")
         world = int(machines) * int(local or 1)

@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
         common |= {"parameters": sum(p.numel() for p in spec.build().parameters()), "batch": spec.batch}
     ours = {**common, "backend": "fairring", **measure(args, dist.group.WORLD, device)}
     # How many of the buckets fairring's engine served (the rest went to its delegate, below the flat threshold).
-    ours["engine_all_reduces"] = (fairring.backend_of().engine_stats() or {}).get("ops", 0)
+    ours["engine_all_reduces"] = (fairring.backend_of(device=device).engine_stats(device.type) or {}).get("ops", 0)
     theirs = {**common, "backend": baseline_name, **measure(args, baseline, device)}
     ours["speedup_vs_baseline"] = theirs["median_s"] / ours["median_s"]
     settle_overlap([ours, theirs])
