@@ -79,12 +79,18 @@ COMMON_SOURCES = [
     "rails/interfaces.cpp",
     "rails/lanes.cpp",
     "rails/mesh_factory.cpp",
+    "rails/nixl/agent.cpp",
+    "rails/nixl/control_link.cpp",
+    "rails/nixl/data_link.cpp",
     "rails/nixl/library.cpp",
     "rails/nixl/mesh.cpp",
+    "rails/nixl/peers.cpp",
     "rails/nixl/wire.cpp",
     "rails/watch.cpp",
     "reduction.cpp",
     "testing/bindings.cpp",
+    "testing/fake_nixl.cpp",
+    "testing/fake_nixl_pair.cpp",
     "topology.cpp",
 ]
 # The sources that see CUDA headers, and their CPU-only twins.

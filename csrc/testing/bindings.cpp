@@ -28,6 +28,7 @@
 #include "local/shared_memory.h"
 #include "rails/tensorpipe/factory.h"
 #include "rails/nixl/wire.h"
+#include "testing/fake_nixl_pair.h"
 #include "rails/watch.h"
 #include "testing/recording_group.h"
 
@@ -224,6 +225,82 @@ void bindTesting(py::module_& testing) {
       py::arg("address"),
       py::arg("bytes"),
       py::arg("agent_metadata"));
+  // Two NIXL meshes over the fake NIXL (testing/fake_nixl_pair.h); an op's
+  // outcome is a dict, or None while it has not finished.
+  using fairring::testing::FakeNixlPair;
+  py::class_<FakeNixlPair>(testing, "FakeNixlPair")
+      .def(
+          py::init<size_t, int, bool>(),
+          py::arg("staging_bytes"),
+          py::arg("slow_receiver_ms") = 0,
+          py::arg("ungranted_writes") = false,
+          py::call_guard<py::gil_scoped_release>())
+      .def("agent", &FakeNixlPair::agent, py::arg("rank"))
+      .def("staging_address", &FakeNixlPair::stagingAddress, py::arg("rank"))
+      .def(
+          "send",
+          &FakeNixlPair::send,
+          py::arg("rank"),
+          py::arg("tag"),
+          py::arg("offset"),
+          py::arg("bytes"),
+          py::arg("fill"),
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "receive",
+          &FakeNixlPair::receive,
+          py::arg("rank"),
+          py::arg("tag"),
+          py::arg("offset"),
+          py::arg("bytes"),
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "send_note",
+          &FakeNixlPair::sendNote,
+          py::arg("rank"),
+          py::arg("text"),
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "read_note",
+          &FakeNixlPair::readNote,
+          py::arg("rank"),
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "wait",
+          [](FakeNixlPair& pair, int id, double seconds) -> py::object {
+            FakeNixlPair::Outcome outcome;
+            {
+              py::gil_scoped_release released;
+              outcome = pair.wait(id, seconds);
+            }
+            if (!outcome.finished) {
+              return py::none();
+            }
+            py::dict out;
+            out["error"] = outcome.error;
+            out["tag"] = py::bytes(outcome.tag);
+            out["bytes"] = outcome.bytes;
+            out["data"] = py::bytes(outcome.data);
+            return out;
+          },
+          py::arg("id"),
+          py::arg("seconds"))
+      .def(
+          "inject",
+          [](FakeNixlPair& pair,
+             const std::string& from,
+             int rank,
+             const py::bytes& bytes) {
+            return pair.inject(from, rank, std::string(bytes));
+          },
+          py::arg("sender"),
+          py::arg("rank"),
+          py::arg("bytes"))
+      .def("describe", &FakeNixlPair::describe, py::arg("rank"))
+      .def(
+          "shutdown",
+          &FakeNixlPair::shutdown,
+          py::call_guard<py::gil_scoped_release>());
   // The collective ledger's comparisons, for tests; a disagreement is
   // (neighbour, seq, mine, theirs).
   using fairring::CollectiveLedger;
