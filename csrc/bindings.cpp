@@ -322,37 +322,33 @@ PYBIND11_MODULE(_C, module) {
       .def_readonly("nixl_library", &fairring::RailsNetwork::nixlLibrary);
 
   py::class_<fairring::Config>(module, "Config")
-      .def(
-          py::init([](int64_t totalMemoryBytes,
-                      int64_t sliceSizeBytes,
-                      int64_t maxSlicesInFlight,
-                      int64_t minShardBytes,
-                      int64_t cpuFlatThresholdBytes,
-                      int64_t cudaFlatThresholdBytes,
-                      fairring::RailsNetwork network,
-                      bool cudaEngine,
-                      std::string timelineDirectory) {
+      .def_static(
+          "from_settings",
+          [](const py::object& settings, fairring::RailsNetwork network) {
+            // The one place where fairring.config.Config's names meet the
+            // C++ ones (config.h).
             fairring::Config config;
-            config.totalMemoryBytes = totalMemoryBytes;
-            config.maxSlicesInFlight = maxSlicesInFlight;
-            config.sliceSizeBytes = sliceSizeBytes;
-            config.minShardBytes = minShardBytes;
-            config.cpuFlatThresholdBytes = cpuFlatThresholdBytes;
-            config.cudaFlatThresholdBytes = cudaFlatThresholdBytes;
+            const auto integer = [&](const char* name) {
+              return settings.attr(name).cast<int64_t>();
+            };
+            config.totalMemoryBytes = integer("total_memory");
+            config.sliceSizeBytes = integer("slice_size");
+            config.maxSlicesInFlight = integer("slices_in_flight");
+            config.minShardBytes = integer("min_shard");
+            config.cpuFlatThresholdBytes = integer("cpu_flat_threshold");
+            config.cudaFlatThresholdBytes = integer("cuda_flat_threshold");
             config.network = std::move(network);
-            config.cudaEngine = cudaEngine;
-            config.timelineDirectory = std::move(timelineDirectory);
+            config.cudaEngine = settings.attr("cuda_engine").cast<bool>();
+            const py::object timeline = settings.attr("timeline_directory");
+            if (!timeline.is_none()) {
+              config.timelineDirectory = timeline.cast<std::string>();
+            }
             return config;
-          }),
-          py::arg("total_memory_bytes"),
-          py::arg("slice_size_bytes"),
-          py::arg("max_slices_in_flight"),
-          py::arg("min_shard_bytes"),
-          py::arg("cpu_flat_threshold_bytes"),
-          py::arg("cuda_flat_threshold_bytes"),
+          },
+          py::arg("settings"),
           py::arg("network") = fairring::RailsNetwork{},
-          py::arg("cuda_engine") = false,
-          py::arg("timeline_directory") = "")
+          "The C++ side of a fairring.config.Config, with the rails' network "
+          "(default: loopback TCP).")
       .def_readonly("total_memory_bytes", &fairring::Config::totalMemoryBytes)
       .def_readonly(
           "max_slices_in_flight", &fairring::Config::maxSlicesInFlight)

@@ -77,17 +77,7 @@ def create_backend(
     return _C.Backend(
         store,
         topology,
-        _C.Config(
-            total_memory_bytes=config.total_memory,
-            slice_size_bytes=config.slice_size,
-            max_slices_in_flight=config.slices_in_flight,
-            min_shard_bytes=config.min_shard,
-            cpu_flat_threshold_bytes=config.cpu_flat_threshold,
-            cuda_flat_threshold_bytes=config.cuda_flat_threshold,
-            network=rails_network(config, topology),
-            cuda_engine=config.cuda_engine,
-            timeline_directory=config.timeline_directory or "",
-        ),
+        _C.Config.from_settings(config, rails_network(config, topology)),
         timeout,
         cpu_backend,
         InnerGroups(store, topology, timeout, config, options),

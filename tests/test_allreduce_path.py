@@ -15,6 +15,7 @@ misread a bfloat16 factor outside a native coalescing block.
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -30,15 +31,11 @@ ENGINE_OPS = {"sum", "max", "min", "product"}
 
 
 def config(cuda_engine: bool) -> _C.Config:
-    return _C.Config(
-        total_memory_bytes=50 * MiB,
-        slice_size_bytes=4 * MiB,
-        max_slices_in_flight=4,
-        min_shard_bytes=256 * 1024,
-        cpu_flat_threshold_bytes=THRESHOLDS["cpu"],
-        cuda_flat_threshold_bytes=THRESHOLDS["cuda"],
-        cuda_engine=cuda_engine,
-    )
+    # fairring.config.Config's attributes, with a threshold of each device's own (no setting gives that).
+    settings = SimpleNamespace(total_memory=50 * MiB, slice_size=4 * MiB, slices_in_flight=4, min_shard=256 * 1024)
+    settings.__dict__.update(cpu_flat_threshold=THRESHOLDS["cpu"], cuda_flat_threshold=THRESHOLDS["cuda"])
+    settings.__dict__.update(cuda_engine=cuda_engine, timeline_directory=None)
+    return _C.Config.from_settings(settings)
 
 
 def expected(case: dict[str, object]) -> tuple[str, bool]:

@@ -3,8 +3,11 @@ already sets. No processes, no sockets."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from fairring import _C
 from fairring.config import (
     DEFAULT_CPU_FLAT_THRESHOLD,
     DEFAULT_CUDA_FLAT_THRESHOLD,
@@ -12,6 +15,7 @@ from fairring.config import (
     DEFAULT_SLICE_SIZE,
     DEFAULT_SLICES_IN_FLIGHT,
     DEFAULT_TOTAL_MEMORY,
+    Config,
     ConfigError,
     load_config,
     load_transport_settings,
@@ -171,3 +175,18 @@ def test_an_nccl_ib_hca_the_tensorpipe_rails_cannot_honour_is_refused_naming_the
     # The NIXL rails can use any port; fairring's own variable keeps NCCL's out of the rails.
     assert load_transport_settings({"NCCL_IB_HCA": "mlx5_0:2"}, tensorpipe=False).ib_hca is not None
     assert load_transport_settings({"NCCL_IB_HCA": "mlx5_0:2", "FAIRRING_IB_HCA": "mlx5_0"}).ib_hca is not None
+
+
+def test_every_setting_reaches_the_cpp_side() -> None:
+    # Values unlike the defaults and each other, so a setting mapped to the wrong field shows.
+    settings = Config(total_memory=96 * 2**20, slice_size=8 * 2**20, slices_in_flight=3, flat_threshold=12345)
+    settings = dataclasses.replace(settings, min_shard=64 * 2**10, cuda_engine=True, timeline_directory="/tmp/t")
+    native = _C.Config.from_settings(settings)
+    assert (native.total_memory_bytes, native.slice_size_bytes) == (96 * 2**20, 8 * 2**20)
+    assert (native.max_slices_in_flight, native.min_shard_bytes) == (3, 64 * 2**10)
+    assert native.cpu_flat_threshold_bytes == native.cuda_flat_threshold_bytes == 12345
+    assert native.cuda_engine is True and native.timeline_directory == "/tmp/t"
+    assert native.network.transport == "tensorpipe" and native.network.listen_address == "127.0.0.1"
+    by_device = _C.Config.from_settings(Config())
+    assert (by_device.cpu_flat_threshold_bytes, by_device.cuda_flat_threshold_bytes) == (0, 4 * 2**20)
+    assert by_device.timeline_directory == ""
