@@ -40,7 +40,7 @@ test: build
 QUICK_TESTS := tests/test_source_tree.py tests/test_sizes.py tests/test_config.py tests/test_model.py \
 	tests/test_plans.py tests/test_topology.py tests/test_interfaces.py tests/test_transports.py \
 	tests/test_nixl_settings.py tests/test_staging.py tests/test_untrusted_peers.py tests/test_options.py \
-	tests/test_nixl_wire.py tests/test_nixl_mesh_fake.py
+	tests/test_nixl_wire.py tests/test_nixl_mesh_fake.py tests/test_tensorpipe_wire.py
 .PHONY: test-quick
 test-quick: build
 	$(PY) -m pytest -q $(QUICK_TESTS)
@@ -106,7 +106,7 @@ test-oldest: $(OLDEST_VENV)/.installed
 # a process that dies, and the output is kept in build/sanitize-logs/output. Any report at
 # all, even from a rank that a test killed anyway or expected to fail, fails the target.
 SANITIZE_TESTS ?= .ci/sanitize_check.py tests/test_untrusted_peers.py tests/test_wire_fuzz.py tests/test_nixl_wire.py \
-	tests/test_nixl_mesh_fake.py \
+	tests/test_nixl_mesh_fake.py tests/test_tensorpipe_wire.py \
 	tests/test_mismatches.py tests/test_rails_protocol.py tests/test_staging.py tests/test_config.py \
 	tests/test_topology.py tests/test_engine.py tests/test_plans.py tests/test_lifecycle.py tests/test_failures.py \
 	tests/test_shared_memory.py tests/test_memory_order.py tests/test_emulated_device.py \

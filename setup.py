@@ -86,6 +86,7 @@ COMMON_SOURCES = [
     "rails/nixl/mesh.cpp",
     "rails/nixl/peers.cpp",
     "rails/nixl/wire.cpp",
+    "rails/tensorpipe/wire.cpp",
     "rails/watch.cpp",
     "reduction.cpp",
     "testing/bindings.cpp",

@@ -28,6 +28,7 @@
 #include "local/shared_memory.h"
 #include "rails/tensorpipe/factory.h"
 #include "rails/nixl/wire.h"
+#include "rails/tensorpipe/wire.h"
 #include "testing/fake_nixl_pair.h"
 #include "rails/watch.h"
 #include "testing/recording_group.h"
@@ -225,6 +226,57 @@ void bindTesting(py::module_& testing) {
       py::arg("address"),
       py::arg("bytes"),
       py::arg("agent_metadata"));
+  // The TensorPipe rails' texts (rails/tensorpipe/wire.h), likewise.
+  testing.def(
+      "tensorpipe_parse_hello",
+      [](const py::bytes& bytes) -> py::object {
+        std::string error;
+        const auto hello =
+            fairring::rails::parseHello(std::string(bytes), error);
+        if (!hello) {
+          return py::str(error);
+        }
+        py::dict out;
+        out["rank"] = hello->rank;
+        out["lane"] = hello->lane;
+        out["device_index"] = hello->deviceIndex;
+        return out;
+      },
+      py::arg("bytes"));
+  testing.def(
+      "tensorpipe_encode_hello",
+      [](int rank, int lane, int deviceIndex) {
+        return py::bytes(
+            fairring::rails::encode(
+                fairring::rails::Hello{rank, lane, deviceIndex}));
+      },
+      py::arg("rank"),
+      py::arg("lane"),
+      py::arg("device_index"));
+  testing.def(
+      "tensorpipe_parse_address_record",
+      [](const py::bytes& bytes) -> py::object {
+        std::string error;
+        const auto record =
+            fairring::rails::parseAddressRecord(std::string(bytes), error);
+        if (!record) {
+          return py::str(error);
+        }
+        py::dict out;
+        out["device_index"] = record->deviceIndex;
+        out["url"] = py::bytes(record->url);
+        return out;
+      },
+      py::arg("bytes"));
+  testing.def(
+      "tensorpipe_encode_address_record",
+      [](int deviceIndex, const py::bytes& url) {
+        return py::bytes(
+            fairring::rails::encode(
+                fairring::rails::AddressRecord{deviceIndex, std::string(url)}));
+      },
+      py::arg("device_index"),
+      py::arg("url"));
   // Two NIXL meshes over the fake NIXL (testing/fake_nixl_pair.h); an op's
   // outcome is a dict, or None while it has not finished.
   using fairring::testing::FakeNixlPair;

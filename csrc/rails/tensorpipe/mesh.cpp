@@ -16,23 +16,16 @@
 
 #include "rails/interfaces.h"
 #include "rails/tensorpipe/cuda.h"
+#include "rails/tensorpipe/wire.h"
 
 namespace fairring::rails {
 
 namespace {
 
-constexpr const char* kHello = "fairring-rails-hello";
 // The lane number a hello gives for a control connection.
 constexpr int kControlLane = kLanes;
 // Rejected pipes noted for a timeout's error; later ones are only counted.
 constexpr size_t kRejectionsNoted = 8;
-
-// Says who opens a pipe: rank, lane, and the index of the device its buffers
-// are on (the type is the mesh's).
-std::string helloMetadata(int rank, int lane, int deviceIndex) {
-  return std::string(kHello) + " " + std::to_string(rank) + " " +
-      std::to_string(lane) + " " + std::to_string(deviceIndex);
-}
 
 tensorpipe::Device tensorpipeDevice(c10::Device device) {
   TORCH_CHECK(
@@ -317,35 +310,29 @@ class TensorpipeConnection final : public Connection {
 };
 
 std::string checkHello(
-    const std::string& hello,
+    const std::string& text,
     const Topology& topology,
     bool cuda,
     int& rank,
     int& lane,
     int& deviceIndex) {
-  const auto words = splitWords(hello);
-  std::optional<int> fields[3];
-  if (words.size() == 4 && words[0] == kHello) {
-    for (int i = 0; i < 3; ++i) {
-      fields[i] = parseDecimal<int>(words[i + 1]);
-    }
+  std::string why;
+  const auto hello = parseHello(text, why);
+  if (!hello) {
+    return why;
   }
-  if (!fields[0] || !fields[1] || !fields[2]) {
-    return "a connection did not open with fairring's hello (got '" +
-        printable(hello, 80) + "')";
-  }
-  if (!connectsHere(topology, *fields[0], *fields[1])) {
-    return "rank " + std::to_string(*fields[0]) + " on lane " +
-        std::to_string(*fields[1]) + " is not a peer that connects to rank " +
+  if (!connectsHere(topology, hello->rank, hello->lane)) {
+    return "rank " + std::to_string(hello->rank) + " on lane " +
+        std::to_string(hello->lane) + " is not a peer that connects to rank " +
         std::to_string(topology.rank());
   }
-  if (!plausibleDeviceIndex(*fields[2], cuda)) {
-    return "rank " + std::to_string(*fields[0]) + " named device index " +
-        std::to_string(*fields[2]);
+  if (!plausibleDeviceIndex(hello->deviceIndex, cuda)) {
+    return "rank " + std::to_string(hello->rank) + " named device index " +
+        std::to_string(hello->deviceIndex);
   }
-  rank = *fields[0];
-  lane = *fields[1];
-  deviceIndex = *fields[2];
+  rank = hello->rank;
+  lane = hello->lane;
+  deviceIndex = hello->deviceIndex;
   return "";
 }
 
@@ -453,8 +440,8 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
 
   listener_ = context_->listen(listenUrls);
   url_ = listener_->url("uv");
-  // "<device index> <url>": what a connecting peer needs to know.
-  const std::string published = std::to_string(ownDevice.index) + " " + url_;
+  // What a connecting peer needs to know (wire.h).
+  const std::string published = encode(AddressRecord{ownDevice.index, url_});
   site.store->set(
       site.storePrefix + "url/" + std::to_string(rank),
       std::vector<uint8_t>(published.begin(), published.end()));
@@ -471,26 +458,29 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
   const auto connectTo = [&](int peer,
                              const std::vector<int>& lanes,
                              const std::vector<uint8_t>& bytes) {
-    const std::string record(bytes.begin(), bytes.end());
-    const auto words = splitWords(record);
-    const auto peerDeviceIndex =
-        words.size() == 2 ? parseDecimal<int>(words[0]) : std::nullopt;
+    std::string why;
+    const auto record = parseAddressRecord(
+        std::string_view(
+            reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+        why);
+    if (record &&
+        !plausibleDeviceIndex(record->deviceIndex, site.device.is_cuda())) {
+      why = "device index " + std::to_string(record->deviceIndex);
+    }
     TORCH_CHECK(
-        peerDeviceIndex &&
-            plausibleDeviceIndex(*peerDeviceIndex, site.device.is_cuda()) &&
-            words[1].starts_with("uv://"),
+        why.empty(),
         "fairring: rank ",
         rank,
         ": rails mesh: rank ",
         peer,
-        " published a malformed address '",
-        printable(record, 200),
-        "' (are all ranks running the same fairring?)");
-    const std::string peerUrl(words[1]);
+        " published ",
+        why,
+        " (are all ranks running the same fairring?)");
+    const std::string& peerUrl = record->url;
     for (int lane : lanes) {
       auto pipe = context_->connect(peerUrl);
       tensorpipe::Message hello;
-      hello.metadata = helloMetadata(rank, lane, ownDevice.index);
+      hello.metadata = encode(Hello{rank, lane, ownDevice.index});
       pipe->write(
           std::move(hello), [writeError, peer](const tensorpipe::Error& error) {
             if (error) {
@@ -502,7 +492,7 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
       auto connection = std::make_unique<TensorpipeConnection>(
           std::move(pipe),
           ownDevice,
-          tensorpipe::Device{ownDevice.type, *peerDeviceIndex});
+          tensorpipe::Device{ownDevice.type, record->deviceIndex});
       if (lane == kControlLane) {
         controls_[neighbourIndex(peer)] = std::move(connection);
       } else {

@@ -97,10 +97,9 @@ class TensorpipeMesh final : public Mesh {
   std::vector<std::unique_ptr<TensorpipeConnection>> controls_; // by neighbour
 };
 
-// Parses a peer's hello, "fairring-rails-hello <rank> <lane> <device index>",
-// and checks every field against what this rank accepts (exposed for tests).
-// Lane kLanes is the control lane. Returns an empty string and sets the
-// outputs if it is acceptable, else why not.
+// Parses a peer's hello (wire.h) and checks every field against what this
+// rank accepts (exposed for tests). Lane kLanes is the control lane. Returns
+// an empty string and sets the outputs if it is acceptable, else why not.
 std::string checkHello(
     const std::string& hello,
     const Topology& topology,

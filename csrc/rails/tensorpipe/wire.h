@@ -1,0 +1,49 @@
+#pragma once
+
+// The texts the TensorPipe rails exchange before any data. Both are a
+// peer's bytes: each is parsed here, by its grammar, before use; what a
+// value means for the reader (is this rank a peer that connects here, is
+// the device index one this rank can use) is the mesh's to check.
+//
+//   hello    "fairring-rails-hello <rank> <lane> <device index>"
+//            the metadata of the first message on a pipe: who opened it,
+//            for which lane (kLanes: the control lane), with its buffers on
+//            which device index
+//   address  "<device index> <url>"
+//            what each rank publishes in the group's store (key url/<rank>):
+//            its device index and the URL its listener took, "uv://..."
+//
+// Numbers are decimal, non-negative, within int, with no sign or leading
+// zero; words are separated by single spaces; nothing comes before or after.
+// So a text parses only as encode() writes it.
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace fairring::rails {
+
+struct Hello {
+  int rank = 0;
+  int lane = 0;
+  int deviceIndex = 0;
+};
+
+std::string encode(const Hello& hello);
+// The hello in `text`, or nullopt with `error` set to why it is not one.
+std::optional<Hello> parseHello(std::string_view text, std::string& error);
+
+struct AddressRecord {
+  int deviceIndex = 0;
+  std::string url;
+};
+
+// Longest address record a peer may publish.
+constexpr size_t kMaxAddressRecordBytes = 512;
+
+std::string encode(const AddressRecord& record);
+// The record in `text`, or nullopt with `error` set to why it is not one.
+std::optional<AddressRecord> parseAddressRecord(
+    std::string_view text, std::string& error);
+
+} // namespace fairring::rails
