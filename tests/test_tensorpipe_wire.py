@@ -22,7 +22,8 @@ URL = b"uv://127.0.0.1:40211"
 TOKENS = [b"fairring-rails-hello", b"uv://", b"2147483648", b"\t"]
 
 
-@pytest.mark.parametrize("fields", [(0, 0, 0), (7, 2, 3), (INT_MAX, INT_MAX, INT_MAX)])
+# Negative numbers are the grammar's: the reader's checks refuse them (tests/test_untrusted_peers.py).
+@pytest.mark.parametrize("fields", [(0, 0, 0), (7, 2, 3), (INT_MAX, INT_MAX, INT_MAX), (-1, -2, -INT_MAX - 1)])
 def test_the_hello_round_trips(fields: tuple[int, int, int]) -> None:
     raw = T.tensorpipe_encode_hello(*fields)
     assert raw == b"fairring-rails-hello %d %d %d" % fields
@@ -38,7 +39,8 @@ def test_the_hello_round_trips(fields: tuple[int, int, int]) -> None:
         (b"fairring-rails-hello  1 2 3", "did not open with fairring's hello"),
         (b"fairring-rails-hello 1 2 3 ", "did not open with fairring's hello"),
         (b"hello 1 2 3", "did not open with fairring's hello"),
-        (b"fairring-rails-hello -1 2 3", "did not open with fairring's hello"),
+        (b"fairring-rails-hello -01 2 3", "did not open with fairring's hello"),
+        (b"fairring-rails-hello 1 2 -", "did not open with fairring's hello"),
         (b"fairring-rails-hello 1 x 3", "did not open with fairring's hello"),
         (b"fairring-rails-hello 1 2 2147483648", "did not open with fairring's hello"),
         (b"fairring-rails-hello +1 2 3", "did not open with fairring's hello"),
@@ -66,7 +68,7 @@ def test_the_address_record_round_trips() -> None:
         URL,
         b"0",
         b"0 " + URL + b" extra",
-        b"-1 " + URL,
+        b"-0 " + URL,
         b"00 " + URL,
         b"x " + URL,
         b"0 tcp://127.0.0.1:1",
@@ -82,7 +84,7 @@ def test_malformed_address_records_are_refused(raw: bytes) -> None:
 
 
 def hello_violations(parsed: dict) -> list[str]:
-    return [f"{key} {value}" for key, value in parsed.items() if not 0 <= value <= INT_MAX]
+    return [f"{key} {value}" for key, value in parsed.items() if not -INT_MAX - 1 <= value <= INT_MAX]
 
 
 def record_violations(parsed: dict) -> list[str]:
@@ -123,7 +125,7 @@ def test_mutated_address_records_never_crash_or_leave_the_grammar() -> None:
 def test_the_invariant_checks_catch_values_outside_the_grammar() -> None:
     """Negative control: the fuzz tests' checkers flag what a broken parser could return."""
     assert not hello_violations({"rank": 0, "lane": 2, "device_index": 0})
-    assert hello_violations({"rank": -1, "lane": 2, "device_index": 0})
+    assert hello_violations({"rank": -INT_MAX - 2, "lane": 2, "device_index": 0})
     assert hello_violations({"rank": 0, "lane": 2, "device_index": INT_MAX + 1})
     assert not record_violations({"device_index": 0, "url": URL})
     assert record_violations({"device_index": 0, "url": b"uv://"})

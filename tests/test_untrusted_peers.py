@@ -38,10 +38,10 @@ def test_expected_peers_are_accepted(rank: int, lane: int) -> None:
         (hello(0, 0, 0), False, "rank 0 on lane 0 is not a peer"),  # another rail
         (hello(3, 2, 0), False, "rank 3 on lane 2 is not a peer"),  # itself
         (hello(1, 3, 0), False, "rank 1 on lane 3 is not a peer"),
-        (hello(1, -1, 0), False, "did not open with fairring's hello"),  # no sign in the grammar
-        (hello(-1, 0, 0), False, "did not open with fairring's hello"),
+        (hello(1, -1, 0), False, "rank 1 on lane -1 is not a peer"),
+        (hello(-1, 0, 0), False, "rank -1 on lane 0 is not a peer"),
         (hello(1, 0, 1), False, "rank 1 named device index 1"),  # a CPU mesh has device 0 only
-        (hello(1, 0, -1), True, "did not open with fairring's hello"),
+        (hello(1, 0, -1), True, "rank 1 named device index -1"),
         (hello(1, 0, 999), True, "rank 1 named device index 999"),
         (hello("99999999999999999999", 0, 0), False, "did not open with fairring's hello"),
         (hello("0x1", 0, 0), False, "did not open with fairring's hello"),

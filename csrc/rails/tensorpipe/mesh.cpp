@@ -15,6 +15,7 @@
 #include <tensorpipe/tensorpipe.h>
 
 #include "rails/interfaces.h"
+#include "rails/peer_text.h"
 #include "rails/tensorpipe/cuda.h"
 #include "rails/tensorpipe/wire.h"
 
@@ -465,7 +466,7 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
         why);
     if (record &&
         !plausibleDeviceIndex(record->deviceIndex, site.device.is_cuda())) {
-      why = "device index " + std::to_string(record->deviceIndex);
+      why = "a malformed address '" + printable(encode(*record), 200) + "'";
     }
     TORCH_CHECK(
         why.empty(),

@@ -19,16 +19,13 @@ bool graphic(std::string_view word) {
   return true;
 }
 
-// A number as encode() writes it: no sign, no leading zero.
-std::optional<int> count(std::string_view word) {
-  if (word.starts_with('-') || (word.size() > 1 && word.starts_with('0'))) {
+// An int as encode() writes it: no '+', no leading zero, no "-0".
+std::optional<int> integer(std::string_view word) {
+  const std::string_view digits = word.starts_with('-') ? word.substr(1) : word;
+  if (digits.starts_with('0') && (digits.size() > 1 || digits != word)) {
     return std::nullopt;
   }
-  const auto value = parseDecimal<int>(word);
-  if (!value || *value < 0) {
-    return std::nullopt;
-  }
-  return value;
+  return parseDecimal<int>(word);
 }
 
 } // namespace
@@ -43,7 +40,7 @@ std::optional<Hello> parseHello(std::string_view text, std::string& error) {
   std::optional<int> fields[3];
   if (words.size() == 4 && words[0] == kHello) {
     for (int i = 0; i < 3; ++i) {
-      fields[i] = count(words[i + 1]);
+      fields[i] = integer(words[i + 1]);
     }
   }
   const auto& [rank, lane, deviceIndex] = fields;
@@ -62,7 +59,7 @@ std::string encode(const AddressRecord& record) {
 std::optional<AddressRecord> parseAddressRecord(
     std::string_view text, std::string& error) {
   const auto words = splitWords(text);
-  const auto deviceIndex = words.size() == 2 ? count(words[0]) : std::nullopt;
+  const auto deviceIndex = words.size() == 2 ? integer(words[0]) : std::nullopt;
   if (text.size() > kMaxAddressRecordBytes || !deviceIndex ||
       !words[1].starts_with(kUrlScheme) ||
       words[1].size() == kUrlScheme.size() || !graphic(words[1])) {

@@ -13,9 +13,10 @@
 //            what each rank publishes in the group's store (key url/<rank>):
 //            its device index and the URL its listener took, "uv://..."
 //
-// Numbers are decimal, non-negative, within int, with no sign or leading
-// zero; words are separated by single spaces; nothing comes before or after.
-// So a text parses only as encode() writes it.
+// Numbers are decimal ints, with no '+', leading zero or "-0"; words are
+// separated by single spaces; nothing comes before or after. So a text
+// parses only as encode() writes it. A negative rank, lane or device index
+// is the grammar's, and the reader's checks refuse it.
 
 #include <optional>
 #include <string>
