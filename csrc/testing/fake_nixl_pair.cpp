@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <thread>
 
 #include <c10/util/Exception.h>
@@ -40,11 +41,26 @@ FakeNixlPair::FakeNixlPair(
     meshes_.push_back(
         std::make_unique<rails::nixl::NixlMesh>(site, fake_nixl::api(), knobs));
   }
-  // Each waits in the store for the other's staging record.
-  std::thread other(
-      [this] { meshes_[1]->registerStaging(slice(1, 0, staging_[1].size())); });
-  meshes_[0]->registerStaging(slice(0, 0, staging_[0].size()));
+  // Each waits in the store for the other's staging record; a failure on
+  // the other thread is rethrown here.
+  std::exception_ptr failed;
+  std::thread other([this, &failed] {
+    try {
+      meshes_[1]->registerStaging(slice(1, 0, staging_[1].size()));
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  });
+  try {
+    meshes_[0]->registerStaging(slice(0, 0, staging_[0].size()));
+  } catch (...) {
+    other.join();
+    throw;
+  }
   other.join();
+  if (failed) {
+    std::rethrow_exception(failed);
+  }
 }
 
 FakeNixlPair::~FakeNixlPair() {

@@ -63,7 +63,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--machines", "--hosts", type=int, default=2, help="emulated machines (default 2)")
     parser.add_argument(
-        "--ranks-per-machine", "--ranks-per-host", type=int, default=2, help="ranks per machine (default 2)"
+        "--ranks-per-machine",
+        "--ranks-per-host",
+        "--ranks",
+        type=int,
+        default=2,
+        help="ranks per machine (default 2)",
     )
     parser.add_argument("-b", "--begin", help="smallest size (default 1MiB on shaped hosts, else 4KiB)")
     parser.add_argument("-e", "--end", help="largest size (default 64MiB on shaped hosts, else 16MiB)")
