@@ -128,8 +128,8 @@ STRESS_BYTES = {"cuda": "256MiB", "cpu": "32MiB"}
 STRESS_MEMORY_SLICES = 16
 BENCH_WORLD = 2
 # What the stages before each one leave it of the budget, and what it may take from the stages
-# after it when the budget runs short: the bench needs about 120 s (the tests may use what is
-# left before it), the others less.
+# after it when the budget runs short: the bench needs about 120 s, the tests 100 s, the
+# correctness layouts by their processes (below), the others less.
 BENCH_MINIMUM_S = 120.0
 # A correctness layout's time grows with its processes, which share one GPU: on an H200, 2x2 took
 # 77 s, 3x2 130 s, 3 processes 41 s and 4 (one per machine) 67 s, so about 22 s a process.
