@@ -150,9 +150,19 @@ ONE_GPU = "cuda:0"
 GPU_PER_RANK = "cuda:{rank}"
 
 
+# How the GPU check runs NCCL with several processes on one GPU: its socket transport on loopback,
+# NVLink SHARP and multi-node NVLink off (docs/design.md, "One GPU, several processes").
+NCCL_ON_LOOPBACK = {
+    "NCCL_SOCKET_IFNAME": "lo",
+    "NCCL_IB_DISABLE": "1",
+    "NCCL_NVLS_ENABLE": "0",
+    "NCCL_MNNVL_ENABLE": "0",
+}
+
+
 def one_nccl_host_per_process(world: int) -> dict[int, dict[str, str]]:
     """Each rank's NCCL_HOSTID, so that NCCL takes several processes on one GPU (see the docstring)."""
-    return {rank: {"NCCL_HOSTID": f"fairring-test-cuda-{rank}"} for rank in range(world)}
+    return {rank: {"NCCL_HOSTID": f"fairring-test-cuda-{rank}", **NCCL_ON_LOOPBACK} for rank in range(world)}
 
 
 def run_engine_checks(
