@@ -12,10 +12,6 @@ namespace fairring::rails::nixl {
 
 namespace {
 
-uint64_t deviceIdOf(c10::Device device) {
-  return device.is_cuda() ? static_cast<uint64_t>(device.index()) : 0;
-}
-
 // The plugins NIXL found, for an error message.
 std::string pluginsOf(const Api& api, Handle agent) {
   std::string plugins;
@@ -36,6 +32,10 @@ std::string pluginsOf(const Api& api, Handle agent) {
 }
 
 } // namespace
+
+uint64_t deviceIdOf(c10::Device device) {
+  return device.is_cuda() ? static_cast<uint64_t>(device.index()) : 0;
+}
 
 MemoryType memoryTypeOf(c10::Device device) {
   return device.is_cuda() ? kVram : kDram;

@@ -105,6 +105,8 @@ class Agent {
   c10::Device device_{c10::kCPU}; // the staging's
 };
 
+// NIXL's memory type and device id for buffers on `device`.
 MemoryType memoryTypeOf(c10::Device device);
+uint64_t deviceIdOf(c10::Device device);
 
 } // namespace fairring::rails::nixl

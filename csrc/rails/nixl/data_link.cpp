@@ -4,14 +4,6 @@
 
 namespace fairring::rails::nixl {
 
-namespace {
-
-uint64_t addressOf(const void* data) {
-  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(data));
-}
-
-} // namespace
-
 DataLink::Receiving DataLink::receiving() const {
   if (!closed_.empty()) {
     return Receiving::kClosed;

@@ -30,10 +30,6 @@ std::string randomHex() {
   return out.str();
 }
 
-uint64_t addressOf(const void* data) {
-  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(data));
-}
-
 // Callbacks gathered under the mesh's lock, run after it is released.
 void runAll(std::vector<Callback>& callbacks) {
   for (auto& callback : callbacks) {
@@ -176,7 +172,7 @@ void NixlMesh::registerStaging(const Buffer& staging) {
   own.rank = static_cast<uint64_t>(topology_.rank());
   own.agent = name_;
   own.memoryType = static_cast<uint64_t>(memoryTypeOf(device_));
-  own.deviceId = device_.is_cuda() ? static_cast<uint64_t>(device_.index()) : 0;
+  own.deviceId = deviceIdOf(device_);
   own.address = addressOf(staging.data);
   own.bytes = staging.bytes;
   own.agentMetadata = agent_->metadata();

@@ -56,6 +56,11 @@ struct Message {
   std::string text; // the tag; a note's or kClosed's text
 };
 
+// A local address as grants and staging records carry it.
+inline uint64_t addressOf(const void* data) {
+  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(data));
+}
+
 // Longest tag a grant, data or header message may carry.
 constexpr size_t kMaxTagBytes = 256;
 
