@@ -116,6 +116,34 @@ class PyInnerGroupFactory final : public fairring::InnerGroupFactory {
     });
   }
 
+  fairring::MeasuredThreshold measureFlatThreshold(
+      c10::Device device, fairring::AllreduceOnPath run) override {
+    return call([&] {
+      // Called from Python, which holds the GIL; the all-reduce does not.
+      py::cpp_function allreduceOn(
+          [run](at::Tensor tensor, bool onEngine) {
+            py::gil_scoped_release noGil;
+            run(tensor, onEngine);
+          },
+          py::arg("tensor"),
+          py::arg("on_engine"));
+      const py::object decided =
+          factory_.attr("measure_flat_threshold")(device.str(), allreduceOn);
+      fairring::MeasuredThreshold measured;
+      measured.thresholdBytes = decided.attr("threshold").cast<int64_t>();
+      measured.ceilingBytes = decided.attr("ceiling").cast<int64_t>();
+      measured.reason = decided.attr("reason").cast<std::string>();
+      measured.source = decided.attr("source").cast<std::string>();
+      for (const auto& size : decided.attr("sizes")) {
+        measured.sizes.push_back(
+            {size.attr("nbytes").cast<int64_t>(),
+             size.attr("engine_s").cast<double>(),
+             size.attr("delegate_s").cast<double>()});
+      }
+      return measured;
+    });
+  }
+
   fairring::LocalGroups localGroups(c10::Device device) override {
     return call([&] {
       auto groups =
@@ -504,6 +532,36 @@ PYBIND11_MODULE(_C, module) {
           "where there is none (before the group's first all-reduce on that "
           "device, where the group takes the flat path, or CUDA without "
           "FAIRRING_CUDA_ENGINE).")
+      .def(
+          "measured_threshold",
+          [](const fairring::Backend& backend,
+             const std::string& device) -> py::object {
+            const auto measured =
+                backend.measuredThreshold(c10::Device(device).type());
+            if (!measured) {
+              return py::none();
+            }
+            py::list sizes;
+            for (const auto& size : measured->sizes) {
+              py::dict row;
+              row["bytes"] = size.bytes;
+              row["engine_s"] = size.engineSeconds;
+              row["delegate_s"] = size.delegateSeconds;
+              sizes.append(std::move(row));
+            }
+            py::dict result;
+            result["threshold"] = measured->thresholdBytes;
+            result["ceiling"] = measured->ceilingBytes;
+            result["reason"] = measured->reason;
+            result["source"] = measured->source;
+            result["sizes"] = std::move(sizes);
+            return std::move(result);
+          },
+          py::arg("device") = "cpu",
+          "What FAIRRING_FLAT_THRESHOLD=auto decided for `device` tensors: "
+          "the threshold, why, whether measured or from the cache, and the "
+          "sweep (seconds on each path by size); None before it is measured "
+          "or where the threshold is set.")
       .def(
           "engine_stats",
           [](const fairring::Backend& backend, const std::string& device) {

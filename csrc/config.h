@@ -8,6 +8,10 @@
 
 namespace fairring {
 
+// A flat threshold to be measured (FAIRRING_FLAT_THRESHOLD=auto); no
+// all-reduce is smaller, so until it is measured every size is at or above it.
+constexpr int64_t kMeasuredThreshold = -1;
+
 // How this rank's rails reach their peers, chosen in Python at init, where
 // each choice is logged: the interface (fairring/interfaces.py) and the
 // TensorPipe transports and channels (fairring/transports.py).
@@ -54,7 +58,8 @@ struct Config {
   // memory (FAIRRING_MIN_SHARD_SIZE; see engine/plan.h).
   int64_t minShardBytes{};
   // All-reduces smaller than this go to the delegate (FAIRRING_FLAT_THRESHOLD),
-  // by device type: the Herring path's crossover differs.
+  // by device type: the Herring path's crossover differs. kMeasuredThreshold:
+  // measured at the group's first all-reduce the engine could take (=auto).
   int64_t cpuFlatThresholdBytes{};
   int64_t cudaFlatThresholdBytes{};
 

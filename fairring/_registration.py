@@ -10,7 +10,9 @@ import torch
 import torch.distributed as dist
 
 from . import _C
+from .auto_threshold import measure_flat_threshold
 from .config import IB_HCA, SLICE_SIZE, TOTAL_MEMORY, Config, ConfigError, apply_log_level, load_config
+from .dispatch import Decision, Run
 from .infiniband import fork_safety_set_by_fairring
 from .interfaces import NCCL_SOCKET_IFNAME, SOCKET_IFNAME
 from .options import Options, group_options, nccl_options
@@ -74,13 +76,14 @@ def create_backend(
 
     # The CPU group: Gloo, in its own key space of the group's store.
     cpu_backend = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
+    network = rails_network(config, topology)
     return _C.Backend(
         store,
         topology,
-        _C.Config.from_settings(config, rails_network(config, topology)),
+        _C.Config.from_settings(config, network),
         timeout,
         cpu_backend,
-        InnerGroups(store, topology, timeout, config, options),
+        InnerGroups(store, topology, timeout, config, options, cpu_backend, network),
     )
 
 
@@ -143,15 +146,23 @@ class InnerGroups:
     """
 
     def __init__(
-        self, store: dist.Store, topology: _C.Topology, timeout: timedelta, config: Config, options: Options
+        self,
+        store: dist.Store,
+        topology: _C.Topology,
+        timeout: timedelta,
+        config: Config,
+        options: Options,
+        cpu_backend: dist.Backend,
+        network: _C.RailsNetwork,
     ) -> None:
         self._store = store
         self._topology = topology
         self._timeout = timeout
-        self._shm_disable = config.shm_disable
-        self._slice_bytes = config.slice_size
+        self._config = config
         # The group's pg_options: split_group's children inherit them, as NCCL's do.
         self._options = options
+        self._cpu_backend = cpu_backend
+        self._network = network
 
     def delegate(self, device_type: str) -> dist.Backend:
         """The group over every rank for tensors of `device_type` other than the CPU: NCCL."""
@@ -178,7 +189,7 @@ class InnerGroups:
             return None, None, None
         target = torch.device(device)
         if target.type == "cpu":
-            steps = shared_memory_steps(self._store, topology, self._shm_disable, self._timeout)
+            steps = shared_memory_steps(self._store, topology, self._config.shm_disable, self._timeout)
             if steps is not None:
                 return None, None, steps
         groups = []
@@ -194,9 +205,16 @@ class InnerGroups:
             group.eager_connect_single_device(target)
             groups.append(group)
         if target.type != "cpu":
-            connect_local_groups(groups[0], groups[1], target, topology.local_size, self._slice_bytes)
+            connect_local_groups(groups[0], groups[1], target, topology.local_size, self._config.slice_size)
         logger.debug("machine %d: local groups for %s made and connected", topology.machine, device)
         return groups[0], groups[1], None
+
+    def measure_flat_threshold(self, device: str, run: Run) -> Decision:
+        """FAIRRING_FLAT_THRESHOLD=auto: the threshold for `device`'s all-reduces, the same on every rank."""
+        topology = self._topology
+        return measure_flat_threshold(
+            torch.device(device), run, self._cpu_backend, self._store, topology, self._config, self._network
+        )
 
     def engine_made(self, device: str, rails: str) -> None:
         topology = self._topology

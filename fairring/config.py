@@ -41,6 +41,8 @@ TIMELINE = "FAIRRING_TIMELINE"
 RAILS_TRANSPORT = "FAIRRING_RAILS_TRANSPORT"
 NIXL_BACKEND = "FAIRRING_NIXL_BACKEND"
 DUMP_SIGNAL = "FAIRRING_DUMP_SIGNAL"
+AUTO_BUDGET = "FAIRRING_AUTO_BUDGET"
+AUTO_CACHE = "FAIRRING_AUTO_CACHE"
 # Signals that stop, interrupt or reap a job are its launcher's; these two are free for reports.
 DUMP_SIGNALS = ("USR1", "USR2")
 # Set by torchrun in every worker: how many times it has restarted the job.
@@ -59,6 +61,14 @@ DEFAULT_SLICES_IN_FLIGHT = 4
 # the original's (~6 MiB), until a GPU run measures it.
 DEFAULT_CPU_FLAT_THRESHOLD = 0
 DEFAULT_CUDA_FLAT_THRESHOLD = 4 * MiB
+# FAIRRING_FLAT_THRESHOLD=auto and FAIRRING_CUDA_ENGINE=auto: the threshold is measured at the
+# group's first all-reduce the engine could take (fairring/dispatch.py).
+AUTO = "auto"
+# A threshold to measure, as the C++ Config holds it (csrc/config.h, kMeasuredThreshold).
+MEASURED_THRESHOLD = -1
+# Seconds the measurement may take (FAIRRING_AUTO_BUDGET): on 2 x 2, 4 x 2 and 8 x 1 hosts at
+# 1 Gbit/s the sweep to 16 MiB fits (docs/benchmarks.md, "Choosing the path by measuring").
+DEFAULT_AUTO_BUDGET_S = 5.0
 # Shards shorter than this cost more per byte than they carry (FAIRRING_MIN_SHARD_SIZE): on 4 x 2
 # hosts, shards below 64 KiB cost at 1 Gbit/s and below 512 KiB at 10 Gbit/s, where these CPUs
 # are the limit (docs/benchmarks.md, "The shard floor").
@@ -177,8 +187,8 @@ class Config:
     # only its own pipeline, so ranks need not agree.
     slices_in_flight: int = DEFAULT_SLICES_IN_FLIGHT
     # All-reduces smaller than this skip the Herring path for a flat one; 0: none do; None: by
-    # device type (cpu_flat_threshold, cuda_flat_threshold).
-    flat_threshold: int | None = None
+    # device type (cpu_flat_threshold, cuda_flat_threshold); AUTO: measured.
+    flat_threshold: int | str | None = None
     # Slices grow so that no shard is shorter, within the staging memory; 0: no floor.
     min_shard: int = DEFAULT_MIN_SHARD_SIZE
     # Overrides machine discovery: ranks with equal ids share a machine.
@@ -194,6 +204,12 @@ class Config:
     rail_interfaces: str | tuple[str, ...] = "spread"
     # CUDA all-reduces take the Herring engine instead of NCCL (not yet validated on GPUs).
     cuda_engine: bool = False
+    # FAIRRING_CUDA_ENGINE=auto: the engine on, its CUDA threshold measured against NCCL unless
+    # FAIRRING_FLAT_THRESHOLD gives one.
+    cuda_engine_auto: bool = False
+    # The measurement's time limit in seconds, and the folder of its cache (None: no cache).
+    auto_budget_s: float = DEFAULT_AUTO_BUDGET_S
+    auto_cache: str | None = None
     # The transport variables, parsed for the rails chosen.
     transport: TransportSettings = TransportSettings()
     # CPU local steps go through Gloo over loopback instead of shared memory.
@@ -216,11 +232,19 @@ class Config:
 
     @property
     def cpu_flat_threshold(self) -> int:
-        return DEFAULT_CPU_FLAT_THRESHOLD if self.flat_threshold is None else self.flat_threshold
+        """Bytes, or MEASURED_THRESHOLD."""
+        return self._flat_threshold_of(DEFAULT_CPU_FLAT_THRESHOLD, measured_by_default=False)
 
     @property
     def cuda_flat_threshold(self) -> int:
-        return DEFAULT_CUDA_FLAT_THRESHOLD if self.flat_threshold is None else self.flat_threshold
+        """Bytes, or MEASURED_THRESHOLD."""
+        return self._flat_threshold_of(DEFAULT_CUDA_FLAT_THRESHOLD, measured_by_default=self.cuda_engine_auto)
+
+    def _flat_threshold_of(self, default: int, measured_by_default: bool) -> int:
+        threshold = self.flat_threshold
+        if threshold == AUTO or (threshold is None and measured_by_default):
+            return MEASURED_THRESHOLD
+        return default if threshold is None else int(threshold)
 
     @property
     def engine_off(self) -> bool:
@@ -244,7 +268,7 @@ class Config:
             SLICE_SIZE: self.slice_size,
             MIN_SHARD_SIZE: self.min_shard,
             FLAT_THRESHOLD: "unset" if self.flat_threshold is None else self.flat_threshold,
-            CUDA_ENGINE: int(self.cuda_engine),
+            CUDA_ENGINE: AUTO if self.cuda_engine_auto else int(self.cuda_engine),
             RAILS_TRANSPORT: self.rails_transport,
             NIXL_BACKEND: self.nixl_backend if self.rails_transport == "nixl" else "unused",
         }
@@ -261,7 +285,9 @@ class Config:
             f"{self.socket_ifname_variable}={self.socket_ifname or '(automatic)'} "
             f"{SOCKET_FAMILY}={self.socket_family or '(either)'} "
             f"{RAIL_INTERFACES}={self._rail_interfaces_text()} "
-            f"{CUDA_ENGINE}={int(self.cuda_engine)} "
+            f"{CUDA_ENGINE}={AUTO if self.cuda_engine_auto else int(self.cuda_engine)} "
+            f"{AUTO_BUDGET}={self.auto_budget_s:g}s "
+            f"{AUTO_CACHE}={self.auto_cache or '(off)'} "
             f"{IB_DISABLE}={int(self.ib_disable)} "
             f"{SHM_DISABLE}={int(self.shm_disable)} "
             f"{TIMELINE}={self.timeline_directory or '(off)'} "
@@ -271,12 +297,17 @@ class Config:
 
     def _flat_threshold_text(self) -> str:
         if self.flat_threshold is None:
-            return f"(CPU {format_size(self.cpu_flat_threshold)}, CUDA {format_size(self.cuda_flat_threshold)})"
-        return format_size(self.flat_threshold)
+            return f"(CPU {threshold_text(self.cpu_flat_threshold)}, CUDA {threshold_text(self.cuda_flat_threshold)})"
+        return threshold_text(self.cpu_flat_threshold)
 
     def _rail_interfaces_text(self) -> str:
         mapping = self.rail_interfaces
         return mapping if isinstance(mapping, str) else ",".join(mapping)
+
+
+def threshold_text(threshold: int) -> str:
+    """A flat threshold as its variable would give it."""
+    return AUTO if threshold == MEASURED_THRESHOLD else format_size(threshold)
 
 
 def load_config(env: Mapping[str, str] | None = None, tensorpipe_built: bool | None = None) -> Config:
@@ -328,18 +359,22 @@ def load_config(env: Mapping[str, str] | None = None, tensorpipe_built: bool | N
             f"{RAILS_TRANSPORT}=tensorpipe, but this fairring was built without TensorPipe (its torch ships "
             f"none, or FAIRRING_WITH_TENSORPIPE=0): unset it or use {RAILS_TRANSPORT}=nixl"
         )
-    cuda_engine = parse_flag(CUDA_ENGINE, env.get(CUDA_ENGINE))
+    cuda_engine_auto = _is_auto(env.get(CUDA_ENGINE))
+    cuda_engine = cuda_engine_auto or parse_flag(CUDA_ENGINE, env.get(CUDA_ENGINE))
     transport = load_transport_settings(env, tensorpipe=rails_transport == "tensorpipe")
     return Config(
         total_memory=total_memory,
         slice_size=slice_size,
         slices_in_flight=slices_in_flight,
-        flat_threshold=_optional_size(env, FLAT_THRESHOLD),
+        flat_threshold=AUTO if _is_auto(env.get(FLAT_THRESHOLD)) else _optional_size(env, FLAT_THRESHOLD),
         min_shard=size(MIN_SHARD_SIZE, DEFAULT_MIN_SHARD_SIZE, allow_zero=True),
         machine_id=machine_id.strip() if machine_id else None,
         log_level=log_level,
         **_socket_settings(env),
         cuda_engine=cuda_engine,
+        cuda_engine_auto=cuda_engine_auto,
+        auto_budget_s=_auto_budget(env.get(AUTO_BUDGET)),
+        auto_cache=_auto_cache(env),
         transport=transport,
         shm_disable=parse_flag(SHM_DISABLE, env.get(SHM_DISABLE)),
         timeline_directory=_timeline_directory(env.get(TIMELINE)),
@@ -347,6 +382,38 @@ def load_config(env: Mapping[str, str] | None = None, tensorpipe_built: bool | N
         rails_transport=rails_transport,
         nixl_backend=_choice(env, NIXL_BACKEND, NIXL_BACKENDS, str.upper),
     )
+
+
+def _is_auto(raw: str | None) -> bool:
+    return raw is not None and raw.strip().lower() == AUTO
+
+
+def _auto_budget(raw: str | None) -> float:
+    """Seconds: "5", "2.5" or "2.5s"."""
+    if raw is None or raw.strip() == "":
+        return DEFAULT_AUTO_BUDGET_S
+    text = raw.strip().lower().removesuffix("s")
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise ConfigError(
+            f"{AUTO_BUDGET}={raw!r} is not a time; give seconds above 0, such as 5 or 2.5s "
+            f"(the default is {DEFAULT_AUTO_BUDGET_S:g})"
+        )
+    return seconds
+
+
+def _auto_cache(env: Mapping[str, str]) -> str | None:
+    """The measurement cache's folder: FAIRRING_AUTO_CACHE, "off", or the user's cache folder."""
+    raw = env.get(AUTO_CACHE)
+    if raw is not None and raw.strip().lower() in ("off", "0", "none"):
+        return None
+    if raw is not None and raw.strip() != "":
+        return os.path.abspath(os.path.expanduser(raw.strip()))
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fairring")
 
 
 def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], normalize: Callable[[str], str]) -> str:

@@ -21,22 +21,26 @@ class Options:
         CUDA all-reduces on the engine too; False keeps the group off the
         engine entirely, every all-reduce going to Gloo or NCCL.
     flat_threshold: bytes; all-reduces smaller than this take the delegate's
-        own all-reduce (FAIRRING_FLAT_THRESHOLD for this group only).
+        own all-reduce (FAIRRING_FLAT_THRESHOLD for this group only); "auto":
+        measured at the group's first all-reduce the engine could take.
     nccl: a ProcessGroupNCCL.Options for every NCCL group fairring makes for
         this group (its delegate and the engine's local groups): high-priority
         streams and NCCL's config are kept; the timeout is always the group's.
     """
 
     engine: bool | None = None
-    flat_threshold: int | None = None
+    flat_threshold: int | str | None = None
     nccl: Any = None
 
     def __post_init__(self) -> None:
         if self.engine not in (None, True, False):
             raise TypeError(f"fairring.Options.engine must be None, True or False, not {self.engine!r}")
         threshold = self.flat_threshold
-        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0):
-            raise TypeError(f"fairring.Options.flat_threshold must be a byte count >= 0 or None, not {threshold!r}")
+        byte_count = isinstance(threshold, int) and not isinstance(threshold, bool) and threshold >= 0
+        if threshold not in (None, "auto") and not byte_count:
+            raise TypeError(
+                f"fairring.Options.flat_threshold must be a byte count >= 0, 'auto' or None, not {threshold!r}"
+            )
         if self.nccl is not None and (_NCCL_OPTIONS is None or not isinstance(self.nccl, _NCCL_OPTIONS)):
             raise TypeError(
                 f"fairring.Options.nccl must be a torch.distributed.ProcessGroupNCCL.Options, not {type(self.nccl)!r}"

@@ -9,12 +9,14 @@ import pytest
 
 from fairring import _C
 from fairring.config import (
+    DEFAULT_AUTO_BUDGET_S,
     DEFAULT_CPU_FLAT_THRESHOLD,
     DEFAULT_CUDA_FLAT_THRESHOLD,
     DEFAULT_MIN_SHARD_SIZE,
     DEFAULT_SLICE_SIZE,
     DEFAULT_SLICES_IN_FLIGHT,
     DEFAULT_TOTAL_MEMORY,
+    MEASURED_THRESHOLD,
     Config,
     ConfigError,
     load_config,
@@ -103,6 +105,31 @@ def test_flat_threshold_may_be_zero_but_not_negative() -> None:
         load_config({"FAIRRING_FLAT_THRESHOLD": "-1"})
 
 
+def test_auto_thresholds_are_measured_where_asked_and_explicit_values_win() -> None:
+    auto = load_config({"FAIRRING_FLAT_THRESHOLD": "Auto"})
+    assert auto.cpu_flat_threshold == auto.cuda_flat_threshold == MEASURED_THRESHOLD
+    assert "FAIRRING_FLAT_THRESHOLD=auto" in auto.describe() and auto.must_agree()["FAIRRING_FLAT_THRESHOLD"] == "auto"
+    # FAIRRING_CUDA_ENGINE=auto: the engine on, measured against NCCL; CPU keeps its default ...
+    cuda = load_config({"FAIRRING_CUDA_ENGINE": "auto"})
+    assert cuda.cuda_engine and cuda.cuda_flat_threshold == MEASURED_THRESHOLD and cuda.cpu_flat_threshold == 0
+    assert cuda.must_agree()["FAIRRING_CUDA_ENGINE"] == "auto"
+    # ... unless a threshold is given, which wins.
+    pinned = load_config({"FAIRRING_CUDA_ENGINE": "auto", "FAIRRING_FLAT_THRESHOLD": "8MiB"})
+    assert pinned.cuda_engine and pinned.cuda_flat_threshold == 8 * 2**20
+    native = _C.Config.from_settings(auto)
+    assert native.cpu_flat_threshold_bytes == native.cuda_flat_threshold_bytes == MEASURED_THRESHOLD
+    # A group's own threshold wins over the variable.
+    assert auto.with_group_options(None, 4096).cpu_flat_threshold == 4096
+
+
+def test_the_measurements_limit_and_cache() -> None:
+    assert load_config({}).auto_budget_s == DEFAULT_AUTO_BUDGET_S
+    assert load_config({"FAIRRING_AUTO_BUDGET": "2.5s"}).auto_budget_s == 2.5
+    assert load_config({"XDG_CACHE_HOME": "/x"}).auto_cache == "/x/fairring"
+    assert load_config({"FAIRRING_AUTO_CACHE": "off"}).auto_cache is None
+    assert load_config({"FAIRRING_AUTO_CACHE": "/tmp/c"}).auto_cache == "/tmp/c"
+
+
 def test_empty_size_variable_means_default() -> None:
     assert load_config({"FAIRRING_SLICE_SIZE": " "}).slice_size == DEFAULT_SLICE_SIZE
 
@@ -125,6 +152,9 @@ def test_empty_size_variable_means_default() -> None:
         ({"FAIRRING_SLICE_SIZE": "4 parsecs"}, "FAIRRING_SLICE_SIZE='4 parsecs' is not a size"),
         ({"FAIRRING_FLAT_THRESHOLD": "-1"}, "FAIRRING_FLAT_THRESHOLD='-1' is not a size"),
         ({"FAIRRING_FLAT_THRESHOLD": "1e6"}, "FAIRRING_FLAT_THRESHOLD='1e6' is not a size"),
+        ({"FAIRRING_AUTO_BUDGET": "0"}, "FAIRRING_AUTO_BUDGET='0' is not a time; give seconds above 0"),
+        ({"FAIRRING_AUTO_BUDGET": "soon"}, "FAIRRING_AUTO_BUDGET='soon' is not a time"),
+        ({"FAIRRING_AUTO_BUDGET": "inf"}, "FAIRRING_AUTO_BUDGET='inf' is not a time"),
         *[
             ({"FAIRRING_SLICES_IN_FLIGHT": raw}, f"FAIRRING_SLICES_IN_FLIGHT='{raw}' is not a count; use a whole")
             for raw in ("0", "-2", "2.5", "many")

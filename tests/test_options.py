@@ -30,6 +30,7 @@ def test_group_options_over_the_variables() -> None:
 def test_pg_options_are_checked_and_an_nccl_jobs_options_are_kept() -> None:
     assert group_options(None) == Options()
     mine = Options(engine=False, flat_threshold=4096)
+    assert Options(flat_threshold="auto").flat_threshold == "auto"
     assert group_options(mine) is mine
     with pytest.raises(TypeError, match=r"pass fairring.Options\(engine=..., flat_threshold=..., nccl=...\)"):
         group_options(object())

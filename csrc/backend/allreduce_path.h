@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include <c10/core/Device.h>
@@ -46,9 +47,19 @@ struct AllreduceArgs {
   bool nativeBlockOpen = false;
 };
 
+// The sizes the engine takes where it could: from the flat threshold up to,
+// not including, a ceiling, which only FAIRRING_FLAT_THRESHOLD=auto sets
+// (where it measured the engine slower above some size).
+struct EngineSizes {
+  int64_t fromBytes = 0;
+  int64_t belowBytes = std::numeric_limits<int64_t>::max();
+};
+
 enum class AllreducePath {
   kEngine, // the Herring engine
-  kDelegateBelowThreshold, // the engine could, but the delegate is faster
+  // The engine could, but at this size the delegate is faster: below the
+  // flat threshold, or from auto's ceiling up.
+  kDelegateBelowThreshold,
   kDelegate, // the delegate: the engine cannot, or is not asked to
 };
 
@@ -59,8 +70,13 @@ struct AllreduceRoute {
 };
 
 // `servesEngine`: the group spans 2+ machines of equally many ranks.
+// `sizes`: those of the args' device type, which may differ from the
+// config's threshold (FAIRRING_FLAT_THRESHOLD=auto measures them).
 inline AllreduceRoute chooseAllreducePath(
-    const AllreduceArgs& args, bool servesEngine, const Config& config) {
+    const AllreduceArgs& args,
+    bool servesEngine,
+    const Config& config,
+    EngineSizes sizes) {
   const bool cpu = args.deviceType == c10::kCPU;
   const bool premul = args.op == c10d::ReduceOp::PREMUL_SUM;
   // A premultiplied PREMUL_SUM is the SUM it becomes.
@@ -69,7 +85,8 @@ inline AllreduceRoute chooseAllreducePath(
   const bool engineCan =
       servesEngine && args.uniform && reductionSupported(args.dtype, reduced);
   AllreducePath path = AllreducePath::kDelegate;
-  if (engineCan && args.bytes < config.flatThresholdBytes(!cpu)) {
+  if (engineCan &&
+      (args.bytes < sizes.fromBytes || args.bytes >= sizes.belowBytes)) {
     path = AllreducePath::kDelegateBelowThreshold;
   } else if (
       engineCan && (cpu || config.cudaEngine) &&

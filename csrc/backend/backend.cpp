@@ -3,6 +3,7 @@
 #include "backend/backend.h"
 
 #include <algorithm>
+#include <limits>
 
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
@@ -68,6 +69,11 @@ Backend::Backend(
       timeout_(timeout),
       cpuBackend_(std::move(cpuBackend)),
       innerGroups_(std::move(innerGroups)),
+      flatThresholds_{
+          config_.cpuFlatThresholdBytes, config_.cudaFlatThresholdBytes},
+      engineCeilings_{
+          std::numeric_limits<int64_t>::max(),
+          std::numeric_limits<int64_t>::max()},
       delegated_("fairring: rank " + std::to_string(topology_.rank()) + ": ") {
   TORCH_CHECK(store_, "fairring: a store is required");
   TORCH_CHECK(cpuBackend_, "fairring: a CPU backend is required");
@@ -231,8 +237,83 @@ const Engine* Backend::engine(c10::DeviceType type) const {
   return engines_[indexOfType(type)].get();
 }
 
-AllreduceRoute Backend::choosePath(const AllreduceArgs& args) const {
-  return chooseAllreducePath(args, topology_.servesEngine(), config_);
+AllreduceRoute Backend::choosePath(const AllreduceArgs& args) {
+  return chooseAllreducePath(
+      args, topology_.servesEngine(), config_, engineSizesFor(args));
+}
+
+EngineSizes Backend::engineSizesFor(const AllreduceArgs& args) {
+  const size_t index = indexOfType(args.deviceType);
+  auto& threshold = flatThresholds_[index];
+  const auto current = [&] {
+    const int64_t from = threshold.load();
+    return EngineSizes{from, engineCeilings_[index].load()};
+  };
+  const EngineSizes known = current();
+  // Still to be measured, the sizes route as a threshold of 0 would: an
+  // all-reduce the engine would not take then needs no measurement.
+  if (known.fromBytes != kMeasuredThreshold ||
+      chooseAllreducePath(args, topology_.servesEngine(), config_, {}).path !=
+          AllreducePath::kEngine) {
+    return known;
+  }
+  // Every rank sees the same block and capture state here (c10d's order).
+  if (coalescingBlockOpen() || cudaGraphCaptureUnderway(args.device)) {
+    return {std::numeric_limits<int64_t>::max()};
+  }
+  std::lock_guard<std::mutex> measuring(measuringMutex_);
+  if (threshold.load() != kMeasuredThreshold) {
+    return current();
+  }
+  MeasuredThreshold measured = innerGroups_->measureFlatThreshold(
+      args.device, [this](at::Tensor& tensor, bool onEngine) {
+        allreduceOnPath(tensor, onEngine);
+      });
+  const EngineSizes decided{measured.thresholdBytes, measured.ceilingBytes};
+  TORCH_CHECK(
+      decided.fromBytes >= 0 && decided.belowBytes >= decided.fromBytes,
+      "fairring: the measured engine sizes [",
+      decided.fromBytes,
+      ", ",
+      decided.belowBytes,
+      ") are not a range");
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    measured_[index] = std::move(measured);
+  }
+  // The threshold last: a thread that reads it measured reads the ceiling.
+  engineCeilings_[index].store(decided.belowBytes);
+  threshold.store(decided.fromBytes);
+  return decided;
+}
+
+std::optional<MeasuredThreshold> Backend::measuredThreshold(
+    c10::DeviceType type) const {
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  return measured_[indexOfType(type)];
+}
+
+void Backend::allreduceOnPath(at::Tensor& tensor, bool onEngine) {
+  std::vector<at::Tensor> tensors{tensor};
+  const c10d::AllreduceOptions opts;
+  const AllreduceArgs args = allreduceArgs(
+      tensors, opts.reduceOp, AllreduceForm::kOne, /*nativeBlockOpen=*/false);
+  const AllreduceRoute route{
+      onEngine ? AllreducePath::kEngine : AllreducePath::kDelegate,
+      /*premultiplyHere=*/false};
+  TORCH_CHECK(
+      !onEngine ||
+          chooseAllreducePath(args, topology_.servesEngine(), config_, {})
+                  .path == AllreducePath::kEngine,
+      "fairring: the engine cannot take this all-reduce (",
+      args.signature,
+      ")");
+  issue(
+      allreduceOperation("allreduce", args, route, tensors),
+      [&](const Runner& runner) {
+        return launchAllreduce(runner, tensors, opts, route);
+      })
+      ->wait();
 }
 
 // The one place engines are made: at the group's first all-reduce on the
@@ -542,26 +623,31 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
   return issue(
       allreduceOperation("allreduce", args, route, tensors),
       [&](const Runner& runner) {
-        std::vector<at::Tensor> aliases = withoutAutograd(tensors);
-        const c10d::AllreduceOptions own =
-            route.premultiplyHere ? premultiplied(aliases, opts) : opts;
-        if (runner.engine != nullptr) {
-          return futureWork(
-              runner.engine->allreduce(
-                  aliases[0],
-                  own.reduceOp,
-                  timeoutOf(opts.timeout),
-                  *runner.seq),
-              c10d::OpType::ALLREDUCE,
-              "fairring:all_reduce",
-              *runner.seq,
-              tensors);
-        }
-        if (isCpu(*runner.delegate)) {
-          return glooAllreduce(*runner.delegate, aliases, own, *runner.seq);
-        }
-        return runner.delegate->allreduce(tensors, own);
+        return launchAllreduce(runner, tensors, opts, route);
       });
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::launchAllreduce(
+    const Runner& runner,
+    std::vector<at::Tensor>& tensors,
+    const c10d::AllreduceOptions& opts,
+    const AllreduceRoute& route) {
+  std::vector<at::Tensor> aliases = withoutAutograd(tensors);
+  const c10d::AllreduceOptions own =
+      route.premultiplyHere ? premultiplied(aliases, opts) : opts;
+  if (runner.engine != nullptr) {
+    return futureWork(
+        runner.engine->allreduce(
+            aliases[0], own.reduceOp, timeoutOf(opts.timeout), *runner.seq),
+        c10d::OpType::ALLREDUCE,
+        "fairring:all_reduce",
+        *runner.seq,
+        tensors);
+  }
+  if (isCpu(*runner.delegate)) {
+    return glooAllreduce(*runner.delegate, aliases, own, *runner.seq);
+  }
+  return runner.delegate->allreduce(tensors, own);
 }
 
 // all_reduce_coalesced: the same, its tensors packed into one on the engine.

@@ -19,6 +19,7 @@
 #include "backend/hooks.h"
 #include "backend/inner_groups.h"
 #include "backend/ledger.h"
+#include "backend/measured_threshold.h"
 #include "backend/memory_order.h"
 #include "backend/operation.h"
 #include "config.h"
@@ -77,6 +78,10 @@ class Backend final : public c10d::Backend {
   int64_t belowThresholdAllreduces(c10::DeviceType type) const {
     return belowThreshold_[indexOfType(type)].load();
   }
+  // What FAIRRING_FLAT_THRESHOLD=auto decided for tensors of `type`; empty
+  // until measured, and where the threshold is not measured.
+  std::optional<MeasuredThreshold> measuredThreshold(
+      c10::DeviceType type) const;
 
   const std::string getBackendName() const override {
     return "fairring";
@@ -276,7 +281,22 @@ class Backend final : public c10d::Backend {
   // The path of an all-reduce (backend/allreduce_path.h) in this group, and
   // the operation the funnel takes for it (which counts it in
   // belowThresholdAllreduces where the threshold sent it to the delegate).
-  AllreduceRoute choosePath(const AllreduceArgs& args) const;
+  AllreduceRoute choosePath(const AllreduceArgs& args);
+  // The sizes the engine takes for `args`' device type. A threshold still to
+  // be measured is measured here, by the first all-reduce the engine could
+  // take (a point every rank reaches alike), unless it is issued inside a
+  // coalescing block or a CUDA graph capture, where the measurement's own
+  // collectives cannot run: that one goes to the delegate.
+  EngineSizes engineSizesFor(const AllreduceArgs& args);
+  // The measurement's all-reduces: one SUM on the path named, through the
+  // funnel like any other all-reduce, waited for.
+  void allreduceOnPath(at::Tensor& tensor, bool onEngine);
+  // The launch of an all-reduce on the runner the funnel chose.
+  c10::intrusive_ptr<c10d::Work> launchAllreduce(
+      const Runner& runner,
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceOptions& opts,
+      const AllreduceRoute& route);
   Operation allreduceOperation(
       const char* name,
       const AllreduceArgs& args,
@@ -336,6 +356,12 @@ class Backend final : public c10d::Backend {
   const c10::intrusive_ptr<c10d::Backend> cpuBackend_;
   const std::shared_ptr<InnerGroupFactory> innerGroups_;
   std::array<std::atomic<int64_t>, 2> belowThreshold_{}; // CPU, CUDA
+  // The flat thresholds in force (kMeasuredThreshold until measured), and
+  // the ceilings auto measured (stored before their threshold).
+  std::array<std::atomic<int64_t>, 2> flatThresholds_; // CPU, CUDA
+  std::array<std::atomic<int64_t>, 2> engineCeilings_; // CPU, CUDA
+  // Held by the one thread measuring a threshold, through its collectives.
+  std::mutex measuringMutex_;
   CollectiveLedger ledger_;
   DelegatedWorks delegated_; // the CPU delegate's collectives
   // torch's completion and abort hooks (its flight recorder): every Work
@@ -349,6 +375,7 @@ class Backend final : public c10d::Backend {
   mutable std::mutex stateMutex_; // brief: guards the members below
   c10::intrusive_ptr<c10d::Backend> cudaBackend_;
   std::array<std::unique_ptr<Engine>, 2> engines_; // CPU, CUDA
+  std::array<std::optional<MeasuredThreshold>, 2> measured_; // CPU, CUDA
   // c10d asks once per device type for the same split; one backend serves
   // both. By group name.
   std::unordered_map<std::string, c10::weak_intrusive_ptr<c10d::Backend>>

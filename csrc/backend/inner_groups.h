@@ -7,6 +7,7 @@
 #include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include "backend/measured_threshold.h"
 #include "local/local_steps.h"
 
 namespace fairring {
@@ -28,6 +29,12 @@ class InnerGroupFactory {
   virtual LocalGroups localGroups(c10::Device device) = 0;
   // Told once the engine on `device` exists: where its rails listen (logged).
   virtual void engineMade(c10::Device device, const std::string& rails) = 0;
+  // FAIRRING_FLAT_THRESHOLD=auto: the threshold for tensors of `device`'s
+  // type, measured with `run` (or read from an earlier job's measurement).
+  // Collective over every rank of the group: each calls it at the same
+  // point, and each gets the same answer.
+  virtual MeasuredThreshold measureFlatThreshold(
+      c10::Device device, AllreduceOnPath run) = 0;
   // A new fairring backend for the group of the given ranks (of this
   // group; sorted, this rank among them), as c10d's split_group asks for.
   // Collective over those ranks only; `store` is the new group's.

@@ -99,8 +99,12 @@ void bindTesting(py::module_& testing) {
         args.canPremultiply = !coalesced;
         args.ncclMisreadsPremulFactor = ncclMisreadsPremulFactor;
         args.nativeBlockOpen = nativeBlockOpen;
-        const AllreduceRoute route =
-            chooseAllreducePath(args, servesEngine, config);
+        const AllreduceRoute route = chooseAllreducePath(
+            args,
+            servesEngine,
+            config,
+            EngineSizes{
+                config.flatThresholdBytes(args.deviceType != c10::kCPU)});
         const char* path = route.path == AllreducePath::kEngine ? "engine"
             : route.path == AllreducePath::kDelegateBelowThreshold
             ? "delegate below threshold"

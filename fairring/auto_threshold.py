@@ -1,0 +1,85 @@
+"""A group's FAIRRING_FLAT_THRESHOLD=auto: an earlier job's decision from the cache, else the sweep.
+
+Group rank 0 reads the cache and hands what it found to the others through
+the group's store, so every rank takes the same decision even where only
+rank 0's machine has the file; a sweep's decision is the same on every rank by
+construction (fairring/dispatch.py), and rank 0 caches it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import _C, dispatch_cache
+from .config import Config
+from .dispatch import Decision, Exchange, Run, SizeTiming, Sweep
+
+logger = logging.getLogger("fairring")
+
+_MISS = "miss"
+
+
+def measure_flat_threshold(
+    device: torch.device,
+    run: Run,
+    cpu_group: dist.Backend,
+    store: dist.Store,
+    topology: _C.Topology,
+    config: Config,
+    network: _C.RailsNetwork,
+) -> Decision:
+    """The threshold for `device`'s all-reduces in this group; collective over its ranks."""
+    delegate = "nccl" if device.type == "cuda" else "gloo"
+    folder = config.auto_cache if topology.rank == 0 else None  # rank 0's cache decides
+    key = dispatch_cache.cache_key(config, topology, network, device) if folder is not None else None
+    decision = _cached(store, topology.rank, folder, key, device)
+    if decision is None:
+        sweep = Sweep(run, _exchange_over(cpu_group, topology), device, topology.rank, topology.world_size, delegate)
+        try:
+            decision = sweep.measure(config.auto_budget_s)
+        except Exception as error:
+            raise RuntimeError(
+                f"fairring: rank {topology.rank}: measuring the engine against {delegate} for "
+                f"FAIRRING_FLAT_THRESHOLD=auto failed, at the group's first all-reduce the engine could take: {error}"
+            ) from error
+        if folder is not None and key is not None and not decision.disagreed:
+            dispatch_cache.store(folder, key, decision)
+    if topology.rank == 0:
+        logger.info("%s all-reduces (FAIRRING_FLAT_THRESHOLD=auto): %s", device.type, decision.reason)
+    return decision
+
+
+def _cached(
+    store: dist.Store, rank: int, folder: str | None, key: dict[str, Any] | None, device: torch.device
+) -> Decision | None:
+    """Rank 0's cached decision, on every rank."""
+    shared = f"fairring/auto-threshold/{device.type}"
+    if rank == 0:
+        found = dispatch_cache.load(folder, key) if folder is not None and key is not None else None
+        store.set(shared, _MISS if found is None else json.dumps(asdict(found)))
+        return found
+    text = store.get(shared).decode()
+    if text == _MISS:
+        return None
+    entry = json.loads(text)
+    entry["sizes"] = [SizeTiming(**size) for size in entry["sizes"]]
+    return Decision(**entry)
+
+
+def _exchange_over(cpu_group: dist.Backend, topology: _C.Topology) -> Exchange:
+    """Every rank's row, gathered into one table on every rank by a sum over the CPU group."""
+
+    def exchange(row: Sequence[float]) -> torch.Tensor:
+        table = torch.zeros(topology.world_size, len(row), dtype=torch.float64)
+        table[topology.rank] = torch.tensor(row, dtype=torch.float64)
+        cpu_group.allreduce([table]).wait()
+        return table
+
+    return exchange

@@ -1,0 +1,292 @@
+"""FAIRRING_FLAT_THRESHOLD=auto: time the engine against the delegate, check them, pick its sizes.
+
+At a group's first all-reduce the engine could take, every rank runs the same
+sweep: float32 all-reduces of each size of a ladder, the largest first, on the
+engine and on the delegate's own all-reduce, a few back to back on each after
+an untimed one. Both paths reduce the same random inputs, and their results
+must agree within what a different summation order explains; one int32
+all-reduce must agree exactly. After each size the ranks share their timings
+and differences through the CPU group, so every rank sees the same table and
+makes the same decision: the run of sizes in which the engine saves the most
+time, won at both ends and nowhere slower beyond noise (a threshold, and a
+ceiling where the engine lost above it), or never. The sweep stops early once
+the engine has won clearly at two sizes in a row and at the largest, and
+before a size its time limit would not hold.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import ENGINE_OFF_THRESHOLD
+from .sizes import KiB, format_size
+
+logger = logging.getLogger("fairring")
+
+# float32 sizes from 4 KiB to 16 MiB by 4x: 16 MiB is as large as the sweep goes within its
+# default time limit on 1 Gbit/s hosts (8 x 1: 2 s of the 5); larger all-reduces go as it does.
+LADDER = tuple(4 * KiB * 4**step for step in range(7))
+REPS = 3
+# Faster by this much at two sizes in a row from 256 KiB up and at the largest, the engine wins
+# the sizes between too: the sweep stops there.
+CLEAR_WIN = 1.25
+CLEAR_FROM = 256 * KiB
+# Slower by at most this is noise: it does not end a run of sizes the engine takes.
+NOISE = 0.05
+# Each size costs about this many times the one before it, once bandwidth is what counts.
+GROWTH = 4
+INTEGER_CHECK_BYTES = 256 * KiB
+# No size above which the delegate takes over again.
+NO_CEILING = ENGINE_OFF_THRESHOLD
+# Test-only: this rank corrupts one element of each engine result, which the check must catch.
+CORRUPT_ENGINE_RESULT = "FAIRRING_TEST_CORRUPT_ENGINE_RESULT"
+
+# A SUM all-reduce of the tensor over the group, on the engine (True) or the delegate; waited for.
+Run = Callable[[torch.Tensor, bool], None]
+# Every rank's row of numbers, as a table with one row per rank, the same on every rank.
+Exchange = Callable[[Sequence[float]], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class SizeTiming:
+    """One size: on each path, the fastest of REPS all-reduces, each as slow as its slowest rank."""
+
+    nbytes: int
+    engine_s: float
+    delegate_s: float
+
+    @property
+    def speedup(self) -> float:
+        return self.delegate_s / self.engine_s
+
+
+@dataclass
+class Decision:
+    """What the measurement decided, and why (csrc/backend/measured_threshold.h reads it)."""
+
+    threshold: int
+    reason: str
+    source: str = "measured"
+    sizes: list[SizeTiming] = field(default_factory=list)
+    # The engine's result differed from the delegate's: never cached, checked again next job.
+    disagreed: bool = False
+    # The delegate again from this size up; NO_CEILING: the engine takes every size from the threshold.
+    ceiling: int = NO_CEILING
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """The engine's result differed from the delegate's by more than the bound."""
+
+    nbytes: int
+    dtype: torch.dtype
+    largest: float
+    bound: float
+    ranks: tuple[int, ...]
+
+    def describe(self, delegate: str) -> str:
+        ranks = ", ".join(str(rank) for rank in self.ranks)
+        allowed = "none" if self.bound == 0 else f"{self.bound:.3g}"
+        return (
+            f"the engine's all-reduce of {format_size(self.nbytes)} of {str(self.dtype).removeprefix('torch.')} "
+            f"differs from {delegate}'s on rank(s) {ranks}: largest difference {self.largest:.6g}, "
+            f"allowed {allowed}; the engine is off for this group, every all-reduce goes to {delegate}. "
+            "Please report this with the output of `python -m fairring.validate`"
+        )
+
+
+def choose_sizes(sizes: Sequence[SizeTiming]) -> tuple[int, int]:
+    """(threshold, ceiling) of the run of measured sizes the engine should take; never: both off.
+
+    Of the runs that the engine wins at both ends and loses nowhere beyond
+    noise, the one that saves the most time per all-reduce of each size. A run
+    reaching the largest size measured has no ceiling: larger sizes go as it does.
+    """
+    best, most_saved = (ENGINE_OFF_THRESHOLD, NO_CEILING), 0.0
+    for first, start in enumerate(sizes):
+        if not start.engine_s < start.delegate_s:
+            continue
+        saved = 0.0
+        for last in range(first, len(sizes)):
+            timing = sizes[last]
+            if timing.engine_s > timing.delegate_s * (1 + NOISE):
+                break
+            saved += max(0.0, timing.delegate_s - timing.engine_s)  # a loss within noise is noise
+            if timing.engine_s < timing.delegate_s and saved > most_saved:
+                ceiling = NO_CEILING if last == len(sizes) - 1 else sizes[last + 1].nbytes
+                best, most_saved = (start.nbytes, ceiling), saved
+    return best
+
+
+def explain(threshold: int, ceiling: int, sizes: Sequence[SizeTiming], delegate: str) -> str:
+    """The INFO line's verdict: "engine 1.48x gloo from 1MiB; below, gloo"."""
+    if threshold == ENGINE_OFF_THRESHOLD:
+        best = max(sizes, key=lambda timing: timing.speedup)
+        at_best = f"{best.speedup:.2f}x {delegate} ({format_size(best.nbytes)})"
+        return f"{delegate} at every size: the engine was at best {at_best}"
+    speedups = [timing.speedup for timing in sizes if threshold <= timing.nbytes < ceiling]
+    low, high = min(speedups), max(speedups)
+    ratio = f"{low:.2f}x" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}x"
+    engine = f"engine {ratio} {delegate} from {format_size(threshold)}"
+    if ceiling == NO_CEILING:
+        return f"{engine}; below, {delegate}"
+    return f"{engine} to below {format_size(ceiling)}; outside, {delegate}"
+
+
+def clear_win(sizes: Sequence[SizeTiming]) -> bool:
+    """The engine won by CLEAR_WIN at the last two sizes, both at least CLEAR_FROM."""
+    last = sizes[-2:]
+    return len(last) == 2 and all(t.nbytes >= CLEAR_FROM and t.speedup >= CLEAR_WIN for t in last)
+
+
+def measured_text(ascending: Sequence[SizeTiming]) -> str:
+    """The sizes measured besides the largest, which always is: "4KiB to 16MiB", "4KiB to 1MiB and 16MiB"."""
+    largest = format_size(LADDER[-1])
+    if not ascending:
+        return largest
+    first, last = format_size(ascending[0].nbytes), format_size(ascending[-1].nbytes)
+    if ascending[-1].nbytes == LADDER[-2]:
+        return f"{first} to {largest}"
+    return f"{first} and {largest}" if len(ascending) == 1 else f"{first} to {last} and {largest}"
+
+
+def float_bound(world_size: int) -> float:
+    """Largest difference two summation orders of `world_size` values in [-1, 1) can make in float32.
+
+    Each order's error is at most (n - 1) * u * sum|x| <= (n - 1) * u * n, with u
+    the unit roundoff; two orders differ by at most twice that. eps = 2u adds slack.
+    """
+    return 2 * (world_size - 1) * world_size * torch.finfo(torch.float32).eps
+
+
+def rank_input(rank: int, nbytes: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """This rank's input at one size: reproducible, and different on every rank."""
+    generator = torch.Generator().manual_seed(1_000_003 * rank + nbytes)
+    numel = nbytes // torch.empty((), dtype=dtype).element_size()
+    if dtype.is_floating_point:
+        values = torch.rand(numel, generator=generator, dtype=dtype) * 2 - 1
+    else:
+        values = torch.randint(-(1 << 20), 1 << 20, (numel,), generator=generator, dtype=dtype)
+    return values.to(device)
+
+
+class Sweep:
+    """One rank's part of the measurement: every rank runs it alike, in the same order."""
+
+    def __init__(
+        self, run: Run, exchange: Exchange, device: torch.device, rank: int, world_size: int, delegate: str
+    ) -> None:
+        self._run = run
+        self._exchange = exchange
+        self._device = device
+        self._rank = rank
+        self._world_size = world_size
+        self._delegate = delegate
+        corrupt = os.environ.get(CORRUPT_ENGINE_RESULT, "").strip()
+        self._corrupt = corrupt != "" and int(corrupt) == rank
+
+    def measure(self, budget_s: float) -> Decision:
+        # Untimed, and outside the limit: makes the engine (as its first use would) and connects
+        # both paths, and must agree to the bit.
+        disagreement = self._check_integers()
+        if disagreement is not None:
+            return self._refused(disagreement)
+        started = time.perf_counter()
+        # The largest size first: it decides the buckets that carry most bytes, so the time limit
+        # may leave out sizes between, never it. Then the rest, smallest up.
+        largest, disagreement, elapsed = self._time_size(LADDER[-1], started)
+        if disagreement is not None:
+            return self._refused(disagreement)
+        ascending: list[SizeTiming] = []
+        cost = elapsed * LADDER[0] / LADDER[-1]
+        stopped, unmeasured = "", None
+        for nbytes in LADDER[:-1]:
+            if elapsed + GROWTH * cost > budget_s:
+                stopped = f"; {format_size(nbytes)} to below {format_size(LADDER[-1])} not measured: "
+                stopped += f"they would pass the {budget_s:g} s limit"
+                unmeasured = nbytes
+                break
+            timing, disagreement, now = self._time_size(nbytes, started)
+            if disagreement is not None:
+                return self._refused(disagreement)
+            cost, elapsed = now - elapsed, now
+            ascending.append(timing)
+            if clear_win(ascending) and largest.speedup >= CLEAR_WIN:
+                stopped = (
+                    f"; stopped once the engine won clearly at two sizes in a row and at {format_size(LADDER[-1])}"
+                )
+                break
+        sizes = [*ascending, largest]
+        threshold, ceiling = choose_sizes(sizes)
+        if unmeasured is not None and threshold < unmeasured < ceiling and not largest.engine_s < largest.delegate_s:
+            # The sizes the limit left out lie between a win and the largest, which the engine did
+            # not win: where the paths cross between is unknown, so they go to the delegate.
+            ceiling = unmeasured
+        verdict = explain(threshold, ceiling, sizes, self._delegate)
+        reason = f"{verdict} (measured {measured_text(ascending)} in {elapsed:.1f} s{stopped})"
+        return Decision(threshold, reason, "measured", sizes, ceiling=ceiling)
+
+    def _check_integers(self) -> Disagreement | None:
+        source = rank_input(self._rank, INTEGER_CHECK_BYTES, torch.int32, self._device)
+        engine, _ = self._path(source, on_engine=True, reps=1)
+        delegate, _ = self._path(source, on_engine=False, reps=1)
+        largest = (engine.double() - delegate.double()).abs().max().item()
+        table = self._exchange([largest])
+        return self._disagreement(INTEGER_CHECK_BYTES, torch.int32, table[:, 0], bound=0.0)
+
+    def _time_size(self, nbytes: int, started: float) -> tuple[SizeTiming, Disagreement | None, float]:
+        source = rank_input(self._rank, nbytes, torch.float32, self._device)
+        # As the bench times: one path's all-reduces back to back after an untimed one, whose
+        # traffic restarts what an idle link slows down (TCP's window after idle).
+        engine, engine_s = self._path(source, on_engine=True, reps=1 + REPS)
+        delegate, delegate_s = self._path(source, on_engine=False, reps=1 + REPS)
+        engine_s, delegate_s = engine_s[1:], delegate_s[1:]
+        largest = (engine - delegate).abs().max().item()
+        table = self._exchange([*engine_s, *delegate_s, largest, time.perf_counter() - started])
+        # Each iteration takes as long as its slowest rank; the fastest of those, as a busy core or
+        # a stalled link only ever adds time (the median of 3 let two such iterations decide).
+        slowest = table[:, : 2 * REPS].max(dim=0).values.tolist()
+        timing = SizeTiming(nbytes, min(slowest[:REPS]), min(slowest[REPS:]))
+        disagreement = self._disagreement(nbytes, torch.float32, table[:, 2 * REPS], float_bound(self._world_size))
+        return timing, disagreement, float(table[:, 2 * REPS + 1].max())
+
+    def _path(self, source: torch.Tensor, on_engine: bool, reps: int) -> tuple[torch.Tensor, list[float]]:
+        """`reps` all-reduces of `source` on one path: the last result, and each one's seconds."""
+        seconds = []
+        for _ in range(reps):
+            result = source.clone()
+            self._synchronize()
+            # As the bench's barrier: every rank starts together, so that each one's time is the
+            # op's, not the op's plus how long it waited for the last rank to start.
+            self._exchange([0.0])
+            begin = time.perf_counter()
+            self._run(result, on_engine)
+            self._synchronize()
+            seconds.append(time.perf_counter() - begin)
+        if on_engine and self._corrupt:
+            result.view(-1)[0] += 1
+        return result, seconds
+
+    def _disagreement(
+        self, nbytes: int, dtype: torch.dtype, largest: torch.Tensor, bound: float
+    ) -> Disagreement | None:
+        # NaN compares false: a NaN difference is a disagreement.
+        ranks = tuple(rank for rank, value in enumerate(largest.tolist()) if not value <= bound)
+        if not ranks:
+            return None
+        return Disagreement(nbytes, dtype, float(largest.nan_to_num(nan=float("inf")).max()), bound, ranks)
+
+    def _refused(self, disagreement: Disagreement) -> Decision:
+        reason = disagreement.describe(self._delegate)
+        logger.error("rank %d: %s", self._rank, reason)
+        return Decision(ENGINE_OFF_THRESHOLD, reason, "measured", disagreed=True)
+
+    def _synchronize(self) -> None:
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)

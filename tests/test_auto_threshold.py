@@ -1,0 +1,330 @@
+"""FAIRRING_FLAT_THRESHOLD=auto (fairring/dispatch.py, fairring/auto_threshold.py, fairring/dispatch_cache.py).
+
+In real groups of processes on loopback: the first all-reduce the engine could
+take measures both paths, every rank decides alike, later all-reduces follow
+the decision, a second group reads it from the cache, and an engine whose
+result is corrupted on one rank (a test-only switch) is caught and turned
+off, naming the rank. Without processes: the decision rule, the early stop and
+the time limit on a scripted clock, and the float check's bound, with a
+negative control of an engine off by more than summation order explains.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from fairring import dispatch
+from fairring.config import ENGINE_OFF_THRESHOLD
+from fairring.dispatch import LADDER, NO_CEILING, SizeTiming, Sweep, choose_sizes, explain, float_bound
+from fairring.sizes import KiB, MiB
+from harness import InitSpec, Layout, RankPool
+from reference import rank_tensor
+
+LAYOUT = Layout(machines=2, ranks_per_machine=2)
+INTEGER_CHECK = dispatch.INTEGER_CHECK_BYTES
+AUTO_ENV = {"FAIRRING_FLAT_THRESHOLD": "auto", "FAIRRING_AUTO_BUDGET": "30", "FAIRRING_SLICE_SIZE": "256KiB"}
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+def _auto_pool(cache: Path, rank_env: dict[int, dict[str, str]] | None = None, **env: str) -> RankPool:
+    spec = InitSpec(extra_env={**AUTO_ENV, "FAIRRING_AUTO_CACHE": str(cache), **env}, timeout=timedelta(seconds=60))
+    return RankPool(LAYOUT, spec, rank_env=rank_env)
+
+
+def all_reduce_checked(numel: int, seed: int, group: dist.ProcessGroup | None = None) -> None:
+    """One float32 SUM all-reduce, against the sum of every rank's input computed here."""
+    world = dist.get_world_size(group)
+    tensor = rank_tensor(dist.get_rank(group), (numel,), torch.float32, seed=seed)
+    expected = sum(rank_tensor(rank, (numel,), torch.float64, seed=seed) for rank in range(world))
+    dist.all_reduce(tensor, group=group)
+    torch.testing.assert_close(tensor.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def first_use_measures() -> dict:
+    import fairring
+
+    backend = fairring.backend_of()
+    assert backend.measured_threshold("cpu") is None, "measured before any all-reduce"
+    all_reduce_checked(1000, seed=1)  # 4000 bytes: the engine could take it, so it measures
+    stats = backend.engine_stats("cpu") or {}  # no engine where nothing went to it
+    return {"decided": backend.measured_threshold("cpu"), "flat_ops": stats.get("flat_ops"), "ops": stats.get("ops")}
+
+
+def routes_by(sizes: list[int]) -> list[tuple[int, int]]:
+    """(engine ops, delegate ops) added by an all-reduce of each size."""
+    import fairring
+
+    backend = fairring.backend_of()
+    counts = []
+    for nbytes in sizes:
+        before = backend.engine_stats("cpu")
+        all_reduce_checked(nbytes // 4, seed=nbytes)
+        after = backend.engine_stats("cpu")
+        counts.append((after["ops"] - before["ops"], after["flat_ops"] - before["flat_ops"]))
+    return counts
+
+
+def second_group_decides() -> dict:
+    import fairring
+
+    group = dist.new_group(backend="fairring")
+    all_reduce_checked(1000, seed=2, group=group)
+    backend = fairring.backend_of(group)
+    return {"decided": backend.measured_threshold("cpu"), "engine": backend.engine_stats("cpu")}
+
+
+def test_first_all_reduce_measures_then_routes_and_caches(cache: Path) -> None:
+    with _auto_pool(cache) as pool:
+        first = pool.run(first_use_measures)
+        decided = first[0]["decided"]
+        # Every rank took the same decision from the same table.
+        assert all(result["decided"] == decided for result in first)
+        assert decided["source"] == "measured"
+        sizes = [row["bytes"] for row in decided["sizes"]]
+        assert sizes == list(LADDER[: len(sizes)]) and sizes
+        threshold, ceiling = decided["threshold"], decided["ceiling"]
+        sweep = [SizeTiming(r["bytes"], r["engine_s"], r["delegate_s"]) for r in decided["sizes"]]
+        assert (threshold, ceiling) == choose_sizes(sweep)
+        assert "measured 4KiB to" in decided["reason"]
+        if threshold != ENGINE_OFF_THRESHOLD:
+            # Below the threshold the delegate, at it the engine, at the ceiling the delegate, on every rank.
+            probes = [threshold // 2, threshold] + ([ceiling] if ceiling != NO_CEILING else [])
+            expected_routes = [(0, 1), (1, 0), (0, 1)][: len(probes)]
+            assert pool.run(routes_by, probes) == [expected_routes] * LAYOUT.world_size
+        [entry] = [json.loads(path.read_text()) for path in cache.glob("auto-threshold-*.json")]
+        assert entry["threshold"] == threshold and entry["key"]["machines"] == 2
+        assert entry["key"]["ranks_per_machine"] == 2 and entry["key"]["device"] == "cpu"
+
+        second = pool.run(second_group_decides)
+        assert all(result["decided"]["source"] == "cache" for result in second)
+        assert all(result["decided"]["threshold"] == threshold for result in second)
+        # From the cache: no sweep ran on the new group's engine (at most the one all-reduce).
+        assert all(result["engine"] is None or result["engine"]["ops"] <= 1 for result in second)
+
+
+def seeded_cache_then_first_use(threshold: int) -> dict:
+    """Rank 0 caches a decision for a new group's key; the group's first all-reduce must take it."""
+    import fairring
+    from fairring import dispatch_cache
+    from fairring.config import load_config
+
+    group = dist.new_group(backend="fairring")
+    backend = fairring.backend_of(group)
+    config = load_config()
+    if dist.get_rank() == 0:
+        key = dispatch_cache.cache_key(config, backend.topology, backend.config.network, torch.device("cpu"))
+        sizes = [SizeTiming(threshold, 1.0, 2.0)]
+        dispatch_cache.store(config.auto_cache, key, dispatch.Decision(threshold, "seeded by the test", sizes=sizes))
+    dist.barrier()
+    all_reduce_checked(threshold // 4, seed=3, group=group)
+    stats = backend.engine_stats("cpu")
+    below = torch.ones(threshold // 8)
+    dist.all_reduce(below, group=group)
+    return {"decided": backend.measured_threshold("cpu"), "ops": stats["ops"], "after": backend.engine_stats("cpu")}
+
+
+def test_a_cached_decision_routes_every_rank_alike(cache: Path) -> None:
+    with _auto_pool(cache) as pool:
+        results = pool.run(seeded_cache_then_first_use, 64 * KiB)
+    for result in results:
+        assert result["decided"]["source"] == "cache" and result["decided"]["threshold"] == 64 * KiB
+        assert result["decided"]["reason"].startswith("seeded by the test; from the cache ")
+        # At the threshold: the engine, one op and no sweep; below it: Gloo.
+        assert result["ops"] == 1 and (result["after"]["ops"], result["after"]["flat_ops"]) == (1, 1)
+
+
+def test_an_engine_that_disagrees_is_turned_off_naming_the_rank(cache: Path) -> None:
+    """Negative control: rank 1 corrupts its engine results; every rank must see it and keep to Gloo."""
+    with _auto_pool(cache, rank_env={1: {dispatch.CORRUPT_ENGINE_RESULT: "1"}}) as pool:
+        first = pool.run(first_use_measures)
+        for result in first:
+            decided = result["decided"]
+            assert decided["threshold"] == ENGINE_OFF_THRESHOLD
+            assert "differs from gloo's on rank(s) 1:" in decided["reason"]
+            assert "256KiB of int32" in decided["reason"] and "the engine is off" in decided["reason"]
+            # The caller's all-reduce went to Gloo, right (all_reduce_checked), and counted as such.
+            assert result["flat_ops"] == 1
+        assert not list(cache.glob("auto-threshold-*.json")), "a disagreement must be checked again, not cached"
+        assert pool.run(routes_by, [8 * MiB, 16 * MiB]) == [[(0, 1), (0, 1)]] * LAYOUT.world_size
+
+
+def test_the_cuda_engines_flow_measures_on_the_emulated_device(cache: Path) -> None:
+    """FAIRRING_CUDA_ENGINE=auto's flow where no GPU is: the streamed engine (csrc/device/emulated.h)
+    with Gloo local steps, measured against Gloo, checked, and the caller's result right."""
+    emulated = {"FAIRRING_TEST_EMULATED_DEVICE": "seed=5", "FAIRRING_SHM_DISABLE": "1", "FAIRRING_AUTO_BUDGET": "3"}
+    with _auto_pool(cache, **emulated) as pool:
+        first = pool.run(first_use_measures)
+    decided = first[0]["decided"]
+    assert all(result["decided"] == decided for result in first) and decided["source"] == "measured"
+    assert not decided["reason"].startswith("the engine's all-reduce") and decided["sizes"]
+
+
+def test_explicit_threshold_wins_and_nothing_is_measured(cache: Path) -> None:
+    with _auto_pool(cache, FAIRRING_FLAT_THRESHOLD="64KiB") as pool:
+        first = pool.run(first_use_measures)
+        # Below 64 KiB: Gloo, and no engine was made for it.
+        assert all(result["decided"] is None and result["ops"] is None for result in first)
+        assert not cache.exists()
+
+
+# --- the rule and the sweep, without processes -------------------------------------------------
+
+
+def timings(speedups: dict[int, float]) -> list[SizeTiming]:
+    """Each size's engine time grows with it, so that larger sizes save more."""
+    return [SizeTiming(nbytes, nbytes / KiB, nbytes / KiB * speedup) for nbytes, speedup in speedups.items()]
+
+
+OFF = (ENGINE_OFF_THRESHOLD, NO_CEILING)
+
+
+@pytest.mark.parametrize(
+    ("speedups", "chosen"),
+    [
+        ({4 * KiB: 0.5, 16 * KiB: 0.8, 64 * KiB: 1.2, 256 * KiB: 1.5}, (64 * KiB, NO_CEILING)),
+        ({4 * KiB: 1.1, 16 * KiB: 1.3}, (4 * KiB, NO_CEILING)),
+        ({4 * KiB: 0.5, 16 * KiB: 0.9}, OFF),
+        # Wins small, loses large (8 hosts x 1 at 1 Gbit/s): the engine below the loss.
+        ({4 * KiB: 1.5, 16 * KiB: 1.2, 64 * KiB: 0.8}, (4 * KiB, 64 * KiB)),
+        # Within noise inside a run does not end it ...
+        ({4 * KiB: 0.5, 16 * KiB: 1.1, 64 * KiB: 0.97, 256 * KiB: 1.2}, (16 * KiB, NO_CEILING)),
+        # ... beyond it does, and of two runs the one that saves more time wins: the larger sizes' ...
+        ({4 * KiB: 0.5, 16 * KiB: 1.1, 64 * KiB: 0.9, 256 * KiB: 1.2}, (256 * KiB, NO_CEILING)),
+        # ... unless the smaller sizes' saves more.
+        ({4 * KiB: 3.0, 16 * KiB: 3.0, 64 * KiB: 0.5, 256 * KiB: 1.01}, (4 * KiB, 64 * KiB)),
+    ],
+)
+def test_sizes_rule(speedups: dict[int, float], chosen: tuple[int, int]) -> None:
+    assert choose_sizes(timings(speedups)) == chosen
+
+
+def test_explanations() -> None:
+    sizes = timings({4 * KiB: 0.5, 16 * KiB: 1.48, 64 * KiB: 1.6})
+    assert explain(16 * KiB, NO_CEILING, sizes, "gloo") == "engine 1.48-1.60x gloo from 16KiB; below, gloo"
+    band = explain(16 * KiB, 64 * KiB, sizes, "gloo")
+    assert band == "engine 1.48x gloo from 16KiB to below 64KiB; outside, gloo"
+    off = explain(*OFF, timings({4 * KiB: 0.5, 16 * KiB: 0.9}), "nccl")
+    assert off == "nccl at every size: the engine was at best 0.90x nccl (16KiB)"
+    # What was measured besides 16 MiB, which always is.
+    assert [dispatch.measured_text(timings(dict.fromkeys(LADDER[:count], 1.0))) for count in (0, 1, 3, 6)] == [
+        "16MiB",
+        "4KiB and 16MiB",
+        "4KiB to 64KiB and 16MiB",
+        "4KiB to 16MiB",
+    ]
+
+
+class ScriptedCluster:
+    """A world of `world_size` ranks with the same input, on a clock that each all-reduce advances.
+
+    `seconds(nbytes, on_engine)` says how long an all-reduce takes; `error` is added
+    to the engine's float results.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, seconds, error: float = 0.0, world_size: int = 4) -> None:
+        self.now = 0.0
+        self.world_size = world_size
+        self.sizes_run: list[int] = []
+        self._seconds = seconds
+        self._error = error
+        monkeypatch.setattr(dispatch.time, "perf_counter", lambda: self.now)
+
+    def run(self, tensor: torch.Tensor, on_engine: bool) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        self.sizes_run.append(nbytes)
+        self.now += self._seconds(nbytes, on_engine)
+        tensor.mul_(self.world_size)
+        if on_engine and tensor.is_floating_point():
+            tensor.add_(self._error)
+
+    def exchange(self, row: list[float]) -> torch.Tensor:
+        return torch.tensor([row] * self.world_size, dtype=torch.float64)
+
+    def sweep(self, budget_s: float = 5.0) -> dispatch.Decision:
+        return Sweep(self.run, self.exchange, torch.device("cpu"), 0, self.world_size, "gloo").measure(budget_s)
+
+
+def bandwidth(engine_speedup: float, latency_s: float = 1e-3) -> callable:
+    """`latency_s` per op plus 1 GB/s for the delegate; the engine `engine_speedup` times faster at bandwidth."""
+    return lambda nbytes, on_engine: latency_s + nbytes / 1e9 / (engine_speedup if on_engine else 1.0)
+
+
+def table(seconds: dict[int, tuple[float, float]]) -> callable:
+    """(engine, delegate) seconds by size; 1 ms each for sizes not listed."""
+    return lambda nbytes, on_engine: seconds.get(nbytes, (1e-3, 1e-3))[0 if on_engine else 1]
+
+
+def test_sweep_measures_the_largest_first_and_stops_once_the_engine_clearly_wins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cluster = ScriptedCluster(monkeypatch, bandwidth(2.0, latency_s=1e-5))
+    decision = cluster.sweep()
+    assert cluster.sizes_run[:3] == [INTEGER_CHECK, INTEGER_CHECK, 16 * MiB]
+    # Clear wins at 256 KiB and 1 MiB, and at 16 MiB: 4 MiB, between, is not measured.
+    assert [timing.nbytes for timing in decision.sizes] == [*LADDER[:5], 16 * MiB] and 4 * MiB not in cluster.sizes_run
+    assert "stopped once the engine won clearly at two sizes in a row and at 16MiB" in decision.reason
+    assert (decision.threshold, decision.ceiling) == (4 * KiB, NO_CEILING)
+    assert "measured 4KiB to 1MiB and 16MiB" in decision.reason
+
+
+def test_sweep_keeps_to_its_time_limit_but_never_skips_the_largest(monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = ScriptedCluster(monkeypatch, bandwidth(1.05))
+    decision = cluster.sweep(budget_s=0.2)
+    measured = [timing.nbytes for timing in decision.sizes]
+    assert measured == [*LADDER[:4], 16 * MiB] and cluster.now <= 0.2
+    assert "1MiB to below 16MiB not measured: they would pass the 0.2 s limit" in decision.reason
+    # Won at both ends of the sizes left out: the engine takes them.
+    assert (decision.threshold, decision.ceiling) == (4 * KiB, NO_CEILING)
+
+
+@pytest.mark.parametrize("just_below", [(3e-3, 3.06e-3), (1.5e-3, 3e-3)], ids=["tie", "clear win"])
+def test_sizes_the_limit_left_out_below_a_loss_go_to_the_delegate(
+    monkeypatch: pytest.MonkeyPatch, just_below: tuple[float, float]
+) -> None:
+    """The engine wins small and loses at 16 MiB; the limit leaves out 64 KiB to 4 MiB, where the
+    paths cross somewhere, however clearly the engine won below them."""
+    seconds = {4 * KiB: (1e-3, 2e-3), 16 * KiB: just_below, 16 * MiB: (0.03, 0.02)}
+    decision = ScriptedCluster(monkeypatch, table(seconds)).sweep(budget_s=0.29)
+    assert [timing.nbytes for timing in decision.sizes] == [4 * KiB, 16 * KiB, 16 * MiB]
+    assert (decision.threshold, decision.ceiling) == (4 * KiB, 64 * KiB)
+
+
+def test_sweep_refuses_an_engine_off_by_more_than_summation_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    within = ScriptedCluster(monkeypatch, bandwidth(1.5), error=float_bound(4) / 4).sweep()
+    assert not within.disagreed and within.threshold == 4 * KiB
+    off = ScriptedCluster(monkeypatch, bandwidth(1.5), error=1e-3).sweep()
+    assert off.disagreed and off.threshold == ENGINE_OFF_THRESHOLD
+    assert "16MiB of float32" in off.reason and "rank(s) 0, 1, 2, 3" in off.reason
+
+
+def test_float_bound_covers_real_reorderings() -> None:
+    """Two summation orders of the sweep's inputs differ by less than the bound (it is not too tight)."""
+    inputs = torch.stack([dispatch.rank_input(rank, 64 * KiB, torch.float32, torch.device("cpu")) for rank in range(8)])
+    forward = inputs[0].clone()
+    for row in inputs[1:]:
+        forward += row
+    backward = inputs[-1].clone()
+    for row in inputs.flip(0)[1:]:
+        backward += row
+    pairwise = (inputs[0::2] + inputs[1::2]).sum(0)
+    for order in (backward, pairwise):
+        assert (forward - order).abs().max() <= float_bound(8)
+
+
+@pytest.fixture(autouse=True)
+def no_stray_variables() -> Iterator[None]:
+    """The corrupting switch must never leak into this process's own environment."""
+    yield
+    assert dispatch.CORRUPT_ENGINE_RESULT not in os.environ
