@@ -17,6 +17,7 @@ import fairring.bench.__main__ as bench
 from fairring.bench import netns
 from fairring.bench.netns import netns_available
 from fairring.config import RAILS_TRANSPORT
+from fairring.dispatch import LADDER
 
 ROOT = Path(__file__).parents[1]
 # The bench's name for fairring's records: the rails' transport is in it unless it is TensorPipe's
@@ -70,6 +71,24 @@ def test_training_study_quick_losses_agree_with_gloo(tmp_path: Path) -> None:
             assert record["loss_gap"] < (1e-2 if record["autocast"] else 1e-5), record
     assert (tmp_path / "training-losses.png").exists() and (tmp_path / "training-steps-real.png").exists()
     assert run.stdout.splitlines()[-1].startswith("Reading: with real compute fairring trained at")
+
+
+@pytest.mark.timeout(300)
+def test_dispatch_study_puts_autos_choice_next_to_both_paths(tmp_path: Path) -> None:
+    """CI's share of --study dispatch: one layout, one timed iteration per size, on loopback."""
+    arguments = ["--study", "dispatch", "--loopback", "--layouts", "2x1", "-n", "1", "-w", "0"]
+    arguments += ["--plots", str(tmp_path)]
+    run, records = run_bench(arguments, tmp_path / "d.json")
+    assert {r["backend"] for r in records} == {"gloo", FAIRRING, "fairring-auto"}
+    assert sorted({r["bytes"] for r in records}) == list(LADDER) and all(r["correct"] for r in records)
+    [auto] = {(r["auto_threshold"], r["auto_ceiling"]) for r in records if r["backend"] == "fairring-auto"}
+    lines = run.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("dispatch, 2 machines x 1: auto measured for"))
+    assert len(lines[start + 2 : start + 2 + len(LADDER)]) == len(LADDER)
+    took = [line.split()[5] for line in lines[start + 2 : start + 2 + len(LADDER)]]
+    # What the table says auto took is what its decision routes to.
+    assert took == ["engine" if auto[0] <= size < auto[1] else "gloo" for size in LADDER]
+    assert lines[start + 2 + len(LADDER)].strip().startswith("this sweep's own choice:")
 
 
 @pytest.mark.timeout(300)

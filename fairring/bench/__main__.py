@@ -16,11 +16,13 @@ bottleneck: that measures fairring's overhead, not what it is for.
     python -m fairring.bench --link 1gbit --study scaling --hosts 4
     python -m fairring.bench --timeline       # and draw the last all-reduce's stages, rank by rank
     python -m fairring.bench --study training # real and emulated-compute DDP training, against Gloo
+    python -m fairring.bench --study dispatch # 2x2, 4x2, 8x1 (--layouts): both paths, and what auto chose
 
 Studies: single (one all-reduce per size), overlap (many buckets back to back,
 with staging sized for 1, 2, 4, 8 slices in flight), scaling (the same
 all-reduce over 1, 2, ... machines), all (those three), training (DDP training
-end to end: fairring.bench.training).
+end to end: fairring.bench.training), dispatch (FAIRRING_FLAT_THRESHOLD=auto's
+choice against the sweep it should match, on 2x2, 4x2 and 8x1).
 
 It prints a line per measurement as it goes, then writes the records (--json)
 and plots (--plots), and ends with a sentence read from the results.
@@ -37,12 +39,21 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fairring.config import RAILS_TRANSPORT, RAILS_TRANSPORTS, ConfigError
+from fairring.config import (
+    AUTO_CACHE,
+    CUDA_ENGINE,
+    ENGINE_OFF_THRESHOLD,
+    FLAT_THRESHOLD,
+    RAILS_TRANSPORT,
+    RAILS_TRANSPORTS,
+    ConfigError,
+)
+from fairring.dispatch import LADDER, NO_CEILING, SizeTiming, choose_sizes
 from fairring.sizes import format_bytes, format_rate, parse_rate, parse_size
 
 from .launch import Run, hosts_for, run_agents
 from .netns import check_mtu, netns_available
-from .training import add_training_arguments, run_training_study
+from .training import add_training_arguments, parse_layouts, run_training_study
 
 # The default NIC of an emulated host: what the results in docs/benchmarks.md were measured with.
 DEFAULT_LINK = "1gbit"
@@ -107,7 +118,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--study",
         default="single",
-        choices=("single", "overlap", "scaling", "transports", "all", "training"),
+        choices=("single", "overlap", "scaling", "transports", "dispatch", "all", "training"),
         help="what to measure (default single; see below)",
     )
     parser.add_argument("--buckets", type=int, default=64, help="overlap: buckets per measurement (default 64)")
@@ -219,6 +230,12 @@ def runs_for(args: argparse.Namespace) -> list[Run]:
     if "scaling" in studies:
         for machines in range(1, args.machines + 1):
             runs.append(Run("scaling", machines, [args.scaling_bytes], environment=user_env))
+    if "dispatch" in studies:
+        # The engine at every size (CUDA's too) and the delegate, over the sizes auto measures,
+        # next to a group that measures afresh (no cache) and routes by what it decided.
+        environment = {**user_env, FLAT_THRESHOLD: "0", CUDA_ENGINE: "1", AUTO_CACHE: "off"}
+        for machines, ranks in parse_layouts(args.layouts):
+            runs.append(Run("dispatch", machines, list(LADDER), environment=environment, ranks_per_machine=ranks))
     return runs
 
 
@@ -306,7 +323,62 @@ def reading(records: list[dict], args: argparse.Namespace) -> list[str]:
                 "which measures fairring's overhead rather than what it is for."
             )
     sentences += transports_reading(records)
+    sentences += dispatch_reading(records)
     return sentences
+
+
+def dispatch_reading(records: list[dict]) -> list[str]:
+    """Per layout: both paths' sweep, what auto chose, and whether it is where the sweep crosses over."""
+    lines = []
+    layouts = sorted({(r["machines"], r["ranks_per_machine"]) for r in records if r["study"] == "dispatch"})
+    for machines, ranks in layouts:
+        rows = [
+            r
+            for r in records
+            if r["study"] == "dispatch" and (r["machines"], r["ranks_per_machine"]) == (machines, ranks)
+        ]
+        by = {(r["backend"], r["bytes"]): r for r in rows}
+        auto = next(r for r in rows if "auto_threshold" in r)
+        baseline = auto["baseline"]
+        sizes = sorted({r["bytes"] for r in rows})
+        engine = next(r for r in rows if r["backend"].startswith("fairring") and "auto_threshold" not in r)["backend"]
+        sweep = [SizeTiming(n, by[(engine, n)]["median_s"], by[(baseline, n)]["median_s"]) for n in sizes]
+        crossover, chosen = choose_sizes(sweep), (auto["auto_threshold"], auto["auto_ceiling"])
+        took_s = f"{auto['auto_measure_s']:.1f} s"
+        lines.append(
+            f"dispatch, {machines} machines x {ranks}: auto measured for {took_s} and chose: {auto['auto_reason']}"
+        )
+        # What auto itself measured (the median of 3 of each, after one untimed), by size.
+        measured = {size["bytes"]: size for size in auto["auto_sizes"]}
+        lines.append(
+            f"  {'size':>8} {'engine ms':>10} {baseline + ' ms':>10} {'auto ms':>10}  auto took"
+            f"  (auto measured: engine ms, {baseline} ms)"
+        )
+        for timing in sweep:
+            took = "engine" if chosen[0] <= timing.nbytes < chosen[1] else baseline
+            seen = measured.get(timing.nbytes)
+            seen_text = f"{seen['engine_s'] * 1e3:.3f}, {seen['delegate_s'] * 1e3:.3f}" if seen else "not measured"
+            lines.append(
+                f"  {format_bytes(timing.nbytes):>8} {timing.engine_s * 1e3:>10.3f} {timing.delegate_s * 1e3:>10.3f} "
+                f"{by[(auto['backend'], timing.nbytes)]['median_s'] * 1e3:>10.3f}  {took:<9} ({seen_text})"
+            )
+        verdicts = f"this sweep's own choice: {_sizes_text(*crossover)}; auto's: {_sizes_text(*chosen)}"
+        lines.append(f"  {verdicts}; {_steps_apart(crossover, chosen)}")
+    return lines
+
+
+def _sizes_text(threshold: int, ceiling: int) -> str:
+    if threshold == ENGINE_OFF_THRESHOLD:
+        return "the baseline at every size"
+    below = "" if ceiling == NO_CEILING else f" to below {format_bytes(ceiling)}"
+    return f"the engine from {format_bytes(threshold)}{below}"
+
+
+def _steps_apart(crossover: tuple[int, int], chosen: tuple[int, int]) -> str:
+    """How many of the ladder's sizes the two choices' bounds are apart, at most ("none" one past the largest)."""
+    steps = [*LADDER, ENGINE_OFF_THRESHOLD]
+    apart = max(abs(steps.index(ours) - steps.index(theirs)) for ours, theirs in zip(crossover, chosen, strict=True))
+    return "the same" if apart == 0 else f"{apart} size step{'s' if apart > 1 else ''} apart"
 
 
 def transports_reading(records: list[dict]) -> list[str]:

@@ -55,12 +55,19 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--models", help=f"emulated: comma-separated, of {', '.join(SHAPED)} (default all)")
     layouts = ",".join(f"{m}x{r}" for m, r in LAYOUTS)
-    group.add_argument("--layouts", default=layouts, help="emulated: hosts x ranks (default %(default)s)")
+    group.add_argument(
+        "--layouts", default=layouts, help="emulated and --study dispatch: hosts x ranks (default %(default)s)"
+    )
 
 
 def _namespace(args: argparse.Namespace, link: str | None) -> argparse.Namespace:
     """The launcher's view of one run: on hosts with `link` NICs, or on loopback (None)."""
     return argparse.Namespace(**{**vars(args), "link": link, "netns": link is not None, "mtu": args.mtu})
+
+
+def parse_layouts(text: str) -> list[tuple[int, int]]:
+    """--layouts: "2x2,8x1" as (hosts, ranks per host) pairs."""
+    return [(int(hosts), int(ranks)) for hosts, ranks in (layout.split("x") for layout in text.split(","))]
 
 
 def plan(args: argparse.Namespace, hosts_possible: bool) -> list[tuple[str, Run, str | None]]:
@@ -87,8 +94,7 @@ def plan(args: argparse.Namespace, hosts_possible: bool) -> list[tuple[str, Run,
         link = args.link or STUDY_LINK
         scale = parse_rate(args.real_link) / parse_rate(link)
         flops = args.gpu_tflops * 1e12 * args.mfu
-        layouts = [tuple(int(n) for n in layout.split("x")) for layout in args.layouts.split(",")]
-        for machines, ranks in layouts:
+        for machines, ranks in parse_layouts(args.layouts):
             for model in args.models.split(",") if args.models else SHAPED:
                 worker = ["fairring.bench.training_worker", "--part", "emulated", "--model", model]
                 worker += ["--steps", "3", "--warmup", "1", "--link", link]

@@ -49,7 +49,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--link-bytes-per-s", type=float, default=0.0, help="shaped NIC rate; 0: unshaped")
     parser.add_argument("--link", default="", help="the NIC rate as given, for the records")
     parser.add_argument("--json", type=Path, required=True)
-    parser.add_argument("--study", default="single", choices=("single", "overlap", "scaling", "transports"))
+    parser.add_argument("--study", default="single", choices=("single", "overlap", "scaling", "transports", "dispatch"))
     parser.add_argument("--buckets", type=int, default=1, help="all-reduces issued back to back per measurement")
     parser.add_argument(
         "--inflight", type=int, default=0, help="slices the staging memory allows in flight, for records"
@@ -97,6 +97,28 @@ def time_all_reduces(
         if iteration >= warmup:
             seconds.append(time.perf_counter() - start)
     return seconds
+
+
+AUTO_NAME = "fairring-auto"
+
+
+def first_auto_use(groups: dict[str, dist.ProcessGroup], device: torch.device | None) -> dict[str, object]:
+    """The dispatch study: a group with FAIRRING_FLAT_THRESHOLD=auto (its CUDA engine on, as
+    FAIRRING_CUDA_ENGINE=auto does), its first all-reduce (which measures), and what it decided."""
+    options = fairring.Options(engine=True, flat_threshold="auto")
+    group = dist.new_group(backend="fairring", pg_options=options)
+    groups[AUTO_NAME] = group
+    start = time.perf_counter()
+    dist.all_reduce(torch.zeros(1024, device=device), group=group)
+    measure_s = time.perf_counter() - start
+    decided = fairring.backend_of(group, device or "cpu").measured_threshold(device.type if device else "cpu")
+    return {
+        "auto_threshold": decided["threshold"],
+        "auto_ceiling": decided["ceiling"],
+        "auto_reason": decided["reason"],
+        "auto_sizes": decided["sizes"],
+        "auto_measure_s": measure_s,
+    }
 
 
 def is_exact_sum(tensors: list[torch.Tensor], group: dist.ProcessGroup) -> bool:
@@ -187,6 +209,7 @@ def main(argv: list[str]) -> None:
     # Named by transport where it is not the default, so one table can hold both.
     fairring_name = "fairring" if config.rails_transport == "tensorpipe" else f"fairring-{config.rails_transport}"
     groups = {baseline_name: dist.new_group(backend=baseline_name) if device else gloo, fairring_name: dist.group.WORLD}
+    auto = first_auto_use(groups, device) if args.study == "dispatch" else {}
     topology = dist.group.WORLD._get_backend(torch.device("cpu")).topology
     # The cores the ranks share: one machine's for emulated hosts (one kernel, one hostname),
     # every machine's on a real cluster.
@@ -258,6 +281,7 @@ def main(argv: list[str]) -> None:
                 "link_busy": wire_bytes / args.link_bytes_per_s / median if wire_bytes else None,
                 "cpu_busy": float(cpu_total) / (wall_max * cores),
                 "correct": correct,
+                **(auto if name == AUTO_NAME else {}),
             }
             records.append(record)
             if rank == 0:
