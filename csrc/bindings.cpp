@@ -116,6 +116,20 @@ class PyInnerGroupFactory final : public fairring::InnerGroupFactory {
     });
   }
 
+  c10::intrusive_ptr<c10d::Backend> shrink(
+      const std::vector<int>& survivors,
+      std::chrono::milliseconds timeout,
+      const std::string& key,
+      c10::intrusive_ptr<c10d::Backend> cudaDelegate) override {
+    return call([&] {
+      const py::object delegate = cudaDelegate
+          ? py::cast(std::move(cudaDelegate))
+          : py::object(py::none());
+      return factory_.attr("shrink")(survivors, timeout, key, delegate)
+          .cast<c10::intrusive_ptr<c10d::Backend>>();
+    });
+  }
+
   fairring::MeasuredThreshold measureFlatThreshold(
       c10::Device device, fairring::AllreduceOnPath run) override {
     return call([&] {
@@ -410,6 +424,16 @@ PYBIND11_MODULE(_C, module) {
       "Every IPv4 and IPv6 address of this host's interfaces, in "
       "getifaddrs() order: [{name, family, address, up, loopback, "
       "link_local}].");
+  module.def(
+      "await_failure_reports",
+      [](double seconds) {
+        return fairring::awaitFailureReports(
+            std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+      },
+      py::arg("seconds"),
+      py::call_guard<py::gil_scoped_release>(), // a hook may need the GIL
+      "Waits up to `seconds` for the abort hooks started by failures (the "
+      "flight recorder's dumps) to end; False if some still run.");
   module.attr("CUDA_MIN_SHARD_BYTES") = fairring::kCudaMinShardBytes;
   module.def(
       "plan_shape",

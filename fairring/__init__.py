@@ -6,6 +6,7 @@ torch.distributed.init_process_group("fairring")
 
 from __future__ import annotations
 
+import atexit
 import os
 
 # Imported first: it notes (infiniband.IMPORT_STATE) whether the user set the
@@ -81,6 +82,24 @@ def build_info() -> dict[str, object]:
     return info
 
 
+# A failure's error reaches its waiter at once, while torch's abort hooks (the
+# flight recorder's dump) still run on a thread of their own: a process that
+# exits on that error waits for them here, so the dump is written.
+FAILURE_REPORT_WAIT_S = 60.0
+
+
+def _await_failure_reports() -> None:
+    if not _C.await_failure_reports(FAILURE_REPORT_WAIT_S):
+        import logging
+
+        logging.getLogger("fairring").warning(
+            "exiting while the flight recorder's dump of a failure still runs after %.0f s; it may be incomplete",
+            FAILURE_REPORT_WAIT_S,
+        )
+
+
+atexit.register(_await_failure_reports)
+
 # Process-wide, so read once here: a bad value fails the import that would install it.
 _dump_signal = parse_dump_signal(os.environ.get(DUMP_SIGNAL))
 if _dump_signal is not None:
@@ -89,10 +108,12 @@ if _dump_signal is not None:
 from ._ddp import name_fairring_in_ddp_logging  # noqa: E402
 from ._introspection import backend_of  # noqa: E402
 from ._registration import BACKEND_NAME, register  # noqa: E402
+from ._shrink import register_shrunk_groups_as_fairring  # noqa: E402
 from .options import Options  # noqa: E402
 
 register()
 name_fairring_in_ddp_logging(BACKEND_NAME)
+register_shrunk_groups_as_fairring()
 
 __all__ = [
     "BACKEND_NAME",

@@ -21,7 +21,7 @@ from .rails_network import rails_network
 from .rendezvous import rendezvous
 from .shared_memory import shared_memory_steps
 from .sizes import format_size
-from .topology import identify_self
+from .topology import TopologyError, identify_self
 
 logger = logging.getLogger("fairring")
 
@@ -42,12 +42,19 @@ def _create_backend(dist_options: Any, backend_options: Any) -> _C.Backend:
 
 
 def create_backend(
-    store: dist.Store, rank: int, size: int, timeout: timedelta, group_name: str, options: Options | None = None
+    store: dist.Store,
+    rank: int,
+    size: int,
+    timeout: timedelta,
+    group_name: str,
+    options: Options | None = None,
+    cuda_delegate: dist.Backend | None = None,
 ) -> _C.Backend:
     """A fairring backend for rank `rank` of a group of `size` ranks meeting in `store`.
 
     Costs about what a Gloo group costs: the engine, its local groups, rails
     and staging are made by the group's first all-reduce that needs them.
+    `cuda_delegate`: the NCCL group it delegates to, already made (a shrink's).
     """
     global _logged_config
     options = Options() if options is None else options
@@ -83,7 +90,7 @@ def create_backend(
         _C.Config.from_settings(config, network),
         timeout,
         cpu_backend,
-        InnerGroups(store, topology, timeout, config, options, cpu_backend, network),
+        InnerGroups(store, topology, timeout, config, options, cpu_backend, network, cuda_delegate),
     )
 
 
@@ -154,6 +161,7 @@ class InnerGroups:
         options: Options,
         cpu_backend: dist.Backend,
         network: _C.RailsNetwork,
+        cuda_delegate: dist.Backend | None = None,
     ) -> None:
         self._store = store
         self._topology = topology
@@ -163,11 +171,15 @@ class InnerGroups:
         self._options = options
         self._cpu_backend = cpu_backend
         self._network = network
+        self._cuda_delegate = cuda_delegate
 
     def delegate(self, device_type: str) -> dist.Backend:
         """The group over every rank for tensors of `device_type` other than the CPU: NCCL."""
         if device_type != "cuda":
             raise ValueError(f"fairring: no delegate group for {device_type} tensors")
+        if self._cuda_delegate is not None:
+            made, self._cuda_delegate = self._cuda_delegate, None
+            return made
         if not torch.cuda.is_available():
             raise RuntimeError("fairring: a CUDA tensor was passed but this process sees no CUDA device")
         topology = self._topology
@@ -224,8 +236,56 @@ class InnerGroups:
         """A fairring backend for the group of `ranks` (of this group), this rank among them."""
         return create_backend(store, ranks.index(self._topology.rank), len(ranks), timeout, group_name, self._options)
 
+    def shrink(
+        self, survivors: list[int], timeout: timedelta, key: str, cuda_delegate: dist.Backend | None
+    ) -> _C.Backend:
+        """A fairring backend for this group's `survivors`, made by them alone (shrink_group)."""
+        old = self._topology
+        excluded = sorted(set(range(old.world_size)) - set(survivors))
+        try:
+            backend = create_backend(
+                dist.PrefixStore(f"fairring/shrink/{key}/", self._store),
+                survivors.index(old.rank),
+                len(survivors),
+                timeout,
+                f"shrunk without {excluded}",
+                self._options,
+                cuda_delegate,
+            )
+        except TopologyError as error:
+            absent = [survivors[rank] for rank in error.missing]
+            raise TopologyError(
+                f"fairring: rank {old.rank} shrank its group of {old.world_size} without rank(s) {excluded}, but "
+                f"rank(s) {absent} did not shrink it alike within {timeout}: every rank that remains must call "
+                "shrink_group with the same ranks_to_exclude (a rank that failed meanwhile must be excluded too)",
+                absent,
+            ) from error
+        log_shrunk(backend.topology, excluded)
+        return backend
+
     def _nccl(self, store: dist.Store, rank: int, size: int) -> dist.Backend:
         return dist.ProcessGroupNCCL(store, rank, size, nccl_options(self._options.nccl, self._timeout))
+
+
+def log_shrunk(topology: _C.Topology, excluded: list[int]) -> None:
+    """On the shrunk group's rank 0: its layout, and whether its all-reduces stay on the engine."""
+    if topology.rank != 0:
+        return
+    sizes = list(topology.machine_sizes)
+    if topology.serves_engine:
+        where = "its all-reduces stay on the engine"
+    elif topology.num_machines == 1:
+        where = "one machine: every all-reduce goes to gloo/nccl"
+    else:
+        where = "machines hold different numbers of ranks: every all-reduce goes to gloo/nccl"
+    logger.info(
+        "group shrunk without rank(s) %s: %d rank(s) on %d machine(s) of %s; %s",
+        excluded,
+        topology.world_size,
+        topology.num_machines,
+        sizes,
+        where,
+    )
 
 
 def connect_local_groups(

@@ -272,7 +272,8 @@ class _Rendezvous:
         try:
             yield keys
         except WaitTimedOut as timed_out:
-            raise TopologyError(self._missing_message(missing())) from timed_out
+            absent = missing()
+            raise TopologyError(self._missing_message(absent), absent) from timed_out
 
     def _missing_message(self, missing: list[int]) -> str:
         if len(missing) <= _SHOWN:

@@ -35,6 +35,11 @@ logger = logging.getLogger("fairring")
 class TopologyError(RuntimeError):
     """The ranks of a group could not learn each other's machines (e.g. a rank never joined)."""
 
+    def __init__(self, message: str, missing: list[int] | None = None) -> None:
+        super().__init__(message)
+        # The group's ranks that never joined, where that was the cause.
+        self.missing = missing or []
+
 
 @dataclass(frozen=True)
 class RankIdentity:

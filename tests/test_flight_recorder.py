@@ -8,7 +8,9 @@ dump every rank's trace when a failure settles. The analysis is torch's own
 
 from __future__ import annotations
 
+import os
 import pickle
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import fairring
 from harness import ENGINE_AT_EVERY_SIZE, InitSpec, Layout, RankFailure, RankPool
 
 pytestmark = pytest.mark.skipif(
@@ -126,3 +129,62 @@ def test_fr_trace_names_the_rank_that_skipped_an_all_reduce(tmp_path: Path) -> N
     report = analysis.stdout + analysis.stderr
     assert "Not all ranks joining collective" in report, report
     assert "missing ranks: {3}" in report, report
+
+
+# Longer than the slack the test allows the error: a hook run before the error would show.
+SLOW_HOOK_S = 3.0
+
+
+def time_out_while_a_slow_hook_dumps(scratch: str) -> dict[str, object]:
+    """Rank 1 freezes; rank 0's all-reduce times out while its abort hooks (a slow one of the test's, and
+    torch's dump) run. Rank 0 reports when the error came, and whether the slow hook had ended by then."""
+    folder = Path(scratch)
+    tensor = torch.ones(1 << 16)
+    dist.all_reduce(tensor)
+    if dist.get_rank() == 1:
+        (folder / "frozen").write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    def slow_dump() -> None:
+        time.sleep(SLOW_HOOK_S)
+        (folder / "slow_hook_done").write_text(str(time.time()))
+
+    fairring.backend_of(dist.group.WORLD).register_abort_hook(0x5EED, slow_dump)  # an id torch does not use
+    started = time.time()
+    try:
+        dist.all_reduce(tensor)
+        error = "completed"
+    except RuntimeError as raised:
+        error = str(raised)
+    raised_at = time.time()
+    hook_done_when_raised = (folder / "slow_hook_done").exists()
+    os.kill(int((folder / "frozen").read_text()), signal.SIGKILL)
+    # As a job does on a failure: the group goes at once. The dump still comes.
+    destroy_started = time.monotonic()
+    dist.destroy_process_group()
+    return {
+        "error": error,
+        "seconds": raised_at - started,
+        "raised_at": raised_at,
+        "hook_done_when_raised": hook_done_when_raised,
+        "destroy_s": time.monotonic() - destroy_started,
+    }
+
+
+@pytest.mark.timeout(120)
+def test_the_error_comes_within_the_timeout_and_the_dump_before_exit(tmp_path: Path) -> None:
+    """The abort hooks run beside the error, not ahead of it; the process waits for them as it exits."""
+    timeout = timedelta(seconds=5)
+    env = {**ENV, "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "trace_rank_")}
+    with RankPool(Layout(2, 1), InitSpec(extra_env=env, timeout=timeout)) as ranks:
+        with pytest.raises(RankFailure) as failure:
+            ranks.run(time_out_while_a_slow_hook_dumps, str(tmp_path), timeout=60)
+    outcome = failure.value.results[0]
+    print(outcome)
+    assert "rank 1 (machine 1 of 2) stopped responding" in str(outcome["error"]), outcome
+    assert float(outcome["seconds"]) < timeout.total_seconds() + 1, outcome
+    assert not outcome["hook_done_when_raised"], outcome
+    # Destroying the group waited for the hooks, which began with the error.
+    assert float((tmp_path / "slow_hook_done").read_text()) > float(outcome["raised_at"]), outcome
+    assert SLOW_HOOK_S - 1 < float(outcome["destroy_s"]) < SLOW_HOOK_S + 5, outcome
+    assert (tmp_path / "trace_rank_0").exists(), sorted(path.name for path in tmp_path.iterdir())

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from harness import InitSpec, Layout, RankPool
 from nixl_support import RAILS_TRANSPORTS, rails_env
 from reference import all_ranks_reduced, assert_matches, rank_tensor
-from scenarios import make_engine, timed_stop
+from scenarios import make_engine, process_resources, timed_stop
 
 
 def stop_with_a_local_step_blocked(how: str) -> tuple[float, str]:
@@ -42,15 +42,6 @@ def test_stopping_returns_while_a_local_step_is_blocked(how: str) -> None:
         assert elapsed < 2, (rank, elapsed)
         # Each rank stops its own group at about the same time: the first to say so is named.
         assert did in error and "(machine " in error, (rank, error)
-
-
-def process_resources() -> tuple[int, int, int]:
-    """Threads, open file descriptors and resident bytes of this process."""
-    threads = len(os.listdir("/proc/self/task"))
-    descriptors = len(os.listdir("/proc/self/fd"))
-    with open("/proc/self/statm") as statm:
-        resident_pages = int(statm.read().split()[1])
-    return threads, descriptors, resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
 def churn_groups(cycles: int) -> list[tuple[int, int, int]]:

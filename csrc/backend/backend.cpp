@@ -357,9 +357,8 @@ Engine* Backend::ensureEngine(c10::Device device) {
           [this](int neighbour, std::string_view status) {
             onPeerStatus(neighbour, status);
           },
-          [this](const std::string& cause) {
-            torchHooks_.runAbortHooks();
-            delegated_.fail(cause);
+          [this](const std::string& cause, Engine::FailureKind kind) {
+            onEngineFailed(cause, kind);
           }};
       // Collective; calls into Python for the local groups.
       auto created = makeEngine(
@@ -460,6 +459,34 @@ void Backend::forEachEngine(Call&& call) {
 
 void Backend::failGroup(const std::string& what) {
   forEachEngine([&](Engine& engine) { engine.fail(what); });
+}
+
+void Backend::onEngineFailed(
+    const std::string& cause, Engine::FailureKind kind) {
+  if (!leaving_) {
+    const auto type = kind == Engine::FailureKind::kTimeout
+        ? c10d::ErrorType::TIMEOUT
+        : kind == Engine::FailureKind::kRemote ? c10d::ErrorType::REMOTE_ERROR
+                                               : c10d::ErrorType::COMM_ERROR;
+    auto none = c10d::ErrorType::SUCCESS;
+    failureKind_.compare_exchange_strong(none, type);
+  }
+  torchHooks_.runAbortHooks();
+  delegated_.fail(cause);
+}
+
+c10d::ErrorType Backend::getError() {
+  if (const auto kind = failureKind_.load(); kind != c10d::ErrorType::SUCCESS) {
+    return kind;
+  }
+  if (const auto kind = delegated_.ownError();
+      kind != c10d::ErrorType::SUCCESS) {
+    return kind;
+  }
+  if (auto cuda = cudaBackendIfCreated()) {
+    return cuda->getError(); // NCCL classes its own
+  }
+  return c10d::ErrorType::SUCCESS;
 }
 
 void Backend::checkNotFailed(const char* opName) const {
@@ -1048,12 +1075,124 @@ c10::intrusive_ptr<c10d::Backend> Backend::split(
   return made;
 }
 
+namespace {
+
+// c10d's shrink flags (torch.distributed.distributed_c10d.SHRINK_*).
+constexpr int kShrinkDefault = 0;
+constexpr int kShrinkAbort = 1;
+
+// The ranks of a group of `size` that remain once `excluded` leave, sorted;
+// throws, saying what to pass, unless `excluded` names at least one rank of
+// the group, each once, neither `self` nor every rank.
+std::vector<int> survivorsAfter(
+    const std::vector<int64_t>& excluded, int self, int size) {
+  TORCH_CHECK_VALUE(
+      !excluded.empty(),
+      "fairring: shrink needs at least one rank to exclude; pass the failed "
+      "ranks, e.g. [3]");
+  std::vector<bool> leaves(size, false);
+  for (const int64_t rank : excluded) {
+    TORCH_CHECK_VALUE(
+        rank >= 0 && rank < size,
+        "fairring: cannot exclude rank ",
+        rank,
+        ": the group has ranks 0 to ",
+        size - 1,
+        " (ranks_to_exclude are ranks of the group being shrunk)");
+    TORCH_CHECK_VALUE(
+        !leaves[rank], "fairring: rank ", rank, " is excluded twice");
+    leaves[rank] = true;
+  }
+  TORCH_CHECK_VALUE(
+      std::find(leaves.begin(), leaves.end(), false) != leaves.end(),
+      "fairring: cannot exclude all ",
+      size,
+      " ranks of the group: at least one must remain");
+  TORCH_CHECK_VALUE(
+      !leaves[self],
+      "fairring: rank ",
+      self,
+      " excludes itself from the group it shrinks; only the ranks that "
+      "remain call shrink_group, and an excluded rank leaves the job");
+  std::vector<int> survivors;
+  for (int rank = 0; rank < size; ++rank) {
+    if (!leaves[rank]) {
+      survivors.push_back(rank);
+    }
+  }
+  return survivors; // never empty: it holds `self`
+}
+
+} // namespace
+
+c10::intrusive_ptr<c10d::Backend> Backend::shrink(
+    const std::vector<int64_t>& ranksToExclude,
+    int shrinkFlags,
+    const c10::intrusive_ptr<Options>& optsOverride) {
+  const std::vector<int> survivors =
+      survivorsAfter(ranksToExclude, getRank(), getSize());
+  TORCH_CHECK_VALUE(
+      shrinkFlags == kShrinkDefault || shrinkFlags == kShrinkAbort,
+      "fairring: shrink_flags must be SHRINK_DEFAULT (0) or SHRINK_ABORT (1), "
+      "not ",
+      shrinkFlags);
+  std::vector<int64_t> sorted = ranksToExclude;
+  std::sort(sorted.begin(), sorted.end());
+  std::string excluded; // the same text on every survivor
+  for (const int64_t rank : sorted) {
+    excluded += (excluded.empty() ? "" : "-") + std::to_string(rank);
+  }
+  if (shrinkFlags == kShrinkAbort) {
+    // This group's pending ops end now; the survivors' own aborts end theirs.
+    stopEngines("shrank its process group (SHRINK_ABORT)");
+    delegated_.fail(
+        topology_.describeRank(getRank()) +
+        " shrank its process group (SHRINK_ABORT)");
+  }
+  std::lock_guard<std::mutex> creating(creationMutex_);
+  // NCCL shrinks its own communicator (ncclCommShrink), collectively over
+  // the survivors, which reach this point in the same order.
+  c10::intrusive_ptr<c10d::Backend> cuda;
+  if (auto made = cudaBackendIfCreated()) {
+    cuda = made->shrink(ranksToExclude, shrinkFlags, nullptr);
+  }
+  int generation = 0;
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    generation = shrinks_++;
+  }
+  const auto timeout = optsOverride && optsOverride->timeout.count() > 0
+      ? optsOverride->timeout
+      : this->timeout();
+  auto made = innerGroups_->shrink(
+      survivors,
+      timeout,
+      std::to_string(generation) + "/without-" + excluded,
+      std::move(cuda));
+  TORCH_CHECK(made, "fairring: shrink made no backend");
+  return made;
+}
+
+void Backend::awaitDumps() {
+  // c10d drops the group's flight recorder hook once this returns, and a
+  // dump that has not begun by then writes nothing.
+  if (!awaitFailureReports(kDumpWait)) {
+    TORCH_WARN(
+        "fairring: the group goes while a dump of its failure still runs "
+        "after ",
+        kDumpWait.count(),
+        " s; the dump may be incomplete");
+  }
+}
+
 void Backend::stopEngines(const std::string& did) {
   forEachEngine([&](Engine& engine) { engine.abort(did); });
 }
 
 void Backend::abort() {
+  leaving_ = true;
   torchHooks_.quiet();
+  awaitDumps();
   stopEngines("aborted its process group");
   delegated_.fail(
       topology_.describeRank(getRank()) + " aborted its process group");
@@ -1064,7 +1203,9 @@ void Backend::abort() {
 }
 
 void Backend::shutdown() {
+  leaving_ = true;
   torchHooks_.quiet();
+  awaitDumps();
   stopEngines("shut down its process group");
   delegated_.fail(
       topology_.describeRank(getRank()) + " shut down its process group");

@@ -119,6 +119,24 @@ class Backend final : public c10d::Backend {
       const std::vector<int>& ranks,
       const c10::intrusive_ptr<Options>& opts) override;
 
+  // shrink_group: a fairring backend over this group's ranks less
+  // `ranksToExclude`, made by those ranks alone (docs/design.md,
+  // "Shrinking"). With SHRINK_ABORT this group's pending ops fail first;
+  // otherwise they fail when c10d destroys this group, right after.
+  bool supportsShrinking() const override {
+    return true;
+  }
+  c10::intrusive_ptr<c10d::Backend> shrink(
+      const std::vector<int64_t>& ranksToExclude,
+      int shrinkFlags,
+      const c10::intrusive_ptr<Options>& optsOverride) override;
+
+  // Why the group failed, as c10d's get_error() classes it: TIMEOUT where
+  // an op's timeout passed on this rank, COMM_ERROR where this rank saw a
+  // peer's connection break or its own network go, REMOTE_ERROR where a
+  // peer named the cause; SUCCESS while nothing has failed.
+  c10d::ErrorType getError() override;
+
   c10::intrusive_ptr<c10d::Work> broadcast(
       std::vector<at::Tensor>& tensors,
       const c10d::BroadcastOptions& opts) override;
@@ -318,6 +336,10 @@ class Backend final : public c10d::Backend {
   // them and the NCCL operation in one order (docs/design.md, "Launch
   // order"). Nothing for CPU tensors, or before a CUDA engine exists.
   void followEngineLaunches(c10::DeviceType type);
+  // How long aborting or shutting the group down waits for the abort hooks
+  // of a failure (the flight recorder's dump) still running.
+  static constexpr std::chrono::seconds kDumpWait{30};
+  void awaitDumps();
   // Fails every engine's pending ops because this rank `did` something
   // ("shut down its process group"), and abandons their local steps.
   void stopEngines(const std::string& did);
@@ -343,6 +365,10 @@ class Backend final : public c10d::Backend {
   void forEachEngine(Call&& call);
   // Refuses a delegated collective once the group has failed.
   void checkNotFailed(const char* opName) const;
+  // An engine failed for good: kept for getError() (the first failure, and
+  // none once this rank is leaving), the abort hooks started, and the
+  // delegated works failed with `cause`.
+  void onEngineFailed(const std::string& cause, Engine::FailureKind kind);
 
   // engines_ and belowThreshold_ hold one entry per device type.
   static size_t indexOfType(c10::DeviceType type) {
@@ -362,6 +388,10 @@ class Backend final : public c10d::Backend {
   std::array<std::atomic<int64_t>, 2> engineCeilings_; // CPU, CUDA
   // Held by the one thread measuring a threshold, through its collectives.
   std::mutex measuringMutex_;
+  // The first failure's class, for getError(); none recorded once this rank
+  // aborts or shuts the group down (the failures are then its own doing).
+  std::atomic<c10d::ErrorType> failureKind_{c10d::ErrorType::SUCCESS};
+  std::atomic<bool> leaving_{false};
   CollectiveLedger ledger_;
   DelegatedWorks delegated_; // the CPU delegate's collectives
   // torch's completion and abort hooks (its flight recorder): every Work
@@ -380,6 +410,7 @@ class Backend final : public c10d::Backend {
   // both. By group name.
   std::unordered_map<std::string, c10::weak_intrusive_ptr<c10d::Backend>>
       splits_;
+  int shrinks_ = 0; // made from this group so far: each meets apart
 
   struct CoalescingBlock {
     std::optional<c10::DeviceType> type; // set by the block's first operation

@@ -14,6 +14,7 @@ namespace fairring {
 struct DelegatedWorks::Watched {
   c10d::OpType opType;
   c10::intrusive_ptr<c10::ivalue::Future> outer;
+  std::shared_ptr<std::atomic<c10d::ErrorType>> ownError;
   std::atomic<bool> settled{false};
 
   void complete(c10::ivalue::Future& inner) {
@@ -21,6 +22,13 @@ struct DelegatedWorks::Watched {
       return;
     }
     if (inner.hasError()) {
+      // Gloo's timeouts say "Timed out"; its other errors are its transport's.
+      const bool timedOut =
+          inner.tryRetrieveErrorMessage().find("imed out") != std::string::npos;
+      auto none = c10d::ErrorType::SUCCESS;
+      ownError->compare_exchange_strong(
+          none,
+          timedOut ? c10d::ErrorType::TIMEOUT : c10d::ErrorType::COMM_ERROR);
       outer->setError(inner.exception_ptr());
     } else {
       outer->markCompleted(inner.constValue());
@@ -59,6 +67,7 @@ c10::intrusive_ptr<c10d::Work> DelegatedWorks::watch(
   }
   auto watched = std::make_shared<Watched>();
   watched->opType = opType;
+  watched->ownError = ownError_;
   watched->outer = c10::make_intrusive<c10::ivalue::Future>(
       innerFuture->elementType(), innerFuture->devices());
   {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -49,10 +51,19 @@ class DelegatedWorks {
   // The cause, once failed; else empty.
   std::string failure() const;
 
+  // How the first watched work the delegate itself failed ended: TIMEOUT
+  // where Gloo says it timed out, else COMM_ERROR; SUCCESS while none has.
+  c10d::ErrorType ownError() const {
+    return ownError_->load();
+  }
+
  private:
   struct Watched;
 
   const std::string prefix_;
+  // Shared with the watched works, which may complete after this object.
+  const std::shared_ptr<std::atomic<c10d::ErrorType>> ownError_ =
+      std::make_shared<std::atomic<c10d::ErrorType>>(c10d::ErrorType::SUCCESS);
   mutable std::mutex mutex_;
   std::string failure_;
   std::vector<std::weak_ptr<Watched>> pending_; // may hold completed ones

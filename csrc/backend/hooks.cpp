@@ -36,16 +36,17 @@ class HookTable {
   }
   template <typename... Args>
   void call(const Args&... args) const {
-    std::vector<Hook> hooks;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (const auto& [id, hook] : hooks_) {
-        hooks.push_back(hook);
-      }
-    }
-    for (const auto& hook : hooks) {
+    for (const auto& hook : snapshot()) {
       hook(args...);
     }
+  }
+  std::vector<Hook> snapshot() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<Hook> hooks;
+    for (const auto& [id, hook] : hooks_) {
+      hooks.push_back(hook);
+    }
+    return hooks;
   }
 
  private:
@@ -53,7 +54,56 @@ class HookTable {
   std::map<int64_t, Hook> hooks_;
 };
 
+// The abort hooks' runs (the flight recorder's dumps) still going, in the
+// whole process: each runs on a thread of its own, which the process owns
+// and awaitFailureReports() waits for at exit.
+struct ReportsInFlight {
+  std::mutex mutex;
+  std::condition_variable done;
+  int running = 0;
+};
+
+std::shared_ptr<ReportsInFlight> reportsInFlight() {
+  static const auto inFlight = std::make_shared<ReportsInFlight>();
+  return inFlight;
+}
+
+// Runs `hooks` off the calling thread: that thread is failing ops whose
+// waiters must hear of it now, within their timeout, not after a dump (which
+// symbolizes stack traces and writes files, for seconds).
+void reportFailure(std::vector<BackendHooks::Abort> hooks) {
+  if (hooks.empty()) {
+    return;
+  }
+  auto inFlight = reportsInFlight();
+  {
+    std::lock_guard<std::mutex> lock(inFlight->mutex);
+    ++inFlight->running;
+  }
+  std::thread([inFlight, hooks = std::move(hooks)] {
+    for (const auto& hook : hooks) {
+      try {
+        hook();
+      } catch (const std::exception& error) {
+        TORCH_WARN("fairring: an abort hook failed: ", error.what());
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(inFlight->mutex);
+      --inFlight->running;
+    }
+    inFlight->done.notify_all();
+  }).detach();
+}
+
 } // namespace
+
+bool awaitFailureReports(std::chrono::milliseconds limit) {
+  auto inFlight = reportsInFlight();
+  std::unique_lock<std::mutex> lock(inFlight->mutex);
+  return inFlight->done.wait_for(
+      lock, limit, [&] { return inFlight->running == 0; });
+}
 
 struct BackendHooks::Registry {
   HookTable<Completion> completion;
@@ -65,7 +115,7 @@ struct BackendHooks::Registry {
   }
   void aborting() const {
     if (!quiet) {
-      abort.call();
+      reportFailure(abort.snapshot());
     }
   }
 };
@@ -116,7 +166,7 @@ class ReportedWork final : public c10d::Work {
     try {
       return inner_->wait(timeout);
     } catch (...) {
-      pending_->settle(false); // the dump first, then the caller's error
+      pending_->settle(false); // starts the dump
       throw;
     }
   }

@@ -33,8 +33,10 @@ namespace fairring {
 // completes a CPU future, or from this object's poller thread for Works whose
 // completion can only be asked (NCCL's, which completes on the GPU; Gloo's
 // point-to-point Works, which have no future). A failed Work never reports
-// completion: it runs the abort hooks instead, before its error reaches a
-// waiter, so that a dump is written before the caller can exit.
+// completion: it starts the abort hooks instead. They run on a thread of
+// their own, so that the error reaches its waiter within its timeout however
+// long a dump takes; awaitFailureReports() lets the process finish them
+// before it exits.
 class BackendHooks {
  public:
   // The key, and the op's duration from issue to completion as seen by the
@@ -56,8 +58,8 @@ class BackendHooks {
   void addAbortHook(int64_t id, Abort hook);
   void removeAbortHook(int64_t id);
 
-  // Runs every abort hook, on this thread (a failure settled), unless
-  // quiet() was called.
+  // Starts every abort hook (a failure settled), on a thread of their own,
+  // unless quiet() was called.
   void runAbortHooks() const;
   // From now on, failures are this rank's own doing (it is shutting its group
   // down or aborting it): they run no abort hooks. A dump is for a failure;
@@ -83,5 +85,11 @@ class BackendHooks {
   const std::shared_ptr<Poller> poller_;
   std::thread polling_; // started by the first Work that must be polled
 };
+
+// Waits up to `limit` for the abort hooks' runs started in this process (the
+// flight recorder's dumps of failures) to end; false if some still run. At
+// exit (fairring/__init__.py), so that a process that exits on a failure's
+// error still writes its dump.
+bool awaitFailureReports(std::chrono::milliseconds limit);
 
 } // namespace fairring

@@ -43,6 +43,16 @@ class InnerGroupFactory {
       const std::vector<int>& ranks,
       std::chrono::milliseconds timeout,
       const std::string& groupName) = 0;
+  // A new fairring backend for this group's ranks `survivors` (sorted, this
+  // rank among them), as c10d's shrink_group asks for. Collective over the
+  // survivors only, which meet under `key` in this group's store; their
+  // CUDA delegate is `cudaDelegate` where this group had one (NCCL's own
+  // shrink of it), else made on first use.
+  virtual c10::intrusive_ptr<c10d::Backend> shrink(
+      const std::vector<int>& survivors,
+      std::chrono::milliseconds timeout,
+      const std::string& key,
+      c10::intrusive_ptr<c10d::Backend> cudaDelegate) = 0;
 };
 
 } // namespace fairring

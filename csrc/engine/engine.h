@@ -90,6 +90,12 @@ class Engine {
   // engine launched before it closes the local steps (else: aborts them).
   static constexpr std::chrono::seconds kDrainLimit{30};
 
+  // How a failure reached this rank: an op's timeout passed here; this rank
+  // saw it first hand (a connection broke, a transfer failed, the ranks'
+  // collectives differ); or a peer named it (its notice, or its goodbye
+  // while this rank still needed it).
+  enum class FailureKind { kTimeout, kConnection, kRemote };
+
   // What the engine asks of its owner and tells it. Each may be empty; none
   // may block.
   struct Owner {
@@ -100,7 +106,7 @@ class Engine {
     // The engine failed for good, for this reason; called once, by the
     // thread that settled it (any thread), before its ops fail. Not called
     // for a departure.
-    std::function<void(const std::string& cause)> onFailed;
+    std::function<void(const std::string& cause, FailureKind kind)> onFailed;
   };
 
   // `timeline`: where each slice's stages are written; may be null.
@@ -185,6 +191,7 @@ class Engine {
     // goodbye, which stops no other rank.
     bool departure = false;
     Clock::time_point settleBy{}; // for an uncertain one
+    FailureKind kind = FailureKind::kConnection;
 
     // Seen first hand: it settles at once.
     static Cause firstHand(std::string what, int culprit = kNoCulprit) {

@@ -37,10 +37,12 @@ std::string Engine::who(int rank) const {
 }
 
 Engine::Cause Engine::stillNeeded(int rank, const std::string& detail) const {
-  return Cause::firstHand(
+  Cause cause = Cause::firstHand(
       who(rank) + " shut down its process group while " +
           who(topology_.rank()) + " still needed it; " + detail,
       rank);
+  cause.kind = FailureKind::kRemote;
+  return cause;
 }
 
 void Engine::abort(const std::string& did) {
@@ -97,7 +99,9 @@ void Engine::onRailsFailure(
 }
 
 void Engine::onNotice(int /*neighbour*/, const rails::Watch::Notice& notice) {
-  stop(Cause::firstHand(notice.what, notice.culprit));
+  Cause cause = Cause::firstHand(notice.what, notice.culprit);
+  cause.kind = FailureKind::kRemote;
+  stop(std::move(cause));
 }
 
 void Engine::onLost(int neighbour, const std::string& error) {
@@ -180,7 +184,7 @@ void Engine::stop(Cause cause) {
   // Before any op's failure reaches its waiter, who may then exit: the
   // backend's abort hooks (the flight recorder's dump) run in onFailed.
   if (settled && !cause.departure && owner_.onFailed) {
-    owner_.onFailed(cause.what);
+    owner_.onFailed(cause.what, cause.kind);
   }
   const std::string prefix =
       "fairring: rank " + std::to_string(topology_.rank()) + ": ";
@@ -215,6 +219,7 @@ void Engine::watchdogLoop() {
     } else if (error_.empty()) {
       auto nextDeadline = Clock::time_point::max();
       if (auto cause = expiredLocked(now, nextDeadline)) {
+        cause->kind = FailureKind::kTimeout; // whomever it blames
         lock.unlock();
         stop(std::move(*cause));
         lock.lock();
