@@ -623,6 +623,11 @@ PYBIND11_MODULE(_C, module) {
           py::arg("device"),
           "Called by torch on ranks left out of a new group split from this "
           "one: fairring's splits need nothing from them.")
+      .def_property_readonly(
+          "failure",
+          &fairring::Backend::failure,
+          "The sentence that names the group's failure, as its ops' errors "
+          "give it; empty while nothing has failed.")
       .def_property_readonly("topology", &fairring::Backend::topology)
       .def_property_readonly("config", &fairring::Backend::config)
       .def_property_readonly("timeout", &fairring::Backend::timeout);

@@ -136,6 +136,11 @@ class Backend final : public c10d::Backend {
   // peer's connection break or its own network go, REMOTE_ERROR where a
   // peer named the cause; SUCCESS while nothing has failed.
   c10d::ErrorType getError() override;
+  // The sentence that names the group's failure, as its ops' errors give
+  // it; empty while nothing has failed.
+  std::string failure() const {
+    return delegated_.failure();
+  }
 
   c10::intrusive_ptr<c10d::Work> broadcast(
       std::vector<at::Tensor>& tensors,
