@@ -63,6 +63,7 @@ COMMON_SOURCES = [
     "backend/ledger.cpp",
     "backend/memory_order.cpp",
     "backend/pending_report.cpp",
+    "backend/reconfigurable.cpp",
     "backend/work.cpp",
     "bindings.cpp",
     "device/device.cpp",

@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "backend/pending_report.h"
+#include "backend/reconfigurable.h"
 #include "config.h"
 #include "device/device.h"
 #include "engine/plan.h"
@@ -191,6 +192,46 @@ class PyInnerGroupFactory final : public fairring::InnerGroupFactory {
 
   py::object factory_;
 };
+
+#ifdef C10D_BACKEND_HAS_RECONFIGURE
+// reconfigure()'s maker of fairring backends, in Python
+// (fairring/_registration.py); called without the GIL, from reconfigure.
+class PyBackendMaker {
+ public:
+  explicit PyBackendMaker(py::object make) : make_(std::move(make)) {}
+  ~PyBackendMaker() {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      make_ = py::object();
+    } else {
+      make_.release(); // the interpreter is gone: nothing to release to
+    }
+  }
+  PyBackendMaker(const PyBackendMaker&) = delete;
+  PyBackendMaker& operator=(const PyBackendMaker&) = delete;
+
+  c10::intrusive_ptr<fairring::Backend> operator()(
+      const c10::intrusive_ptr<c10d::Store>& store,
+      int rank,
+      int size,
+      std::chrono::milliseconds timeout) {
+    py::gil_scoped_acquire gil;
+    try {
+      auto made = make_(store, rank, size, timeout)
+                      .cast<c10::intrusive_ptr<c10d::Backend>>();
+      auto backend = c10::dynamic_intrusive_pointer_cast<fairring::Backend>(
+          std::move(made));
+      TORCH_CHECK(backend, "fairring: the maker made no fairring backend");
+      return backend;
+    } catch (py::error_already_set& error) {
+      throw std::runtime_error(error.what());
+    }
+  }
+
+ private:
+  py::object make_;
+};
+#endif
 
 // `describe(engine)` for the backend's engine on `device` ("cpu" or "cuda"),
 // or None where it has none.
@@ -631,6 +672,49 @@ PYBIND11_MODULE(_C, module) {
       .def_property_readonly("topology", &fairring::Backend::topology)
       .def_property_readonly("config", &fairring::Backend::config)
       .def_property_readonly("timeout", &fairring::Backend::timeout);
+
+#ifdef C10D_BACKEND_HAS_RECONFIGURE
+  py::class_<
+      fairring::ReconfigurableBackend,
+      c10d::Backend,
+      ReleasesGilOnDrop<fairring::ReconfigurableBackend>>(
+      module, "ReconfigurableBackend")
+      .def(
+          py::init([](c10::intrusive_ptr<c10d::Store> store,
+                      int rank,
+                      int size,
+                      std::chrono::milliseconds timeout,
+                      py::object makeBackend) {
+            auto maker =
+                std::make_shared<PyBackendMaker>(std::move(makeBackend));
+            return ReleasesGilOnDrop<fairring::ReconfigurableBackend>(
+                c10::make_intrusive<fairring::ReconfigurableBackend>(
+                    std::move(store),
+                    rank,
+                    size,
+                    timeout,
+                    [maker](
+                        const c10::intrusive_ptr<c10d::Store>& groupStore,
+                        int newRank,
+                        int newSize,
+                        std::chrono::milliseconds newTimeout) {
+                      return (*maker)(groupStore, newRank, newSize, newTimeout);
+                    }));
+          }),
+          py::arg("store"),
+          py::arg("rank"),
+          py::arg("size"),
+          py::arg("timeout"),
+          py::arg("make_backend"),
+          "A group made with enable_reconfigure=True; make_backend(store, "
+          "rank, size, timeout) makes the fairring Backend of each member "
+          "set.")
+      .def_property_readonly(
+          "current",
+          &fairring::ReconfigurableBackend::current,
+          "The Backend of the current members; raises before the first "
+          "reconfigure.");
+#endif
 
   auto testing = module.def_submodule(
       "_testing",

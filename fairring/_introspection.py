@@ -24,6 +24,9 @@ def backend_of(group: dist.ProcessGroup | None = None, device: str | torch.devic
     backend = group._get_backend(torch.device(device))
     while _WRAPPER is not None and isinstance(backend, _WRAPPER):
         backend = backend.wrapped_pg
+    reconfigurable = getattr(_C, "ReconfigurableBackend", None)
+    if reconfigurable is not None and isinstance(backend, reconfigurable):
+        backend = backend.current  # the current members' (enable_reconfigure=True)
     if not isinstance(backend, _C.Backend):
         raise ValueError(
             f"fairring.backend_of: the group serves {torch.device(device).type} tensors with "

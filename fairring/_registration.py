@@ -29,15 +29,29 @@ BACKEND_NAME = "fairring"
 _logged_config = False
 
 
-def _create_backend(dist_options: Any, backend_options: Any) -> _C.Backend:
-    """torch's extended-API creator: one backend per process group; `backend_options` is pg_options."""
+def _create_backend(dist_options: Any, backend_options: Any) -> dist.Backend:
+    """torch's extended-API creator: one backend per process group; `backend_options` is pg_options.
+
+    init_process_group(enable_reconfigure=True) (torch >= 2.15) makes a group
+    whose members reconfigure() sets: each set gets a fairring backend of its own.
+    """
+    group_name = str(dist_options.group_id)
+    options = group_options(backend_options)
+    if getattr(dist_options, "enable_reconfigure", False):
+
+        def make_backend(store: dist.Store, rank: int, size: int, timeout: timedelta) -> _C.Backend:
+            return create_backend(store, rank, size, timeout, group_name, options)
+
+        return _C.ReconfigurableBackend(
+            dist_options.store, dist_options.group_rank, dist_options.group_size, dist_options.timeout, make_backend
+        )
     return create_backend(
         dist_options.store,
         dist_options.group_rank,
         dist_options.group_size,
         dist_options.timeout,
-        str(dist_options.group_id),
-        group_options(backend_options),
+        group_name,
+        options,
     )
 
 
