@@ -25,6 +25,7 @@ from reference import (
     all_ranks_reduced,
     assert_matches,
     rank_tensor,
+    reduce_reference,
 )
 from scenarios import broadcast_then_two_all_reduces, shutdown_with_an_op_in_flight
 
@@ -223,3 +224,46 @@ def test_cuda_engine_coalescing_and_shutdown_on_one_gpu() -> None:
         (elapsed, error), _ = ranks.run(shutdown_with_an_op_in_flight, ONE_GPU, timeout=60)
     assert elapsed < 5, elapsed
     assert "rank 0 (machine 0 of 2) shut down its process group" in error, error
+
+
+def shrink_a_cuda_group(device_of_rank: str) -> dict[str, object]:
+    """3 x 1, the engine and NCCL both used; rank 2 leaves and the others shrink: NCCL shrinks its own
+    communicator (ncclCommShrink), the engine is made anew for 2 x 1, and CPU tensors still work."""
+    import fairring
+
+    rank = dist.get_rank()
+    device = torch.device(device_of_rank.format(rank=rank))
+    torch.cuda.set_device(device)
+    shape = (40_000,)
+    dist.all_reduce(rank_tensor(rank, shape, torch.float32).to(device))  # the engine
+    dist.broadcast(torch.ones(4, device=device), src=0)  # the NCCL delegate
+    torch.cuda.synchronize(device)
+    if rank == 2:
+        dist.destroy_process_group()
+        return {}
+    group = dist.shrink_group([2])
+    tensor = rank_tensor(rank, shape, torch.float32, seed=1).to(device)
+    dist.all_reduce(tensor)
+    inputs = [rank_tensor(survivor, shape, torch.float32, seed=1) for survivor in (0, 1)]
+    assert_matches(tensor.cpu(), reduce_reference(inputs, "sum"))
+    sent = torch.full((4,), float(rank), device=device)
+    dist.broadcast(sent, src=1)  # through the shrunk NCCL communicator
+    assert torch.all(sent.cpu() == 1), sent
+    on_cpu = torch.ones(4)
+    dist.all_reduce(on_cpu)
+    assert torch.all(on_cpu == 2), on_cpu
+    stats = fairring.backend_of(group, "cuda").engine_stats("cuda")
+    dist.destroy_process_group()
+    return {"size": group.size(), "on_engine": stats is not None and stats["ops"] > 0}
+
+
+def test_shrink_group_on_cuda() -> None:
+    layout = Layout(3, 1)
+    if torch.cuda.device_count() >= layout.world_size:
+        device_of_rank, nccl_hosts = GPU_PER_RANK, None
+    else:
+        device_of_rank, nccl_hosts = ONE_GPU, one_nccl_host_per_process(layout.world_size)
+    with RankPool(layout, InitSpec(extra_env=CUDA_ENGINE_ENV), rank_env=nccl_hosts) as ranks:
+        outcomes = ranks.run(shrink_a_cuda_group, device_of_rank, timeout=300)
+    for rank in (0, 1):
+        assert outcomes[rank] == {"size": 2, "on_engine": True}, outcomes
