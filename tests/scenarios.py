@@ -21,6 +21,20 @@ def process_resources() -> tuple[int, int, int]:
     return threads, descriptors, resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
+def assert_resources_settled(by_rank: list[list[tuple[int, int, int]]]) -> None:
+    """Each rank's process_resources() after every cycle of a churn: from the third cycle on (the
+    allocator and torch's pools have settled), no thread, descriptor or 16 MiB of memory more."""
+    for rank, after in enumerate(by_rank):
+        warm, last = after[2], after[-1]
+        print(
+            f"rank {rank}: threads {warm[0]} -> {last[0]}, fds {warm[1]} -> {last[1]}, "
+            f"RSS {warm[2] / 2**20:.1f} -> {last[2] / 2**20:.1f} MiB"
+        )
+        assert last[0] <= warm[0], (rank, after)
+        assert last[1] <= warm[1], (rank, after)
+        assert last[2] - warm[2] < 16 * 2**20, (rank, after)
+
+
 def make_engine(device: str) -> None:
     """An all-reduce on every rank: the group's first one on `device` makes its engine."""
     dist.all_reduce(torch.ones(8, device=device))

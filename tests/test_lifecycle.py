@@ -12,7 +12,7 @@ import torch.distributed as dist
 from harness import InitSpec, Layout, RankPool
 from nixl_support import RAILS_TRANSPORTS, rails_env
 from reference import all_ranks_reduced, assert_matches, rank_tensor
-from scenarios import make_engine, process_resources, timed_stop
+from scenarios import assert_resources_settled, make_engine, process_resources, timed_stop
 
 
 def stop_with_a_local_step_blocked(how: str) -> tuple[float, str]:
@@ -71,16 +71,7 @@ def test_making_and_destroying_groups_leaves_threads_descriptors_and_memory_wher
     cycles = 20 if transport == "tensorpipe" else NIXL_CYCLES
     with RankPool(Layout(2, 2), InitSpec(extra_env=rails_env(transport))) as ranks:
         by_rank = ranks.run(churn_groups, cycles, timeout=200)
-    for rank, after in enumerate(by_rank):
-        warm = after[2]  # the allocator and torch's pools have settled
-        last = after[-1]
-        print(
-            f"rank {rank}: threads {warm[0]} -> {last[0]}, fds {warm[1]} -> {last[1]}, "
-            f"RSS {warm[2] / 2**20:.1f} -> {last[2] / 2**20:.1f} MiB"
-        )
-        assert last[0] <= warm[0], (rank, after)
-        assert last[1] <= warm[1], (rank, after)
-        assert last[2] - warm[2] < 16 * 2**20, (rank, after)
+    assert_resources_settled(by_rank)
 
 
 def nested_all_reduce_in_a_callback() -> None:

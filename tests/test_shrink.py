@@ -21,7 +21,7 @@ from torch.distributed.distributed_c10d import SHRINK_ABORT, SHRINK_DEFAULT
 import fairring
 from harness import InitSpec, Layout, RankFailure, RankPool
 from reference import assert_matches, rank_tensor, reduce_reference
-from scenarios import process_resources
+from scenarios import assert_resources_settled, process_resources
 
 ErrorType = torch._C._distributed_c10d.ErrorType
 
@@ -275,12 +275,4 @@ def churn_shrunk_groups(cycles: int) -> list[tuple[int, int, int]]:
 def test_shrinking_releases_the_old_groups_threads_descriptors_and_memory() -> None:
     with RankPool(Layout(3, 1)) as ranks:
         by_rank = ranks.run(churn_shrunk_groups, 12, timeout=200)
-    for rank, after in enumerate(by_rank):
-        warm, last = after[2], after[-1]
-        print(
-            f"rank {rank}: threads {warm[0]} -> {last[0]}, fds {warm[1]} -> {last[1]}, "
-            f"RSS {warm[2] / 2**20:.1f} -> {last[2] / 2**20:.1f} MiB"
-        )
-        assert last[0] <= warm[0], (rank, after)
-        assert last[1] <= warm[1], (rank, after)
-        assert last[2] - warm[2] < 16 * 2**20, (rank, after)
+    assert_resources_settled(by_rank)

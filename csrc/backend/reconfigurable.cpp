@@ -181,41 +181,35 @@ c10::intrusive_ptr<c10d::Work> ReconfigurableBackend::reconfigure(
   return completedWork();
 }
 
+c10::intrusive_ptr<fairring::Backend> ReconfigurableBackend::currentIfAny()
+    const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return current_;
+}
+
 void ReconfigurableBackend::setTimeout(std::chrono::milliseconds timeout) {
-  c10::intrusive_ptr<fairring::Backend> backend;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     timeout_ = timeout;
-    backend = current_;
   }
-  if (backend) {
+  if (auto backend = currentIfAny()) {
     backend->setTimeout(timeout);
   }
 }
 
 c10d::ErrorType ReconfigurableBackend::getError() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return current_ ? current_->getError() : c10d::ErrorType::SUCCESS;
+  auto backend = currentIfAny();
+  return backend ? backend->getError() : c10d::ErrorType::SUCCESS;
 }
 
 void ReconfigurableBackend::abort() {
-  c10::intrusive_ptr<fairring::Backend> backend;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    backend = current_;
-  }
-  if (backend) {
+  if (auto backend = currentIfAny()) {
     backend->abort();
   }
 }
 
 void ReconfigurableBackend::shutdown() {
-  c10::intrusive_ptr<fairring::Backend> backend;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    backend = current_;
-  }
-  if (backend) {
+  if (auto backend = currentIfAny()) {
     backend->shutdown();
   }
 }

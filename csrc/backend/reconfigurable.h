@@ -218,6 +218,9 @@ class ReconfigurableBackend final : public c10d::Backend {
 #endif
 
  private:
+  // The current members' Backend; null before the first reconfigure.
+  c10::intrusive_ptr<fairring::Backend> currentIfAny() const;
+
   const c10::intrusive_ptr<c10d::Store> store_;
   const uint64_t nonce_; // tells this process's handles from a restarted one's
   const int stableRank_; // its rank when the group was made
