@@ -70,9 +70,13 @@ std::shared_ptr<ReportsInFlight> reportsInFlight() {
 
 // Runs `hooks` off the calling thread: that thread is failing ops whose
 // waiters must hear of it now, within their timeout, not after a dump (which
-// symbolizes stack traces and writes files, for seconds).
-void reportFailure(std::vector<BackendHooks::Abort> hooks) {
-  if (hooks.empty()) {
+// symbolizes stack traces and writes files, for seconds). Not while `running`
+// (one group's earlier run, which a failure's many failed Works would each
+// start again): that run's dump already shows the failure.
+void reportFailure(
+    std::vector<BackendHooks::Abort> hooks,
+    const std::shared_ptr<std::atomic<bool>>& running) {
+  if (hooks.empty() || running->exchange(true)) {
     return;
   }
   auto inFlight = reportsInFlight();
@@ -80,7 +84,7 @@ void reportFailure(std::vector<BackendHooks::Abort> hooks) {
     std::lock_guard<std::mutex> lock(inFlight->mutex);
     ++inFlight->running;
   }
-  std::thread([inFlight, hooks = std::move(hooks)] {
+  std::thread([inFlight, running, hooks = std::move(hooks)] {
     for (const auto& hook : hooks) {
       try {
         hook();
@@ -88,6 +92,7 @@ void reportFailure(std::vector<BackendHooks::Abort> hooks) {
         TORCH_WARN("fairring: an abort hook failed: ", error.what());
       }
     }
+    *running = false;
     {
       std::lock_guard<std::mutex> lock(inFlight->mutex);
       --inFlight->running;
@@ -109,13 +114,17 @@ struct BackendHooks::Registry {
   HookTable<Completion> completion;
   HookTable<Abort> abort;
   std::atomic<bool> quiet{false};
+  // Set while this group's abort hooks run; shared with the thread that
+  // runs them, which may outlive the registry.
+  const std::shared_ptr<std::atomic<bool>> reporting =
+      std::make_shared<std::atomic<bool>>(false);
 
   void completed(uint64_t key, float durationMs) const {
     completion.call(key, std::optional<float>(durationMs));
   }
   void aborting() const {
     if (!quiet) {
-      reportFailure(abort.snapshot());
+      reportFailure(abort.snapshot(), reporting);
     }
   }
 };
