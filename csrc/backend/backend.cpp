@@ -1144,6 +1144,9 @@ c10::intrusive_ptr<c10d::Backend> Backend::shrink(
   }
   if (shrinkFlags == kShrinkAbort) {
     // This group's pending ops end now; the survivors' own aborts end theirs.
+    // Its own doing, as abort() is: no failure class, no dump.
+    leaving_ = true;
+    torchHooks_.quiet();
     stopEngines("shrank its process group (SHRINK_ABORT)");
     delegated_.fail(
         topology_.describeRank(getRank()) +
