@@ -274,6 +274,13 @@ class InnerGroups:
                 "shrink_group with the same ranks_to_exclude (a rank that failed meanwhile must be excluded too)",
                 absent,
             ) from error
+        except RuntimeError as error:
+            # Gloo's connection errors name an address, not a rank: say what was under way.
+            raise RuntimeError(
+                f"fairring: rank {old.rank}'s shrink of its group of {old.world_size} without rank(s) {excluded} "
+                f"failed while the ranks that remain, {survivors}, connected ({error}); one of them failed during "
+                "the shrink: exclude it too and shrink again"
+            ) from error
         log_shrunk(backend.topology, excluded)
         return backend
 
