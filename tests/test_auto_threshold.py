@@ -93,7 +93,10 @@ def test_first_all_reduce_measures_then_routes_and_caches(cache: Path) -> None:
         assert all(result["decided"] == decided for result in first)
         assert decided["source"] == "measured"
         sizes = [row["bytes"] for row in decided["sizes"]]
-        assert sizes == list(LADDER[: len(sizes)]) and sizes
+        # The largest always; below it, the ladder from the bottom, until clear wins (or the
+        # budget) stop the sweep, which on a loaded machine can come before 4 MiB.
+        below_top = [nbytes for nbytes in sizes if nbytes != LADDER[-1]]
+        assert LADDER[-1] in sizes and below_top == list(LADDER[: len(below_top)]) and below_top, sizes
         threshold, ceiling = decided["threshold"], decided["ceiling"]
         sweep = [SizeTiming(r["bytes"], r["engine_s"], r["delegate_s"]) for r in decided["sizes"]]
         assert (threshold, ceiling) == choose_sizes(sweep)
