@@ -24,8 +24,8 @@ def flight_recorder_dumps() -> Iterator[Path]:
     inherits this.
     """
     directory = Path(tempfile.mkdtemp(prefix="fairring-fr-"))
-    # Without stack traces: symbolizing them makes each dump (which runs before a failure
-    # reaches the waiter) take seconds under the sanitizers, where failure tests time it.
+    # Without stack traces: symbolizing them makes each dump take seconds under the
+    # sanitizers, and destroy_process_group waits for it, which failure tests time.
     settings = {"TORCH_FR_DUMP_TEMP_FILE": str(directory / "trace_rank_"), "TORCH_INCLUDE_STACK_TRACE": "0"}
     previous = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
