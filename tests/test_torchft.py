@@ -2,11 +2,13 @@
 
 The lighthouse runs in the test process; each replica (one rank each, on its
 own emulated machine) is a real process with its own store and Manager, as
-torchft's examples run them. Replica 1 is killed (SIGKILL) inside a step whose
-quorum held both replicas, then started again, and heals from replica 0. The
-same job runs on torchft's own ProcessGroupGloo: both must commit the same
-steps with the same participants and end with the same parameters, on both
-replicas.
+torchft's examples run them. Every address they are given or advertise is
+loopback (torchft's own servers still bind every interface, as it codes them).
+Replica 1 is killed (SIGKILL), then started again, and heals from replica 0.
+Killed between steps, the same job runs on torchft's own ProcessGroupGloo:
+both must commit the same steps with the same participants and end with the
+same parameters, on both replicas. Killed inside a step, fairring's failed
+all-reduce must make torchft retry the step without it.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ def run_replica(replica: int, attempt: int, backend: str, lighthouse: str, scrat
         rank=0,
         world_size=1,
         lighthouse_addr=lighthouse,
+        hostname="127.0.0.1",  # what it tells the lighthouse and its peers: loopback only
         timeout=TIMEOUT,
         quorum_timeout=timedelta(seconds=60),
         use_async_quorum=False,
@@ -143,7 +146,9 @@ def run_job(backend: str, kill: str, scratch: Path) -> dict[int, dict[str, objec
     from torchft._torchft import LighthouseServer
 
     scratch.mkdir()
-    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, heartbeat_timeout_ms=2000, join_timeout_ms=30000)
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, heartbeat_timeout_ms=2000, join_timeout_ms=30000)
+    # Its own address() names this machine's hostname; the replicas reach it on loopback.
+    address = "http://127.0.0.1:" + lighthouse.address().rsplit(":", 1)[1]
     context = mp.get_context("spawn")
     processes = []
     try:
@@ -151,7 +156,7 @@ def run_job(backend: str, kill: str, scratch: Path) -> dict[int, dict[str, objec
         def start(replica: int, attempt: int) -> mp.process.BaseProcess:
             process = context.Process(
                 target=run_replica,
-                args=(replica, attempt, backend, lighthouse.address(), str(scratch), kill),
+                args=(replica, attempt, backend, address, str(scratch), kill),
                 daemon=True,
             )
             process.start()
