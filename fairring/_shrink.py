@@ -23,6 +23,14 @@ from . import _C
 _INSTALLED = "_fairring_registers_shrunk_groups"
 
 
+def serve_cpu_and_cuda(group: dist.ProcessGroup, backend: dist.Backend) -> None:
+    """`backend` serves `group`'s CPU and CUDA tensors as the custom backend it is, as register() registers fairring."""
+    custom = dist.ProcessGroup.BackendType.CUSTOM
+    for device in ("cpu", "cuda"):
+        group._register_backend(torch.device(device), custom, backend)
+    group._set_default_backend(custom)
+
+
 def register_shrunk_groups_as_fairring() -> None:
     original = getattr(c10d, "_create_shrunk_process_group", None)
     if original is None or getattr(original, _INSTALLED, False):
@@ -32,10 +40,7 @@ def register_shrunk_groups_as_fairring() -> None:
     def _create_shrunk_process_group(new_backend: Any, *args: Any, **kwargs: Any) -> dist.ProcessGroup:
         group = original(new_backend, *args, **kwargs)
         if isinstance(new_backend, _C.Backend):
-            custom = dist.ProcessGroup.BackendType.CUSTOM
-            for device in ("cpu", "cuda"):  # as register() registers fairring
-                group._register_backend(torch.device(device), custom, new_backend)
-            group._set_default_backend(custom)
+            serve_cpu_and_cuda(group, new_backend)
         return group
 
     setattr(_create_shrunk_process_group, _INSTALLED, True)

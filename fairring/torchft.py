@@ -25,6 +25,7 @@ except ImportError as error:
 
 from . import _C
 from ._registration import create_backend
+from ._shrink import serve_cpu_and_cuda
 from .options import Options
 
 BACKEND_NAME = "torchft-fairring"
@@ -46,10 +47,7 @@ class ProcessGroupFairring(ProcessGroupWrapper):
         # Each quorum's store is its own (torchft prefixes it), so rebuilds never meet an old one's keys.
         backend = create_backend(store, rank, world_size, self._timeout, BACKEND_NAME, self._options)
         group = dist.ProcessGroup(store, rank, world_size)
-        custom = dist.ProcessGroup.BackendType.CUSTOM
-        group._set_default_backend(custom)
-        for device in ("cpu", "cuda"):
-            group._register_backend(torch.device(device), custom, backend)
+        serve_cpu_and_cuda(group, backend)
         self._backend = backend
         return group
 

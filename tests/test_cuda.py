@@ -166,6 +166,13 @@ def one_nccl_host_per_process(world: int) -> dict[int, dict[str, str]]:
     return {rank: {"NCCL_HOSTID": f"fairring-test-cuda-{rank}", **NCCL_ON_LOOPBACK} for rank in range(world)}
 
 
+def devices_for(layout: Layout) -> tuple[str, dict[int, dict[str, str]] | None]:
+    """A GPU per rank where there are enough; else one GPU, each process its own NCCL host."""
+    if torch.cuda.device_count() >= layout.world_size:
+        return GPU_PER_RANK, None
+    return ONE_GPU, one_nccl_host_per_process(layout.world_size)
+
+
 def run_engine_checks(
     layout: Layout, device_of_rank: str, sizes: list[int], nccl_hosts: dict[int, dict[str, str]] | None = None
 ) -> list[dict[str, int]]:
@@ -193,10 +200,7 @@ def test_cuda_engine_two_machines_on_one_gpu() -> None:
 def test_cuda_engine_with_local_groups() -> None:
     """2x2: the engine's local reduce-scatter and all-gather on real NCCL groups."""
     layout = Layout(2, 2)
-    if torch.cuda.device_count() >= layout.world_size:
-        device_of_rank, nccl_hosts = GPU_PER_RANK, None
-    else:
-        device_of_rank, nccl_hosts = ONE_GPU, one_nccl_host_per_process(layout.world_size)
+    device_of_rank, nccl_hosts = devices_for(layout)
     for stats in run_engine_checks(layout, device_of_rank, [1, 3, 1001, 300_001], nccl_hosts):
         assert stats is not None and stats["slices"] > 0 and stats["flat_ops"] == 0
         assert stats["local_steps"] == "nccl", stats
@@ -259,10 +263,7 @@ def shrink_a_cuda_group(device_of_rank: str) -> dict[str, object]:
 
 def test_shrink_group_on_cuda() -> None:
     layout = Layout(3, 1)
-    if torch.cuda.device_count() >= layout.world_size:
-        device_of_rank, nccl_hosts = GPU_PER_RANK, None
-    else:
-        device_of_rank, nccl_hosts = ONE_GPU, one_nccl_host_per_process(layout.world_size)
+    device_of_rank, nccl_hosts = devices_for(layout)
     with RankPool(layout, InitSpec(extra_env=CUDA_ENGINE_ENV), rank_env=nccl_hosts) as ranks:
         outcomes = ranks.run(shrink_a_cuda_group, device_of_rank, timeout=300)
     for rank in (0, 1):
