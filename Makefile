@@ -84,7 +84,8 @@ test-oldest: $(OLDEST_VENV)/.installed
 # (hellos, notices, heartbeats' ledger reports, malformed handshakes over the wire), the rails
 # protocol, staging, the engine on CPU and on the emulated device (the CUDA engine's
 # ordering), the order of collectives on shared memory, the flight recorder's hooks (every
-# Work handed out wrapped and reported), shutdown and failures run against it, first
+# Work handed out wrapped and reported), shutdown, failures and rails that fail over run
+# against it, first
 # .ci/sanitize_check.py, which fails unless the test process and a spawned rank import that
 # build. SANITIZE_DESELECT keeps it within CI's time: DDP models, the 1x4 and 2x3 pools (the
 # others cover their paths), the emulated device's 3x2 run (its 2x2 run stays), the launch
@@ -110,7 +111,8 @@ SANITIZE_TESTS ?= .ci/sanitize_check.py tests/test_untrusted_peers.py tests/test
 	tests/test_mismatches.py tests/test_rails_protocol.py tests/test_staging.py tests/test_config.py \
 	tests/test_topology.py tests/test_engine.py tests/test_plans.py tests/test_lifecycle.py tests/test_failures.py \
 	tests/test_shared_memory.py tests/test_memory_order.py tests/test_emulated_device.py \
-	tests/test_flight_recorder.py tests/test_group_steps.py tests/test_launch_order.py
+	tests/test_flight_recorder.py tests/test_group_steps.py tests/test_launch_order.py \
+	tests/test_rails_failover.py
 SANITIZE_DESELECT ?= not ddp_matches_gloo and not 1x4 and not (2x3 and not interleaved) and not link_goes_down \
 	and not (random_all_reduces and interleaved) and not in_order_unordered_launch
 SANITIZE_LOGS := build/sanitize-logs
@@ -140,6 +142,12 @@ SOAK_ARGS ?= --minutes 10
 .PHONY: soak
 soak: build
 	$(PY) benchmarks/soak.py $(SOAK_ARGS)
+
+# A rail's NIC down and back under all-reduces, timed (tests/test_rails_failover.py is the
+# short, checked run): bandwidth and bytes by NIC through the episode; needs network namespaces.
+.PHONY: failover-episode
+failover-episode: build
+	$(PY) benchmarks/failover_episode.py $(FAILOVER_ARGS)
 
 # The emulated device's long run, outside CI (tests/test_emulated_device.py runs ~300 ops
 # per layout in CI): STRESS_OPS all-reduces per layout, half on each of two groups, on 2x3

@@ -77,6 +77,7 @@ COMMON_SOURCES = [
     "engine/trace.cpp",
     "local/group_steps.cpp",
     "local/shared_memory.cpp",
+    "rails/failover.cpp",
     "rails/interfaces.cpp",
     "rails/lanes.cpp",
     "rails/mesh_factory.cpp",

@@ -361,6 +361,9 @@ PYBIND11_MODULE(_C, module) {
       .def(
           py::init([](std::string listenAddress,
                       std::string interfaceName,
+                      std::vector<std::string> spareInterfaces,
+                      std::vector<std::string> spareAddresses,
+                      bool railFailover,
                       std::vector<std::string> transports,
                       std::vector<std::string> cpuChannels,
                       std::vector<std::string> cudaChannels,
@@ -372,6 +375,9 @@ PYBIND11_MODULE(_C, module) {
             return fairring::RailsNetwork{
                 std::move(listenAddress),
                 std::move(interfaceName),
+                std::move(spareInterfaces),
+                std::move(spareAddresses),
+                railFailover,
                 std::move(transports),
                 std::move(cpuChannels),
                 std::move(cudaChannels),
@@ -383,6 +389,9 @@ PYBIND11_MODULE(_C, module) {
           }),
           py::arg("listen_address") = "127.0.0.1",
           py::arg("interface_name") = "lo",
+          py::arg("spare_interfaces") = std::vector<std::string>{},
+          py::arg("spare_addresses") = std::vector<std::string>{},
+          py::arg("rail_failover") = false,
           py::arg("transports") = std::vector<std::string>{"uv"},
           py::arg("cpu_channels") = std::vector<std::string>{"basic"},
           py::arg("cuda_channels") = std::vector<std::string>{"cuda_basic"},
@@ -395,6 +404,10 @@ PYBIND11_MODULE(_C, module) {
           "and fairring.transports); the default is loopback TCP.")
       .def_readonly("listen_address", &fairring::RailsNetwork::listenAddress)
       .def_readonly("interface_name", &fairring::RailsNetwork::interfaceName)
+      .def_readonly(
+          "spare_interfaces", &fairring::RailsNetwork::spareInterfaces)
+      .def_readonly("spare_addresses", &fairring::RailsNetwork::spareAddresses)
+      .def_readonly("rail_failover", &fairring::RailsNetwork::railFailover)
       .def_readonly("transports", &fairring::RailsNetwork::transports)
       .def_readonly("cpu_channels", &fairring::RailsNetwork::cpuChannels)
       .def_readonly("cuda_channels", &fairring::RailsNetwork::cudaChannels)

@@ -19,6 +19,16 @@ struct RailsNetwork {
   // The numeric address the rails listen on, and only on, and its interface.
   std::string listenAddress = "127.0.0.1";
   std::string interfaceName = "lo";
+  // The machine's other rails' interfaces and their addresses, best first:
+  // where a rail switch may move this rank's rails when its own interface
+  // goes down (FAIRRING_RAIL_FAILOVER; rails/failover.h). Empty: no switch.
+  std::vector<std::string> spareInterfaces;
+  std::vector<std::string> spareAddresses;
+  // Every rank keeps what it sends until its rail peer acknowledges it, so
+  // that a switch can resend it: with FAIRRING_RAIL_FAILOVER=1 wherever a
+  // machine has several rails, spares or not, so both ends of a pair agree
+  // (the CPU engine's only: see Engine's constructor).
+  bool railFailover = false;
   // TensorPipe transports ("ibv", "uv") and channels for CPU ("basic") and
   // CUDA ("cuda_gdr", "cuda_basic") buffers, best first. uv is always among
   // the transports: every pipe connects over it first.

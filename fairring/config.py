@@ -37,6 +37,7 @@ LOG_LEVEL = "FAIRRING_LOG_LEVEL"
 CUDA_ENGINE = "FAIRRING_CUDA_ENGINE"
 IB_DISABLE = "FAIRRING_IB_DISABLE"
 SHM_DISABLE = "FAIRRING_SHM_DISABLE"
+RAIL_FAILOVER = "FAIRRING_RAIL_FAILOVER"
 TIMELINE = "FAIRRING_TIMELINE"
 RAILS_TRANSPORT = "FAIRRING_RAILS_TRANSPORT"
 NIXL_BACKEND = "FAIRRING_NIXL_BACKEND"
@@ -214,6 +215,8 @@ class Config:
     transport: TransportSettings = TransportSettings()
     # CPU local steps go through Gloo over loopback instead of shared memory.
     shm_disable: bool = False
+    # A rail whose interface goes down moves to the machine's other rails' interfaces (opt-in).
+    rail_failover: bool = False
     # Folder where each engine writes a Chrome-trace timeline of its slices' stages.
     timeline_directory: str | None = None
     # torchrun's restart count (None outside torchrun). Its store outlives a restart, keys and
@@ -270,6 +273,7 @@ class Config:
             FLAT_THRESHOLD: "unset" if self.flat_threshold is None else self.flat_threshold,
             CUDA_ENGINE: AUTO if self.cuda_engine_auto else int(self.cuda_engine),
             RAILS_TRANSPORT: self.rails_transport,
+            RAIL_FAILOVER: int(self.rail_failover),
             NIXL_BACKEND: self.nixl_backend if self.rails_transport == "nixl" else "unused",
         }
 
@@ -290,6 +294,7 @@ class Config:
             f"{AUTO_CACHE}={self.auto_cache or '(off)'} "
             f"{IB_DISABLE}={int(self.ib_disable)} "
             f"{SHM_DISABLE}={int(self.shm_disable)} "
+            f"{RAIL_FAILOVER}={int(self.rail_failover)} "
             f"{TIMELINE}={self.timeline_directory or '(off)'} "
             f"{RAILS_TRANSPORT}={self.rails_transport}"
             + (f" {NIXL_BACKEND}={self.nixl_backend}" if self.rails_transport == "nixl" else "")
@@ -377,6 +382,7 @@ def load_config(env: Mapping[str, str] | None = None, tensorpipe_built: bool | N
         auto_cache=_auto_cache(env),
         transport=transport,
         shm_disable=parse_flag(SHM_DISABLE, env.get(SHM_DISABLE)),
+        rail_failover=parse_flag(RAIL_FAILOVER, env.get(RAIL_FAILOVER)),
         timeline_directory=_timeline_directory(env.get(TIMELINE)),
         launcher_attempt=_optional_count(env, RESTART_COUNT),
         rails_transport=rails_transport,

@@ -41,6 +41,37 @@ def nixl_settings(
     return choose_ucx_settings(interfaces, config.transport, facts, topology.local_rank, gpu)
 
 
+def keeps_for_resend(config: Config, topology: _C.Topology) -> bool:
+    """Whether the rails keep every message until acknowledged: the same on every rank, spares or not.
+
+    The CPU engine's only: an engine on a device that runs work in launch order (CUDA) keeps nothing.
+    """
+    return (
+        config.rail_failover
+        and config.rails_transport == "tensorpipe"
+        and topology.serves_engine
+        and topology.local_size > 1
+    )
+
+
+def spare_interfaces(
+    config: Config, interface: str, addresses: list[InterfaceAddress], topology: _C.Topology
+) -> list[InterfaceAddress]:
+    """The machine's other rails' interfaces, from the next rail on: where a rail switch may move this rank's rails.
+
+    The same rail on every machine takes the same spare, so on rail-optimised fabrics the spares reach each other.
+    """
+    if not keeps_for_resend(config, topology):
+        return []
+    size = topology.local_size
+    spares: dict[str, InterfaceAddress] = {}
+    for step in range(1, size):
+        chosen = choose_rail_interface(config, (topology.local_rank + step) % size, addresses)
+        if chosen.name != interface and chosen.name not in spares:
+            spares[chosen.name] = InterfaceAddress(chosen.name, "", chosen.address)
+    return list(spares.values())
+
+
 def rails_network(config: Config, topology: _C.Topology) -> _C.RailsNetwork:
     """The rails' network for this rank of `topology`, logged at INFO the first time it is chosen."""
     addresses = host_addresses()
@@ -56,6 +87,9 @@ def rails_network(config: Config, topology: _C.Topology) -> _C.RailsNetwork:
     else:
         transports = rails_transports(config.transport, cuda=cuda)
         carried = transports.describe()
+    spares = spare_interfaces(config, interface.name, addresses, topology)
+    if spares:
+        carried += f"; failover to {', '.join(f'{s.name} {s.address}' for s in spares)}"
     if topology.serves_engine:
         line = (
             f"rank {topology.rank} (machine {topology.machine} of {topology.num_machines}, rail "
@@ -68,6 +102,9 @@ def rails_network(config: Config, topology: _C.Topology) -> _C.RailsNetwork:
     return _C.RailsNetwork(
         listen_address=interface.address,
         interface_name=interface.name,
+        spare_interfaces=[spare.name for spare in spares],
+        spare_addresses=[spare.address for spare in spares],
+        rail_failover=keeps_for_resend(config, topology),
         transports=list(transports.transports),
         cpu_channels=list(transports.cpu_channels),
         cuda_channels=list(transports.cuda_channels),

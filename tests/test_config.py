@@ -78,6 +78,7 @@ def test_values_from_environment() -> None:
         "FAIRRING_FLAT_THRESHOLD": 2**20,
         "FAIRRING_CUDA_ENGINE": 1,
         "FAIRRING_RAILS_TRANSPORT": "tensorpipe",
+        "FAIRRING_RAIL_FAILOVER": 0,
         "FAIRRING_NIXL_BACKEND": "unused",
     }
     assert "FAIRRING_SLICE_SIZE=4MiB" in config.describe()
@@ -220,3 +221,11 @@ def test_every_setting_reaches_the_cpp_side() -> None:
     by_device = _C.Config.from_settings(Config())
     assert (by_device.cpu_flat_threshold_bytes, by_device.cuda_flat_threshold_bytes) == (0, 4 * 2**20)
     assert by_device.timeline_directory == ""
+
+
+def test_rail_failover_is_off_unless_turned_on_and_must_agree() -> None:
+    assert not load_config({}).rail_failover and "FAIRRING_RAIL_FAILOVER=0" in load_config({}).describe()
+    on = load_config({"FAIRRING_RAIL_FAILOVER": "1"})
+    assert on.rail_failover and on.must_agree()["FAIRRING_RAIL_FAILOVER"] == 1
+    with pytest.raises(ConfigError, match="FAIRRING_RAIL_FAILOVER='maybe' is not a switch"):
+        load_config({"FAIRRING_RAIL_FAILOVER": "maybe"})

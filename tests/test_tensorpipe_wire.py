@@ -131,3 +131,47 @@ def test_the_invariant_checks_catch_values_outside_the_grammar() -> None:
     assert record_violations({"device_index": 0, "url": b"uv://"})
     assert record_violations({"device_index": 0, "url": b"uv://a b"})
     assert record_violations({"device_index": 0, "url": b"tcp://a"})
+
+
+# A rail switch's hello (rails/failover.h): three more numbers, the switch first (never 0).
+def test_a_switch_hello_round_trips() -> None:
+    raw = T.tensorpipe_encode_hello(3, 2, 0, generation=4, received_shards=17, received_reduced=2**64 - 1)
+    assert raw == b"fairring-rails-hello 3 2 0 4 17 %d" % (2**64 - 1)
+    assert T.tensorpipe_parse_hello(raw) == {
+        "rank": 3,
+        "lane": 2,
+        "device_index": 0,
+        "generation": 4,
+        "received": (17, 2**64 - 1),
+    }
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"fairring-rails-hello 1 2 3 0 5 6",  # switch 0 is the mesh's first connection, which has none
+        b"fairring-rails-hello 1 2 3 1 5",
+        b"fairring-rails-hello 1 2 3 1 5 6 7",
+        b"fairring-rails-hello 1 2 3 1 -5 6",
+        b"fairring-rails-hello 1 2 3 1 05 6",
+        b"fairring-rails-hello 1 2 3 1 5 %d" % 2**64,
+    ],
+)
+def test_malformed_switch_hellos_are_refused(raw: bytes) -> None:
+    refused = T.tensorpipe_parse_hello(raw)
+    assert isinstance(refused, str) and "did not open with fairring's hello" in refused, refused
+
+
+def test_the_switch_record_round_trips_and_refuses_malformed_ones() -> None:
+    raw = T.tensorpipe_encode_switch_record(1, 5, 6, URL)
+    assert raw == b"1 5 6 " + URL
+    assert T.tensorpipe_parse_switch_record(raw) == {"device_index": 1, "received": (5, 6), "url": URL}
+    for bad in (b"1 5 " + URL, b"1 5 6 7 " + URL, b"1 -5 6 " + URL, b"1 5 06 " + URL, b"1 5 6 tcp://x:1"):
+        refused = T.tensorpipe_parse_switch_record(bad)
+        assert isinstance(refused, str) and "malformed switch record" in refused, (bad, refused)
+
+
+def test_acked_notes_parse_only_as_written() -> None:
+    assert T.parse_acked_note("acked 3 0") == (3, 0)
+    for bad in ("acked 3", "acked 3 0 1", "acked -3 0", "acked 03 0", "acked  3 0", "acked 3 x", "ack 3 0"):
+        assert T.parse_acked_note(bad) is None, bad

@@ -3,6 +3,7 @@
 #include "engine/engine.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 
 #include "engine/ops.h"
 #include "engine/plan.h"
@@ -69,10 +70,31 @@ Engine::Engine(
           static_cast<size_t>(staging.nbytes()),
           staging.device(),
           std::nullopt});
+  // Kept sends hold their staging until acknowledged. On a device that runs
+  // work in launch order (CUDA, and the emulated device that stands for it)
+  // that later release stalled the launch order's turns (the emulated
+  // device's two-group test hung): those engines keep nothing, and do not
+  // switch. Both ends of a pair run the same device type, so they agree.
+  const bool resends = mesh_->resends() && !device_->mayRunInLaunchOrder();
+  const bool switches = resends && rails::RailFailover::possible(*mesh_);
   lanes_ = std::make_unique<rails::Lanes>(
-      *mesh_, [this](int peerRank, bool mismatch, const std::string& message) {
+      *mesh_,
+      [this](int peerRank, bool mismatch, const std::string& message) {
         onRailsFailure(peerRank, mismatch, message);
-      });
+      },
+      resends ? rails::Lanes::Broken(
+                    [this](int machine, const std::string& message) {
+                      const int peer = topology_.railPeers()[machine];
+                      auto fail = [this, peer, message] {
+                        lanes_->failPeer(peer, message);
+                      };
+                      if (failover_) {
+                        failover_->broken(machine, std::move(fail));
+                      } else {
+                        fail(); // no spare here: nothing to switch to
+                      }
+                    })
+              : nullptr);
   watch_ = std::make_unique<rails::Watch>(
       *mesh_,
       topology_.worldSize(),
@@ -81,6 +103,13 @@ Engine::Engine(
             onNotice(neighbour, notice);
           },
           [this](int neighbour, const std::string& error) {
+            const int machine = topology_.machineOf(neighbour);
+            if (failover_ && machine != topology_.machine()) {
+              failover_->broken(machine, [this, neighbour, error] {
+                onLost(neighbour, error);
+              });
+              return;
+            }
             onLost(neighbour, error);
           },
           [this](int neighbour) { onBye(neighbour); },
@@ -88,7 +117,31 @@ Engine::Engine(
             if (owner_.onPeerStatus) {
               owner_.onPeerStatus(neighbour, status);
             }
+          },
+          [this](int neighbour, const std::string& text) {
+            return onRailsNote(neighbour, text);
           }});
+  if (switches) {
+    failover_ = std::make_unique<rails::RailFailover>(
+        *mesh_,
+        *lanes_,
+        *watch_,
+        topology_,
+        rails::RailFailover::Settings{
+            timeout,
+            3 * heartbeatInterval_,
+            heartbeatInterval_,
+            std::chrono::milliseconds(100)},
+        rails::RailFailover::Hooks{
+            [this](const std::string& line, bool warning) {
+              const std::string text = "fairring: " + line;
+              if (warning) {
+                LOG(WARNING) << text;
+              } else {
+                LOG(INFO) << text;
+              }
+            }});
+  }
   watch_->start();
   // One thread per stage and the watchdog, owned by the engine and joined by
   // its destructor.
@@ -121,6 +174,9 @@ Engine::~Engine() {
     thread.join();
   }
   watchdog_.join();
+  if (failover_) {
+    failover_->shutdown(); // its switches use the mesh, lanes and watch
+  }
   // The device's own threads (an emulated device's streams) run work that
   // uses this engine: none runs after this.
   device_->join();
@@ -406,7 +462,18 @@ bool Engine::allGather(const std::shared_ptr<SliceWork>& slice) {
     std::lock_guard<std::mutex> lock(mutex_);
     lastReleased_ = done; // before the lease: whoever gets it sees this
   }
-  slice->lease.reset(); // before the turn passes: the window counts on it
+  // Before the turn passes, the window counts on it, unless the rails keep
+  // a send for a resend: then once the peer has it (Engine::send). Exactly
+  // one of this and the last release decides, under mutex_.
+  bool release = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    slice->gathered = true;
+    release = slice->sendsKept == 0 || !lanes_->resends();
+  }
+  if (release) {
+    slice->lease.reset();
+  }
   launched(LaunchOrder::Step::kAllGather);
   ++slicesDone_;
   return true;
@@ -551,6 +618,7 @@ void Engine::send(
     std::lock_guard<std::mutex> lock(mutex_);
     ++slice->writesPending;
     ++slice->sendsTo[machine];
+    ++slice->sendsKept;
   }
   lanes_->send(
       machine,
@@ -567,6 +635,18 @@ void Engine::send(
           --slice->sendsTo[machine];
         }
         progress_.notify_all();
+      },
+      // Once the peer has it: it is never sent again.
+      [this, slice] {
+        bool release = false;
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          release =
+              --slice->sendsKept == 0 && slice->gathered && lanes_->resends();
+        }
+        if (release) {
+          slice->lease.reset();
+        }
       });
 }
 

@@ -26,6 +26,7 @@
 #include "engine/staging.h"
 #include "engine/trace.h"
 #include "local/local_steps.h"
+#include "rails/failover.h"
 #include "rails/lanes.h"
 #include "rails/watch.h"
 #include "topology.h"
@@ -166,7 +167,8 @@ class Engine {
     return staging_.stats();
   }
   std::string describeRails() const {
-    return mesh_->describe();
+    return mesh_->describe() +
+        (failover_ ? "; " + failover_->describe() : std::string());
   }
   EngineStats stats() const;
 
@@ -274,6 +276,8 @@ class Engine {
   void onRailsFailure(int peerRank, bool mismatch, const std::string& message);
   void onNotice(int neighbour, const rails::Watch::Notice& notice);
   void onLost(int neighbour, const std::string& error);
+  // An "acked" note for the lanes, or a switch note for the failover.
+  bool onRailsNote(int neighbour, const std::string& text);
   void onBye(int neighbour);
   bool departed(int rank) const; // said goodbye; needs mutex_
   // "rank 3 (machine 1 of 2)".
@@ -305,6 +309,9 @@ class Engine {
   std::unique_ptr<rails::Mesh> mesh_;
   std::unique_ptr<rails::Lanes> lanes_;
   std::unique_ptr<rails::Watch> watch_;
+  // Where the mesh can switch interfaces; null otherwise. Its threads are
+  // joined before the mesh shuts down.
+  std::unique_ptr<rails::RailFailover> failover_;
 
   std::atomic<bool> failed_{false}; // stopped, whether settled or not
   std::atomic<uint64_t> nextSeq_{0};

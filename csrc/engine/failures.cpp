@@ -98,6 +98,25 @@ void Engine::onRailsFailure(
           me + " lost " + who(peerRank) + ": " + message, peerRank));
 }
 
+bool Engine::onRailsNote(int neighbour, const std::string& text) {
+  const int machine = topology_.machineOf(neighbour);
+  const bool railPeer = machine != topology_.machine() &&
+      topology_.railPeers()[machine] == neighbour;
+  if (const auto counts = rails::parseAckedNote(text)) {
+    if (!railPeer || !lanes_->resends()) {
+      return false;
+    }
+    lanes_->acknowledged(machine, *counts);
+    return true;
+  }
+  if (failover_) {
+    return failover_->onNote(neighbour, text);
+  }
+  // A rank without a spare takes no part in switches: a peer's attempt
+  // times out, naming its interface.
+  return text.starts_with("switch ");
+}
+
 void Engine::onNotice(int /*neighbour*/, const rails::Watch::Notice& notice) {
   Cause cause = Cause::firstHand(notice.what, notice.culprit);
   cause.kind = FailureKind::kRemote;
@@ -167,6 +186,9 @@ void Engine::stop(Cause cause) {
     watch_->announce({cause.culprit, cause.what});
   }
   if (first) {
+    if (failover_) {
+      failover_->cancel();
+    }
     progress_.notify_all();
     watchdogWake_.notify_all();
     staging_.interrupt();

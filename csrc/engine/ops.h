@@ -103,6 +103,10 @@ struct Engine::SliceWork {
   int shardsReceived = 0;
   int reducedReceived = 0;
   int writesPending = 0;
+  // Sends the rails still keep for a resend (rails/lanes.h); the lease goes
+  // back once none does and the all-gather is launched.
+  int sendsKept = 0;
+  bool gathered = false;
   Fence shardsArrived; // the latest arrival covers every earlier one
   Fence reducedArrived;
 

@@ -6,9 +6,12 @@
 // (nixl/mesh.h) implement these two classes; the protocols and the engine do
 // not know which one runs (rails/mesh_factory.h chooses).
 
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +28,18 @@ namespace fairring::rails {
 // not started (see docs/design.md, "Rails mesh and lanes").
 enum Lane : int { kShards = 0, kReduced = 1 };
 constexpr int kLanes = 2;
+
+// Messages received so far from a rail peer, by lane: what a rail switch
+// resends from (rails/failover.h).
+struct ReceivedCounts {
+  uint64_t shards = 0;
+  uint64_t reduced = 0;
+
+  uint64_t& operator[](Lane lane) {
+    return lane == kShards ? shards : reduced;
+  }
+  bool operator==(const ReceivedCounts&) const = default;
+};
 
 // Memory a message is sent from or received into. CUDA memory is ordered on
 // `stream`: a send reads it after the work queued there so far, and received
@@ -104,6 +119,41 @@ class Mesh {
   // The name of the network interface this rank listens on if it is down
   // (its link lost), else empty.
   virtual std::string downInterface() const = 0;
+
+  // Rail switches (rails/failover.h); a transport that cannot switch keeps
+  // these defaults. Whether messages are kept for a resend (Lanes): the same
+  // on every rank of the group.
+  virtual bool resends() const {
+    return false;
+  }
+  // The interface this rank's rails listen on.
+  virtual std::string interfaceName() const {
+    return "";
+  }
+  // The machine's other interfaces a switch may move them to, best first;
+  // empty if none (or the transport cannot switch).
+  virtual std::vector<std::string> spareInterfaces() const {
+    return {};
+  }
+  // Closes the data and control connections to the rail peer on `machine`:
+  // their pending transfers fail. The closed ones stay in place, so a
+  // caller that still reaches them gets an error, until reconnect().
+  virtual void detach(int /*machine*/) {}
+  // Connects to the rail peer on `machine` again, as the pair's switch
+  // number `generation`: the rank on the higher machine listens on
+  // `interface` (this machine's own or a spare) and publishes where in the
+  // store; the other dials it. Each side gives what it has received on each
+  // lane, and gets the peer's. Throws, saying why, at `deadline` or once
+  // `cancelled()`.
+  virtual ReceivedCounts reconnect(
+      int /*machine*/,
+      const std::string& /*interface*/,
+      uint64_t /*generation*/,
+      ReceivedCounts /*received*/,
+      std::chrono::steady_clock::time_point /*deadline*/,
+      const std::function<bool()>& /*cancelled*/) {
+    throw std::logic_error("fairring: this rails transport cannot switch");
+  }
 };
 
 } // namespace fairring::rails

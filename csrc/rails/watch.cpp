@@ -12,7 +12,8 @@ Watch::Watch(Mesh& mesh, int worldSize, Handlers handlers)
     : mesh_(mesh),
       worldSize_(worldSize),
       handlers_(std::move(handlers)),
-      lastHeard_(mesh.neighbours().size(), Clock::now()) {}
+      lastHeard_(mesh.neighbours().size(), Clock::now()),
+      epochs_(mesh.neighbours().size(), 0) {}
 
 void Watch::start() {
   {
@@ -20,15 +21,38 @@ void Watch::start() {
     std::fill(lastHeard_.begin(), lastHeard_.end(), Clock::now());
   }
   for (size_t index = 0; index < lastHeard_.size(); ++index) {
-    readNext(index);
+    readNext(index, 0);
   }
 }
 
-void Watch::readNext(size_t index) {
+void Watch::suspend(size_t index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++epochs_.at(index);
+}
+
+void Watch::resume(size_t index) {
+  uint64_t epoch = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    lastHeard_.at(index) = Clock::now();
+    epoch = epochs_[index];
+  }
+  readNext(index, epoch);
+}
+
+bool Watch::current(size_t index, uint64_t epoch) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return epochs_[index] == epoch;
+}
+
+void Watch::readNext(size_t index, uint64_t epoch) {
   const int neighbour = mesh_.neighbours()[index];
-  mesh_.control(index).readNote([this, index, neighbour](
+  mesh_.control(index).readNote([this, index, neighbour, epoch](
                                     const std::string& error,
                                     std::string text) {
+    if (!current(index, epoch)) {
+      return; // a connection a rail switch replaced
+    }
     if (!error.empty()) {
       handlers_.onLost(neighbour, error);
       return; // no more reads: the connection is gone
@@ -51,7 +75,7 @@ void Watch::readNext(size_t index) {
       if (!status.empty() && handlers_.onStatus) {
         handlers_.onStatus(neighbour, status.substr(1));
       }
-    } else {
+    } else if (text.starts_with(kFailed)) {
       Notice notice;
       if (!parseNotice(text, worldSize_, notice)) {
         handlers_.onLost(
@@ -60,8 +84,14 @@ void Watch::readNext(size_t index) {
         return;
       }
       handlers_.onNotice(neighbour, notice);
+    } else if (
+        !handlers_.onRailsNote || !handlers_.onRailsNote(neighbour, text)) {
+      handlers_.onLost(
+          neighbour,
+          "it sent a malformed control note '" + printable(text, 80) + "'");
+      return;
     }
-    readNext(index);
+    readNext(index, epoch);
   });
 }
 

@@ -24,6 +24,8 @@ namespace fairring::rails {
 //                                of its own pending: not a failure by itself
 //   "failed <culprit> <what>"    a failure notice: which rank failed first
 //                                (-1: unknown) and what was seen, as text
+// Notes of the rails' own ("acked ...", "switch ...": rails/lanes.h,
+// rails/failover.h) go to `onRailsNote`.
 // A rank that stops announces once, to every neighbour; a rank that learns of
 // a failure from a notice stops and announces it in turn, so the notice
 // floods the group along rails and machines, and every rank names the same
@@ -51,6 +53,8 @@ class Watch {
     std::function<void(int neighbour)> onBye;
     // A neighbour's heartbeat carried a status; may be empty.
     std::function<void(int neighbour, std::string_view status)> onStatus;
+    // Any other note: false if it is not one of the rails' either.
+    std::function<bool(int neighbour, const std::string& text)> onRailsNote;
   };
 
   Watch(Mesh& mesh, int worldSize, Handlers handlers);
@@ -60,6 +64,12 @@ class Watch {
 
   // Starts reading every control connection.
   void start();
+  // Stops reading neighbours()[index]'s control connection while a rail
+  // switch replaces it (rails/failover.h): its callbacks are ignored from
+  // now on, its failure included.
+  void suspend(size_t index);
+  // Reads the new one, counting the silence from now.
+  void resume(size_t index);
   // Tells every neighbour this rank is alive, and its `status` if any (one
   // line, at most kMaxNoteBytes in all).
   void heartbeat(const std::string& status);
@@ -80,7 +90,8 @@ class Watch {
       const std::string& text, int worldSize, Notice& notice);
 
  private:
-  void readNext(size_t index);
+  void readNext(size_t index, uint64_t epoch);
+  bool current(size_t index, uint64_t epoch) const;
 
   Mesh& mesh_;
   const int worldSize_;
@@ -89,6 +100,7 @@ class Watch {
   mutable std::mutex mutex_;
   bool announced_ = false;
   std::vector<Clock::time_point> lastHeard_; // by neighbour index
+  std::vector<uint64_t> epochs_; // by neighbour index: bumped by suspend()
 };
 
 } // namespace fairring::rails

@@ -28,6 +28,7 @@
 #include "local/shared_memory.h"
 #include "rails/tensorpipe/factory.h"
 #include "rails/nixl/wire.h"
+#include "rails/lanes.h"
 #include "rails/tensorpipe/wire.h"
 #include "testing/fake_nixl_pair.h"
 #include "rails/watch.h"
@@ -244,19 +245,75 @@ void bindTesting(py::module_& testing) {
         out["rank"] = hello->rank;
         out["lane"] = hello->lane;
         out["device_index"] = hello->deviceIndex;
+        if (hello->generation > 0) {
+          out["generation"] = hello->generation;
+          out["received"] =
+              py::make_tuple(hello->received.shards, hello->received.reduced);
+        }
         return out;
       },
       py::arg("bytes"));
   testing.def(
       "tensorpipe_encode_hello",
-      [](int rank, int lane, int deviceIndex) {
+      [](int rank,
+         int lane,
+         int deviceIndex,
+         uint64_t generation,
+         uint64_t shards,
+         uint64_t reduced) {
         return py::bytes(
             fairring::rails::encode(
-                fairring::rails::Hello{rank, lane, deviceIndex}));
+                fairring::rails::Hello{
+                    rank, lane, deviceIndex, generation, {shards, reduced}}));
       },
       py::arg("rank"),
       py::arg("lane"),
-      py::arg("device_index"));
+      py::arg("device_index"),
+      py::arg("generation") = 0,
+      py::arg("received_shards") = 0,
+      py::arg("received_reduced") = 0);
+  testing.def(
+      "tensorpipe_parse_switch_record",
+      [](const py::bytes& bytes) -> py::object {
+        std::string error;
+        const auto record =
+            fairring::rails::parseSwitchRecord(std::string(bytes), error);
+        if (!record) {
+          return py::str(error);
+        }
+        py::dict out;
+        out["device_index"] = record->deviceIndex;
+        out["received"] =
+            py::make_tuple(record->received.shards, record->received.reduced);
+        out["url"] = py::bytes(record->url);
+        return out;
+      },
+      py::arg("bytes"));
+  testing.def(
+      "tensorpipe_encode_switch_record",
+      [](int deviceIndex,
+         uint64_t shards,
+         uint64_t reduced,
+         const py::bytes& url) {
+        return py::bytes(
+            fairring::rails::encode(
+                fairring::rails::SwitchRecord{
+                    deviceIndex, {shards, reduced}, std::string(url)}));
+      },
+      py::arg("device_index"),
+      py::arg("received_shards"),
+      py::arg("received_reduced"),
+      py::arg("url"));
+  testing.def(
+      "parse_acked_note",
+      [](const std::string& text) -> py::object {
+        const auto counts = fairring::rails::parseAckedNote(text);
+        if (!counts) {
+          return py::none();
+        }
+        return py::make_tuple(counts->shards, counts->reduced);
+      },
+      py::arg("text"));
   testing.def(
       "tensorpipe_parse_address_record",
       [](const py::bytes& bytes) -> py::object {

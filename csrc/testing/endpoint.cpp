@@ -91,9 +91,13 @@ std::shared_ptr<Transfer> Endpoint::send(
     int machine, Lane lane, std::string tag, const at::Tensor& tensor) {
   auto transfer = track(tensor);
   lanes_->send(
-      machine, lane, std::move(tag), buffer(tensor), "a message", [transfer] {
-        transfer->finish("");
-      });
+      machine,
+      lane,
+      std::move(tag),
+      buffer(tensor),
+      "a message",
+      [transfer] { transfer->finish(""); },
+      [] {});
   return transfer;
 }
 

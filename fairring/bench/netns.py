@@ -115,9 +115,15 @@ class CommandError(subprocess.CalledProcessError):
         return f"{super().__str__()}: {(self.stderr or '').strip()}"
 
 
+def _tool_env() -> dict[str, str]:
+    """This process's environment for ip and tc, less LD_PRELOAD: a sanitized test run preloads
+    ASan, which has no business in iproute2 (and reports its own overlapping strncpy)."""
+    return {name: value for name, value in os.environ.items() if name != "LD_PRELOAD"}
+
+
 def _run(argv: list[str]) -> str:
     try:
-        return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+        return subprocess.run(argv, check=True, capture_output=True, text=True, env=_tool_env()).stdout
     except subprocess.CalledProcessError as error:
         raise CommandError(error.returncode, error.cmd, error.output, error.stderr) from None
 
@@ -161,7 +167,7 @@ def _free_subnet(start: int, taken: list[ipaddress.IPv4Network] | None = None) -
 
 
 def _link_exists(name: str) -> bool:
-    return subprocess.run(["ip", "link", "show", "dev", name], capture_output=True).returncode == 0
+    return subprocess.run(["ip", "link", "show", "dev", name], capture_output=True, env=_tool_env()).returncode == 0
 
 
 def _namespace_exists(name: str) -> bool:
@@ -260,6 +266,10 @@ class NetnsCluster:
     def exec_argv(self, host: Host, argv: list[str]) -> list[str]:
         """The command line that runs `argv` on `host`."""
         return ["ip", "netns", "exec", host.name, *argv]
+
+    def set_link(self, host: Host, interface: str, up: bool) -> None:
+        """Sets `host`'s NIC `interface` up or down, as a cable plugged in or pulled."""
+        _run(self.exec_argv(host, ["ip", "link", "set", "dev", interface, "up" if up else "down"]))
 
     def counters(self, host: Host, interface: str | None = None) -> tuple[int, int]:
         """(tx_bytes, rx_bytes) of `host`'s NIC `interface` (default: its first, eth0)."""

@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 #include <string_view>
+#include <thread>
 
 #include <c10/util/Exception.h>
 #include <tensorpipe/tensorpipe.h>
@@ -62,9 +63,7 @@ bool connectsHere(const Topology& topology, int rank, int lane) {
 } // namespace
 
 struct AcceptedPipe {
-  int rank;
-  int lane;
-  int deviceIndex;
+  Hello hello;
   std::shared_ptr<tensorpipe::Pipe> pipe;
 };
 
@@ -72,10 +71,10 @@ struct AcceptedPipe {
 // thread, read by the constructing thread and, for the rejections, by
 // describe().
 struct Accepted {
-  Accepted(const Topology& topology, bool cuda)
-      : topology(topology), cuda(cuda) {}
-  const Topology topology;
-  const bool cuda;
+  // Why a hello's text is refused, or empty with `hello` set.
+  using Check = std::function<std::string(const std::string&, Hello&)>;
+  explicit Accepted(Check check) : check(std::move(check)) {}
+  const Check check;
   std::mutex mutex;
   std::condition_variable changed;
   std::vector<AcceptedPipe> pipes;
@@ -121,21 +120,13 @@ void admit(
           accepted->reject(pipe, "a hello carried data");
           return;
         }
-        int rank = -1;
-        int lane = -1;
-        int deviceIndex = -1;
-        std::string why = checkHello(
-            descriptor.metadata,
-            accepted->topology,
-            accepted->cuda,
-            rank,
-            lane,
-            deviceIndex);
+        Hello hello;
+        std::string why = accepted->check(descriptor.metadata, hello);
         if (why.empty()) {
           std::lock_guard<std::mutex> lock(accepted->mutex);
-          if (!accepted->seen.emplace(rank, lane).second) {
-            why = "a second hello from rank " + std::to_string(rank) +
-                " on lane " + std::to_string(lane);
+          if (!accepted->seen.emplace(hello.rank, hello.lane).second) {
+            why = "a second hello from rank " + std::to_string(hello.rank) +
+                " on lane " + std::to_string(hello.lane);
           }
         }
         if (!why.empty()) {
@@ -144,17 +135,16 @@ void admit(
         }
         pipe->read(
             tensorpipe::Allocation{},
-            [pipe, accepted, rank, lane, deviceIndex](
-                const tensorpipe::Error& error) {
+            [pipe, accepted, hello](const tensorpipe::Error& error) {
               if (error) {
                 accepted->reject(
                     pipe,
-                    "reading the hello of rank " + std::to_string(rank) + ": " +
-                        error.what());
+                    "reading the hello of rank " + std::to_string(hello.rank) +
+                        ": " + error.what());
                 return;
               }
               std::lock_guard<std::mutex> lock(accepted->mutex);
-              accepted->pipes.push_back({rank, lane, deviceIndex, pipe});
+              accepted->pipes.push_back({hello, pipe});
               accepted->changed.notify_all();
             });
       });
@@ -322,6 +312,10 @@ std::string checkHello(
   if (!hello) {
     return why;
   }
+  if (hello->generation != 0) {
+    return "rank " + std::to_string(hello->rank) +
+        " sent a rail switch's hello while the mesh was being built";
+  }
   if (!connectsHere(topology, hello->rank, hello->lane)) {
     return "rank " + std::to_string(hello->rank) + " on lane " +
         std::to_string(hello->lane) + " is not a peer that connects to rank " +
@@ -369,15 +363,28 @@ std::string listenUrl(
 TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
     : topology_(site.topology),
       listenHost_(site.network.listenAddress),
+      interfaceName_(site.network.interfaceName),
+      spareNames_(site.network.spareInterfaces),
+      spareAddresses_(site.network.spareAddresses),
+      resends_(site.network.railFailover),
+      store_(site.store),
+      storePrefix_(site.storePrefix),
+      ownDevice_(tensorpipeDevice(site.device)),
       connections_(site.topology.numMachines()) {
+  TORCH_CHECK(
+      spareNames_.size() == spareAddresses_.size() &&
+          (spareNames_.empty() || resends_),
+      "fairring: ",
+      spareNames_.size(),
+      " spare interfaces with ",
+      spareAddresses_.size(),
+      " addresses");
   neighbours_ = topology_.neighbours();
   const int rank = topology_.rank();
-  const tensorpipe::Device ownDevice = tensorpipeDevice(site.device);
+  const tensorpipe::Device ownDevice = ownDevice_;
   controls_.resize(neighbours_.size());
   const auto neighbourIndex = [&](int peer) {
-    return static_cast<size_t>(
-        std::find(neighbours_.begin(), neighbours_.end(), peer) -
-        neighbours_.begin());
+    return this->neighbourIndex(peer);
   };
 
   context_ =
@@ -386,9 +393,7 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
   // uv carries every pipe's handshake (the URL a peer dials is the uv one);
   // TensorPipe then moves the pipe's data to the highest-priority transport
   // that both ends registered, so the order given (best first) sets it.
-  std::vector<std::string> listenUrls{
-      listenUrl("uv", site.network.listenAddress)};
-  std::vector<std::string> transportNames;
+  std::vector<std::string>& transportNames = transportNames_;
   const auto& transports = site.network.transports;
   for (size_t index = 0; index < transports.size(); ++index) {
     const auto& name = transports[index];
@@ -416,9 +421,6 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
     }
     context_->registerTransport(priority, name, std::move(transport));
     transportNames.push_back(name);
-    if (name != "uv") {
-      listenUrls.push_back(listenUrl(name, site.network.listenAddress));
-    }
   }
   TORCH_CHECK(
       named(transportNames, "uv"),
@@ -439,7 +441,7 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
   transports_ = site.network.interfaceName + "; transports " +
       joined(transportNames) + "; channels " + joined(channelNames);
 
-  listener_ = context_->listen(listenUrls);
+  listener_ = context_->listen(listenUrls(site.network.listenAddress));
   url_ = listener_->url("uv");
   // What a connecting peer needs to know (wire.h).
   const std::string published = encode(AddressRecord{ownDevice.index, url_});
@@ -449,7 +451,12 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
 
   // Rail peers on lower machines connect to us (every lane), and so do the
   // ranks of this machine with a lower local index (control).
-  accepted_ = std::make_shared<Accepted>(topology_, site.device.is_cuda());
+  accepted_ = std::make_shared<Accepted>(
+      [topology = topology_, cuda = site.device.is_cuda()](
+          const std::string& text, Hello& hello) {
+        return checkHello(
+            text, topology, cuda, hello.rank, hello.lane, hello.deviceIndex);
+      });
   const auto& accepted = accepted_;
   const int expected =
       topology_.machine() * (kLanes + 1) + topology_.localRank();
@@ -541,7 +548,7 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
                                                          : 0;
       int arrived = 0;
       for (const auto& entry : accepted->pipes) {
-        arrived += entry.rank == peer;
+        arrived += entry.hello.rank == peer;
       }
       if (arrived < lanes) {
         missing << " " << peer;
@@ -557,11 +564,11 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
     auto connection = std::make_unique<TensorpipeConnection>(
         entry.pipe,
         ownDevice,
-        tensorpipe::Device{ownDevice.type, entry.deviceIndex});
-    if (entry.lane == kControlLane) {
-      controls_[neighbourIndex(entry.rank)] = std::move(connection);
+        tensorpipe::Device{ownDevice.type, entry.hello.deviceIndex});
+    if (entry.hello.lane == kControlLane) {
+      controls_[neighbourIndex(entry.hello.rank)] = std::move(connection);
     } else {
-      connections_[topology_.machineOf(entry.rank)][entry.lane] =
+      connections_[topology_.machineOf(entry.hello.rank)][entry.hello.lane] =
           std::move(connection);
     }
   }
@@ -604,16 +611,32 @@ void TensorpipeMesh::shutdown() {
 }
 
 void TensorpipeMesh::close() {
-  for (const auto& lanes : connections_) {
-    for (const auto& connection : lanes) {
-      if (connection) {
-        connection->close();
+  std::vector<TensorpipeConnection*> open;
+  {
+    std::lock_guard<std::mutex> lock(slotsMutex_);
+    for (const auto& lanes : connections_) {
+      for (const auto& connection : lanes) {
+        if (connection) {
+          open.push_back(connection.get());
+        }
       }
     }
+  }
+  closeUnlocked(open);
+}
+
+void TensorpipeMesh::closeUnlocked(
+    const std::vector<TensorpipeConnection*>& connections) {
+  // TensorPipe may run the loop, callbacks included, on the closing thread:
+  // they reach for the slots, so no lock may be held here. The connections
+  // themselves live until shutdown (replaced_).
+  for (TensorpipeConnection* connection : connections) {
+    connection->close();
   }
 }
 
 Connection& TensorpipeMesh::connection(int machine, Lane lane) {
+  std::lock_guard<std::mutex> lock(slotsMutex_);
   const auto& connection = connections_.at(machine)[lane];
   TORCH_CHECK(connection, "fairring: no rail connection to machine ", machine);
   return *connection;
@@ -635,11 +658,267 @@ std::string TensorpipeMesh::downInterface() const {
 }
 
 Connection& TensorpipeMesh::control(size_t index) {
+  std::lock_guard<std::mutex> lock(slotsMutex_);
   TORCH_CHECK(
       index < controls_.size() && controls_[index],
       "fairring: no control connection to neighbour ",
       index);
   return *controls_[index];
+}
+
+std::vector<std::string> TensorpipeMesh::listenUrls(
+    const std::string& address) const {
+  std::vector<std::string> urls{listenUrl("uv", address)};
+  for (const auto& name : transportNames_) {
+    if (name != "uv") {
+      urls.push_back(listenUrl(name, address));
+    }
+  }
+  return urls;
+}
+
+size_t TensorpipeMesh::neighbourIndex(int rank) const {
+  return static_cast<size_t>(
+      std::find(neighbours_.begin(), neighbours_.end(), rank) -
+      neighbours_.begin());
+}
+
+std::vector<std::string> TensorpipeMesh::spareInterfaces() const {
+  return spareNames_;
+}
+
+std::unique_ptr<TensorpipeConnection> TensorpipeMesh::connectionTo(
+    const std::shared_ptr<tensorpipe::Pipe>& pipe, int deviceIndex) const {
+  return std::make_unique<TensorpipeConnection>(
+      pipe, ownDevice_, tensorpipe::Device{ownDevice_.type, deviceIndex});
+}
+
+void TensorpipeMesh::detach(int machine) {
+  std::vector<TensorpipeConnection*> closing;
+  {
+    std::lock_guard<std::mutex> lock(slotsMutex_);
+    for (const auto& connection : connections_.at(machine)) {
+      closing.push_back(connection.get());
+    }
+    closing.push_back(controls_.at(neighbourIndex(peerRank(machine))).get());
+  }
+  closeUnlocked(closing);
+}
+
+void TensorpipeMesh::install(
+    int machine, std::vector<std::unique_ptr<TensorpipeConnection>> made) {
+  std::lock_guard<std::mutex> lock(slotsMutex_);
+  for (int lane = 0; lane < kLanes; ++lane) {
+    replaced_.push_back(
+        std::exchange(connections_[machine][lane], std::move(made[lane])));
+  }
+  replaced_.push_back(
+      std::exchange(
+          controls_[neighbourIndex(peerRank(machine))],
+          std::move(made[kControlLane])));
+}
+
+namespace {
+
+// Waits on `condition` (under `lock`) until `done()`, `deadline` or
+// `cancelled()`: true if done.
+bool waitUntil(
+    std::condition_variable& condition,
+    std::unique_lock<std::mutex>& lock,
+    std::chrono::steady_clock::time_point deadline,
+    const std::function<bool()>& cancelled,
+    const std::function<bool()>& done) {
+  while (!done()) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline || cancelled()) {
+      return false;
+    }
+    condition.wait_until(
+        lock, std::min(deadline, now + std::chrono::milliseconds(50)));
+  }
+  return true;
+}
+
+} // namespace
+
+TensorpipeMesh::Switched TensorpipeMesh::acceptSwitch(
+    const SwitchCall& call, const std::string& interface) {
+  const int peer = call.peer;
+  const uint64_t generation = call.generation;
+  std::string address = interface == interfaceName_ ? listenHost_ : "";
+  for (size_t index = 0; index < spareNames_.size(); ++index) {
+    if (spareNames_[index] == interface) {
+      address = spareAddresses_[index];
+    }
+  }
+  TORCH_CHECK(!address.empty(), "no address known for interface ", interface);
+  const bool cuda = ownDevice_.type == tensorpipe::kCudaDeviceType;
+  auto accepted = std::make_shared<Accepted>(
+      [peer, generation, cuda](const std::string& text, Hello& hello) {
+        std::string why;
+        const auto parsed = parseHello(text, why);
+        if (!parsed) {
+          return why;
+        }
+        if (parsed->rank != peer || parsed->lane < 0 ||
+            parsed->lane > kControlLane || parsed->generation != generation ||
+            !plausibleDeviceIndex(parsed->deviceIndex, cuda)) {
+          return "'" + printable(text, 120) + "' is not rank " +
+              std::to_string(peer) + "'s hello for rail switch " +
+              std::to_string(generation);
+        }
+        hello = *parsed;
+        return std::string();
+      });
+  auto listener = context_->listen(listenUrls(address));
+  acceptForever(listener, accepted);
+  const std::string url = listener->url("uv");
+  const std::string published =
+      encode(SwitchRecord{ownDevice_.index, call.received, url});
+  store_->set(
+      call.key, std::vector<uint8_t>(published.begin(), published.end()));
+  std::unique_lock<std::mutex> lock(accepted->mutex);
+  const bool complete =
+      waitUntil(accepted->changed, lock, call.deadline, call.cancelled, [&] {
+        return !accepted->error.empty() ||
+            accepted->pipes.size() == static_cast<size_t>(kLanes + 1);
+      });
+  // Before closing, whose "listener closed" is no failure.
+  const std::string error = accepted->error;
+  // Closing runs the accept callback, which takes the lock, on this thread.
+  lock.unlock();
+  listener->close(); // this switch's pipes are in, or never will be
+  lock.lock();
+  Switched switched;
+  switched.pipes.resize(kLanes + 1);
+  if (!complete || !error.empty()) {
+    const auto taken = accepted->pipes;
+    lock.unlock(); // closing may run their callbacks here, which lock
+    for (const auto& entry : taken) {
+      entry.pipe->close();
+    }
+    lock.lock();
+    TORCH_CHECK(
+        false,
+        "rank ",
+        peer,
+        " did not connect to ",
+        url,
+        " (",
+        interface,
+        ")",
+        error.empty() ? "" : ": " + error,
+        accepted->rejected > 0 ? "; " + accepted->noted() : "");
+  }
+  for (const auto& entry : accepted->pipes) {
+    switched.pipes[entry.hello.lane] = entry.pipe;
+    switched.peerReceived = entry.hello.received;
+    switched.peerDevice = entry.hello.deviceIndex;
+  }
+  return switched;
+}
+
+TensorpipeMesh::Switched TensorpipeMesh::dialSwitch(const SwitchCall& call) {
+  const int peer = call.peer;
+  // The peer publishes where it listens once it has stopped using the old
+  // connections: wait for it here, off the transport's thread.
+  while (!store_->check({call.key})) {
+    TORCH_CHECK(
+        std::chrono::steady_clock::now() < call.deadline && !call.cancelled(),
+        "rank ",
+        peer,
+        " did not open a listener for rail switch ",
+        call.generation);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const auto bytes = store_->get(call.key);
+  std::string why;
+  const auto record = parseSwitchRecord(
+      std::string_view(
+          reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+      why);
+  TORCH_CHECK(
+      record &&
+          plausibleDeviceIndex(
+              record->deviceIndex,
+              ownDevice_.type == tensorpipe::kCudaDeviceType),
+      "rank ",
+      peer,
+      " published ",
+      why.empty() ? "an implausible device index" : why);
+  Switched switched{{}, record->received, record->deviceIndex};
+  struct Written {
+    std::mutex mutex;
+    std::condition_variable changed;
+    int done = 0;
+    std::string error;
+  };
+  auto written = std::make_shared<Written>();
+  for (int lane = 0; lane <= kControlLane; ++lane) {
+    auto pipe = context_->connect(record->url);
+    tensorpipe::Message hello;
+    hello.metadata = encode(
+        Hello{
+            topology_.rank(),
+            lane,
+            ownDevice_.index,
+            call.generation,
+            call.received});
+    pipe->write(std::move(hello), [written](const tensorpipe::Error& error) {
+      std::lock_guard<std::mutex> lock(written->mutex);
+      ++written->done;
+      if (error && written->error.empty()) {
+        written->error = error.what();
+      }
+      written->changed.notify_all();
+    });
+    switched.pipes.push_back(std::move(pipe));
+  }
+  std::unique_lock<std::mutex> lock(written->mutex);
+  const bool complete =
+      waitUntil(written->changed, lock, call.deadline, call.cancelled, [&] {
+        return written->done == kLanes + 1;
+      });
+  if (!complete || !written->error.empty()) {
+    lock.unlock(); // closing may run their callbacks here, which lock
+    for (const auto& pipe : switched.pipes) {
+      pipe->close();
+    }
+    lock.lock();
+    TORCH_CHECK(
+        false,
+        "connecting to rank ",
+        peer,
+        " at ",
+        record->url,
+        written->error.empty() ? " timed out" : " failed: " + written->error);
+  }
+  return switched;
+}
+
+ReceivedCounts TensorpipeMesh::reconnect(
+    int machine,
+    const std::string& interface,
+    uint64_t generation,
+    ReceivedCounts received,
+    std::chrono::steady_clock::time_point deadline,
+    const std::function<bool()>& cancelled) {
+  const int peer = peerRank(machine);
+  const int rank = topology_.rank();
+  const std::string key = storePrefix_ + "switch/" +
+      std::to_string(std::min(rank, peer)) + "-" +
+      std::to_string(std::max(rank, peer)) + "/" + std::to_string(generation);
+  const SwitchCall call{peer, generation, received, key, deadline, cancelled};
+  // As at construction, the lower machine's rank dials.
+  const Switched switched = machine < topology_.machine()
+      ? acceptSwitch(call, interface)
+      : dialSwitch(call);
+  std::vector<std::unique_ptr<TensorpipeConnection>> made;
+  for (const auto& pipe : switched.pipes) {
+    made.push_back(connectionTo(pipe, switched.peerDevice));
+  }
+  install(machine, std::move(made));
+  return switched.peerReceived;
 }
 
 } // namespace fairring::rails

@@ -2,7 +2,9 @@
 
 #include <array>
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -54,6 +56,12 @@ struct Accepted;
 // reader expects (kind, count, length, devices) before TensorPipe is given
 // memory for it.
 //
+// Rail switches (rails/failover.h): detach() closes a rail peer's pipes and
+// reconnect() makes new ones through another of this machine's interfaces,
+// with a listener opened for that one switch and closed once its pipes are
+// in, so no listener stays open between switches. Replaced connections stay
+// allocated until shutdown: callbacks still due refer to them.
+//
 // TensorPipe runs every callback on its own loop thread; shutdown() (and the
 // destructor) close the context and join that thread.
 class TensorpipeMesh final : public Mesh {
@@ -81,10 +89,61 @@ class TensorpipeMesh final : public Mesh {
   // (bad or unexpected hellos), if any: how many, and why for the first few.
   std::string describe() const override;
   std::string downInterface() const override;
+  bool resends() const override {
+    return resends_;
+  }
+  std::string interfaceName() const override {
+    return interfaceName_;
+  }
+  std::vector<std::string> spareInterfaces() const override;
+  void detach(int machine) override;
+  ReceivedCounts reconnect(
+      int machine,
+      const std::string& interface,
+      uint64_t generation,
+      ReceivedCounts received,
+      std::chrono::steady_clock::time_point deadline,
+      const std::function<bool()>& cancelled) override;
 
  private:
+  // The URLs to listen on at `address`: uv's first, then the other
+  // transports'.
+  std::vector<std::string> listenUrls(const std::string& address) const;
+  size_t neighbourIndex(int rank) const;
+  void closeUnlocked(const std::vector<TensorpipeConnection*>& connections);
+  std::unique_ptr<TensorpipeConnection> connectionTo(
+      const std::shared_ptr<tensorpipe::Pipe>& pipe, int deviceIndex) const;
+  // Replaces the rail peer on `machine`'s connections by `made` (by lane,
+  // the control lane last).
+  void install(
+      int machine, std::vector<std::unique_ptr<TensorpipeConnection>> made);
+  // One side of a switch: what it gives, and what it gets.
+  struct SwitchCall {
+    int peer;
+    uint64_t generation;
+    ReceivedCounts received;
+    std::string key; // where the listener publishes
+    std::chrono::steady_clock::time_point deadline;
+    std::function<bool()> cancelled;
+  };
+  struct Switched {
+    std::vector<std::shared_ptr<tensorpipe::Pipe>> pipes; // by lane
+    ReceivedCounts peerReceived;
+    int peerDevice = 0;
+  };
+  Switched acceptSwitch(const SwitchCall& call, const std::string& interface);
+  Switched dialSwitch(const SwitchCall& call);
+
   const Topology topology_;
   const std::string listenHost_; // the address, without a port
+  const std::string interfaceName_;
+  const std::vector<std::string> spareNames_; // and their addresses:
+  const std::vector<std::string> spareAddresses_;
+  const bool resends_;
+  const c10::intrusive_ptr<c10d::Store> store_;
+  const std::string storePrefix_;
+  tensorpipe::Device ownDevice_;
+  std::vector<std::string> transportNames_; // registered, best first
   std::shared_ptr<tensorpipe::Context> context_;
   std::shared_ptr<tensorpipe::Listener> listener_;
   std::string url_;
@@ -95,6 +154,10 @@ class TensorpipeMesh final : public Mesh {
       connections_;
   std::vector<int> neighbours_;
   std::vector<std::unique_ptr<TensorpipeConnection>> controls_; // by neighbour
+  // Guards the connection slots above once construction is over: a switch
+  // replaces them while other threads use them.
+  mutable std::mutex slotsMutex_;
+  std::vector<std::unique_ptr<TensorpipeConnection>> replaced_;
 };
 
 // Parses a peer's hello (wire.h) and checks every field against what this

@@ -28,28 +28,60 @@ std::optional<int> integer(std::string_view word) {
   return parseDecimal<int>(word);
 }
 
+// A count as encode() writes it: no sign, no leading zero.
+std::optional<uint64_t> count(std::string_view word) {
+  if (word.starts_with('0') && word.size() > 1) {
+    return std::nullopt;
+  }
+  return parseDecimal<uint64_t>(word);
+}
+
+std::string counts(const ReceivedCounts& received) {
+  return std::to_string(received.shards) + " " +
+      std::to_string(received.reduced);
+}
+
+bool wellFormedUrl(std::string_view url) {
+  return url.starts_with(kUrlScheme) && url.size() > kUrlScheme.size() &&
+      graphic(url);
+}
+
 } // namespace
 
 std::string encode(const Hello& hello) {
-  return std::string(kHello) + " " + std::to_string(hello.rank) + " " +
-      std::to_string(hello.lane) + " " + std::to_string(hello.deviceIndex);
+  std::string text = std::string(kHello) + " " + std::to_string(hello.rank) +
+      " " + std::to_string(hello.lane) + " " +
+      std::to_string(hello.deviceIndex);
+  if (hello.generation > 0) {
+    text +=
+        " " + std::to_string(hello.generation) + " " + counts(hello.received);
+  }
+  return text;
 }
 
 std::optional<Hello> parseHello(std::string_view text, std::string& error) {
   const auto words = splitWords(text);
   std::optional<int> fields[3];
-  if (words.size() == 4 && words[0] == kHello) {
+  std::optional<uint64_t> switched[3] = {0, 0, 0};
+  if ((words.size() == 4 || words.size() == 7) && words[0] == kHello) {
     for (int i = 0; i < 3; ++i) {
       fields[i] = integer(words[i + 1]);
     }
+    if (words.size() == 7) {
+      for (int i = 0; i < 3; ++i) {
+        switched[i] = count(words[i + 4]);
+      }
+    }
   }
   const auto& [rank, lane, deviceIndex] = fields;
-  if (!rank || !lane || !deviceIndex) {
+  const auto& [generation, shards, reduced] = switched;
+  if (!rank || !lane || !deviceIndex || !generation || !shards || !reduced ||
+      (words.size() == 7 && *generation == 0)) {
     error = "a connection did not open with fairring's hello (got '" +
         printable(text, 80) + "')";
     return std::nullopt;
   }
-  return Hello{*rank, *lane, *deviceIndex};
+  return Hello{*rank, *lane, *deviceIndex, *generation, {*shards, *reduced}};
 }
 
 std::string encode(const AddressRecord& record) {
@@ -61,12 +93,31 @@ std::optional<AddressRecord> parseAddressRecord(
   const auto words = splitWords(text);
   const auto deviceIndex = words.size() == 2 ? integer(words[0]) : std::nullopt;
   if (text.size() > kMaxAddressRecordBytes || !deviceIndex ||
-      !words[1].starts_with(kUrlScheme) ||
-      words[1].size() == kUrlScheme.size() || !graphic(words[1])) {
+      !wellFormedUrl(words[1])) {
     error = "a malformed address '" + printable(text, 200) + "'";
     return std::nullopt;
   }
   return AddressRecord{*deviceIndex, std::string(words[1])};
+}
+
+std::string encode(const SwitchRecord& record) {
+  return std::to_string(record.deviceIndex) + " " + counts(record.received) +
+      " " + record.url;
+}
+
+std::optional<SwitchRecord> parseSwitchRecord(
+    std::string_view text, std::string& error) {
+  const auto words = splitWords(text);
+  const bool four = words.size() == 4;
+  const auto deviceIndex = four ? integer(words[0]) : std::nullopt;
+  const auto shards = four ? count(words[1]) : std::nullopt;
+  const auto reduced = four ? count(words[2]) : std::nullopt;
+  if (text.size() > kMaxAddressRecordBytes || !deviceIndex || !shards ||
+      !reduced || !wellFormedUrl(words[3])) {
+    error = "a malformed switch record '" + printable(text, 200) + "'";
+    return std::nullopt;
+  }
+  return SwitchRecord{*deviceIndex, {*shards, *reduced}, std::string(words[3])};
 }
 
 } // namespace fairring::rails
