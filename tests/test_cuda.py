@@ -268,3 +268,15 @@ def test_shrink_group_on_cuda() -> None:
         outcomes = ranks.run(shrink_a_cuda_group, device_of_rank, timeout=300)
     for rank in (0, 1):
         assert outcomes[rank] == {"size": 2, "on_engine": True}, outcomes
+
+
+def test_cuda_engine_keeps_staging_until_acknowledged() -> None:
+    """2x2 with rails failover on: each slice's staging is kept until its rail peers acknowledge its
+    sends, past its all-gather, so each op's first slice waits for an empty ring (docs/design.md,
+    "Rails that fail over"); on a GPU that runs in launch order, where a wrong wait deadlocks."""
+    layout = Layout(2, 2)
+    device_of_rank, nccl_hosts = devices_for(layout)
+    env = {**CUDA_ENGINE_ENV, "FAIRRING_RAIL_FAILOVER": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    with RankPool(layout, InitSpec(extra_env=env), rank_env=nccl_hosts) as ranks:
+        for stats in ranks.run(engine_matches_reference, device_of_rank, [1001, 300_001], timeout=600):
+            assert stats is not None and stats["slices"] > 0 and stats["local_steps"] == "nccl", stats

@@ -109,10 +109,21 @@ def two_groups_at_once(count: int, seed: int) -> int:
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("layout", [Layout(2, 2), Layout(3, 2, interleaved=True)], ids=str)
-def test_random_all_reduces_from_two_groups(layout: Layout) -> None:
-    """~300 all-reduces per layout (150 on each of two groups), jittered streams, every result checked."""
-    with RankPool(layout, emulated(f"seed={layout.machines}")) as ranks:
+@pytest.mark.parametrize(
+    ("layout", "failover"),
+    [(Layout(2, 2), "0"), (Layout(3, 2, interleaved=True), "0"), (Layout(2, 2), "1")],
+    ids=["2x2", "3x2-interleaved", "2x2-kept-for-resends"],
+)
+def test_random_all_reduces_from_two_groups(layout: Layout, failover: str) -> None:
+    """~300 all-reduces per layout (150 on each of two groups), jittered streams, every result checked.
+
+    With rail failover on, each slice keeps its staging until its rail peers
+    acknowledge its sends, past its all-gather: under the launch order, each
+    op's first slice must then wait for an empty ring (Engine::start), or the
+    launch order deadlocks (docs/design.md, "Launch order").
+    """
+    spec = emulated(f"seed={layout.machines}", FAIRRING_RAIL_FAILOVER=failover)
+    with RankPool(layout, spec) as ranks:
         assert ranks.run(two_groups_at_once, 150, 10 * layout.machines, timeout=360) == [150] * layout.world_size
 
 

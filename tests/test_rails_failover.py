@@ -19,6 +19,7 @@ from datetime import timedelta
 
 import pytest
 from failover_driver import all_reduces, all_reduces_for, bytes_sent, difference, prepare, rails
+from test_emulated_device import EMULATED_ENV
 
 from fairring.bench.netns import NetnsCluster, netns_available
 from harness import InitSpec, Layout, RankFailure, RankPool
@@ -125,6 +126,22 @@ def test_a_rail_whose_nic_goes_down_moves_to_the_other_nic_and_back(
         assert "0 switch(es)" in back[rank], back[rank]
     warnings = [line for line in capfd.readouterr().err.splitlines() if "interface eth1 is down" in line]
     assert len(warnings) == 1 and "rank 3 moves its rails' connections to rank(s) 1 to eth0" in warnings[0], warnings
+
+
+@pytest.mark.timeout(180)
+def test_on_a_launch_order_device_the_ops_in_flight_complete_too(cluster: NetnsCluster) -> None:
+    """The CUDA engine's ordering (the emulated device, tests/test_emulated_device.py): kept staging, resent."""
+    emulated = {"FAIRRING_TEST_EMULATED_DEVICE": "seed=7", **EMULATED_ENV}
+    with pool(cluster, timeout_s=20, **emulated) as ranks:
+        ranks.run(prepare, SIZE)
+        run_through(ranks, 3.0, after(1.0, lambda: cluster.set_link(cluster.hosts[1], "eth1", up=False)))
+        moved = ranks.run(rails)
+        run_through(ranks, 3.0, after(0.5, lambda: cluster.set_link(cluster.hosts[1], "eth1", up=True)))
+        back = ranks.run(rails)
+    print("\nrails of rank 3 while down:", moved[3], "\nand after:", back[3])
+    for rank in (1, 3):
+        assert f"rank {4 - rank} through eth0" in moved[rank], moved[rank]
+        assert "2 switch(es)" in back[rank], back[rank]
 
 
 @pytest.mark.timeout(180)

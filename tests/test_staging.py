@@ -139,3 +139,23 @@ def test_the_window_is_the_largest_the_real_ring_never_blocks() -> None:
         assert replay_fits(capacity, leases, window), (capacity, leases, window)
         if window < len(leases):
             assert not replay_fits(capacity, leases, window + 1), (capacity, leases, window)
+
+
+def test_the_window_holds_only_from_an_empty_ring() -> None:
+    """A lease an earlier op keeps for a resend shifts the ring: the window's replay then blocks."""
+    capacity, leases = 3 * 1024, [1024] * 6
+    window = _C._testing.staging_window(capacity, leases)
+    assert window == 3 and replay_fits(capacity, leases, window)
+    ring = _C._testing.StagingRing(capacity)
+    kept = ring.try_acquire(512)  # the previous op's last slice, not yet acknowledged
+    first = ring.try_acquire(1024)
+    assert first.offset == 512
+    second = ring.try_acquire(1024)
+    assert ring.try_acquire(1024) is None  # the window's third lease waits for the first: a cycle
+    for lease in (first, second):
+        lease.release()
+    assert ring.try_acquire(1024, empty_ring=True) is None  # what the launch order's first slice does
+    kept.release()
+    first = ring.try_acquire(1024, empty_ring=True)
+    assert first.offset == 0  # where the replay starts
+    assert ring.try_acquire(1024) is not None and ring.try_acquire(1024) is not None

@@ -70,12 +70,10 @@ Engine::Engine(
           static_cast<size_t>(staging.nbytes()),
           staging.device(),
           std::nullopt});
-  // Kept sends hold their staging until acknowledged. On a device that runs
-  // work in launch order (CUDA, and the emulated device that stands for it)
-  // that later release stalled the launch order's turns (the emulated
-  // device's two-group test hung): those engines keep nothing, and do not
-  // switch. Both ends of a pair run the same device type, so they agree.
-  const bool resends = mesh_->resends() && !device_->mayRunInLaunchOrder();
+  // Kept sends hold their staging until acknowledged (Engine::send); under
+  // the launch order an op's first slice then waits for an empty ring
+  // (Engine::start).
+  const bool resends = mesh_->resends();
   const bool switches = resends && rails::RailFailover::possible(*mesh_);
   lanes_ = std::make_unique<rails::Lanes>(
       *mesh_,
@@ -338,7 +336,13 @@ bool Engine::start(const std::shared_ptr<SliceWork>& slice) {
       topology_.localSize(),
       topology_.numMachines(),
       slice->plan.padded());
-  auto lease = staging_.acquire(layout.bytes, cancelled);
+  // Under the launch order, an op's window (launchWindow) replays its leases
+  // from an empty ring; leases kept for resends may outlive the previous
+  // op's last all-gather, so its first slice waits until they are back.
+  const auto placement = launchOrder_.enforced() && slice->index == 0
+      ? StagingRing::Placement::kEmptyRing
+      : StagingRing::Placement::kAnywhere;
+  auto lease = staging_.acquire(layout.bytes, cancelled, placement);
   if (!lease) {
     return false;
   }
@@ -462,8 +466,10 @@ bool Engine::allGather(const std::shared_ptr<SliceWork>& slice) {
     std::lock_guard<std::mutex> lock(mutex_);
     lastReleased_ = done; // before the lease: whoever gets it sees this
   }
-  // Before the turn passes, the window counts on it, unless the rails keep
-  // a send for a resend: then once the peer has it (Engine::send). Exactly
+  // Back before the turn passes, as the window counts on, unless the rails
+  // keep a send for a resend: then once the peer has it (Engine::send), and
+  // the reduce-scatter that needs these bytes waits for the acknowledgement,
+  // which needs no launch (docs/design.md, "Rails that fail over"). Exactly
   // one of this and the last release decides, under mutex_.
   bool release = false;
   {

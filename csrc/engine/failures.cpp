@@ -383,7 +383,10 @@ std::string Engine::waitingForLocked(
       return "queued (" + which + ")";
     case SliceStep::kStaging:
       return "waiting for staging memory that earlier slices hold (" + which +
-          ")";
+          ")" +
+          (lanes_->resends() ? "; with rail failover on, a slice holds it "
+                               "until its rail peers acknowledge its sends"
+                             : "");
     case SliceStep::kLocalReduceScatter:
       awaited = localPeers;
       return "in the local reduce-scatter of " + which + " with rank(s) " +
@@ -401,8 +404,14 @@ std::string Engine::waitingForLocked(
             " from rail peer rank(s) " + rankList(awaited);
       }
       awaited = railPeersWhere([&](int m) { return slice.sendsTo[m] > 0; });
-      return "waiting for its sends of " + which + " to rail peer rank(s) " +
-          rankList(awaited) + " to complete";
+      if (!awaited.empty()) {
+        return "waiting for its sends of " + which + " to rail peer rank(s) " +
+            rankList(awaited) + " to complete";
+      }
+      // Only the launch order holds it: a later slice's reduce-scatter (or
+      // an earlier op's step) goes first (launch_order.h).
+      return "waiting for its turn to launch the local all-gather of " + which +
+          " (a reduce-scatter the launch order puts first has not launched)";
     case SliceStep::kLocalAllGather:
       awaited = localPeers;
       return "in the local all-gather of " + which + " with rank(s) " +

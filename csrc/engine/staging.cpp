@@ -56,14 +56,16 @@ StagingRing::StagingRing(int64_t capacityBytes, at::TensorOptions options)
 }
 
 std::optional<StagingRing::Lease> StagingRing::acquire(
-    int64_t bytes, const std::function<bool()>& cancelled) {
+    int64_t bytes,
+    const std::function<bool()>& cancelled,
+    Placement placement) {
   std::unique_lock<std::mutex> lock(mutex_);
   std::optional<Lease> lease;
   freed_.wait(lock, [&] {
     if (cancelled()) {
       return true;
     }
-    if (auto placed = placeLocked(bytes)) {
+    if (auto placed = placeLocked(bytes, placement)) {
       lease.emplace(std::move(*placed));
     }
     return lease.has_value();
@@ -71,9 +73,10 @@ std::optional<StagingRing::Lease> StagingRing::acquire(
   return lease;
 }
 
-std::optional<StagingRing::Lease> StagingRing::tryAcquire(int64_t bytes) {
+std::optional<StagingRing::Lease> StagingRing::tryAcquire(
+    int64_t bytes, Placement placement) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return placeLocked(bytes);
+  return placeLocked(bytes, placement);
 }
 
 std::optional<int64_t> RingExtents::place(uint64_t id, int64_t size) {
@@ -155,7 +158,8 @@ int64_t stagingWindow(
   return 1;
 }
 
-std::optional<StagingRing::Lease> StagingRing::placeLocked(int64_t bytes) {
+std::optional<StagingRing::Lease> StagingRing::placeLocked(
+    int64_t bytes, Placement placement) {
   const int64_t size = stagingLeaseBytes(bytes);
   TORCH_CHECK(
       size <= capacity_,
@@ -163,6 +167,9 @@ std::optional<StagingRing::Lease> StagingRing::placeLocked(int64_t bytes) {
       size,
       " bytes of staging but FAIRRING_TOTAL_MEMORY holds only ",
       capacity_);
+  if (placement == Placement::kEmptyRing && !extents_.empty()) {
+    return std::nullopt;
+  }
   const auto begin = extents_.place(nextId_, size);
   if (!begin) {
     return std::nullopt;

@@ -47,6 +47,10 @@ class RingExtents {
   // every older lease is back too.
   int64_t release(uint64_t id);
   int64_t liveLeases() const;
+  // No lease is live or waits for an older one: the next goes at the start.
+  bool empty() const {
+    return extents_.empty();
+  }
 
  private:
   struct Extent {
@@ -126,12 +130,20 @@ class StagingRing {
   // The capacity is rounded down to keep every lease 64-byte aligned.
   StagingRing(int64_t capacityBytes, at::TensorOptions options);
 
-  // Blocks until `bytes` fit; returns nullopt if `cancelled()` turns true
-  // first (checked whenever the ring is notified, see interrupt()).
+  // Where acquire() may place a lease: wherever it fits, or only in an
+  // empty ring, at its start, where stagingWindow's replay begins.
+  enum class Placement { kAnywhere, kEmptyRing };
+
+  // Blocks until `bytes` fit as `placement` asks; returns nullopt if
+  // `cancelled()` turns true first (checked whenever the ring is notified,
+  // see interrupt()).
   std::optional<Lease> acquire(
-      int64_t bytes, const std::function<bool()>& cancelled);
-  // The lease if `bytes` fit now, else nullopt.
-  std::optional<Lease> tryAcquire(int64_t bytes);
+      int64_t bytes,
+      const std::function<bool()>& cancelled,
+      Placement placement = Placement::kAnywhere);
+  // The lease if `bytes` fit now as `placement` asks, else nullopt.
+  std::optional<Lease> tryAcquire(
+      int64_t bytes, Placement placement = Placement::kAnywhere);
   // Wakes acquire() so it rechecks its cancellation predicate.
   void interrupt();
 
@@ -145,7 +157,7 @@ class StagingRing {
   }
 
  private:
-  std::optional<Lease> placeLocked(int64_t bytes);
+  std::optional<Lease> placeLocked(int64_t bytes, Placement placement);
   void release(uint64_t id);
 
   const int64_t capacity_;

@@ -464,15 +464,20 @@ void bindTesting(py::module_& testing) {
           py::arg("capacity_bytes"))
       .def(
           "try_acquire",
-          [](StagingRing& ring, int64_t bytes) {
-            auto lease = ring.tryAcquire(bytes);
+          [](StagingRing& ring, int64_t bytes, bool emptyRing) {
+            auto lease = ring.tryAcquire(
+                bytes,
+                emptyRing ? StagingRing::Placement::kEmptyRing
+                          : StagingRing::Placement::kAnywhere);
             return lease
                 ? std::make_unique<StagingRing::Lease>(std::move(*lease))
                 : nullptr;
           },
           py::arg("bytes"),
+          py::arg("empty_ring") = false,
           py::keep_alive<0, 1>(),
-          "A lease of `bytes` (rounded up to 64) if they fit now, else None.")
+          "A lease of `bytes` (rounded up to 64) if they fit now (empty_ring: "
+          "only in an empty ring), else None.")
       .def("stats", [](const StagingRing& ring) {
         return stagingDict(ring.stats());
       });
