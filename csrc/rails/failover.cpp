@@ -184,11 +184,11 @@ bool RailFailover::onNote(int /*neighbour*/, const std::string& text) {
   if (words.size() != 6 || (words[5] != "own" && words[5] != "spare")) {
     return false;
   }
-  const auto origin = parseDecimal<int>(words[0]);
-  const auto target = parseDecimal<int>(words[1]);
-  const auto machine = parseDecimal<int>(words[2]);
-  const auto rail = parseDecimal<int>(words[3]);
-  const auto generation = parseDecimal<uint64_t>(words[4]);
+  const auto origin = parseCount<int>(words[0]);
+  const auto target = parseCount<int>(words[1]);
+  const auto machine = parseCount<int>(words[2]);
+  const auto rail = parseCount<int>(words[3]);
+  const auto generation = parseCount<uint64_t>(words[4]);
   const int world = topology_.worldSize();
   if (!origin || !target || !machine || !rail || !generation || *origin < 0 ||
       *origin >= world || *target < 0 || *target >= world || *machine < 0 ||

@@ -32,15 +32,8 @@ std::optional<ReceivedCounts> parseAckedNote(std::string_view text) {
   if (words.size() != 2) {
     return std::nullopt;
   }
-  // As written: no sign, no leading zero.
-  const auto count = [](std::string_view word) -> std::optional<uint64_t> {
-    if (word.size() > 1 && word.starts_with('0')) {
-      return std::nullopt;
-    }
-    return parseDecimal<uint64_t>(word);
-  };
-  const auto shards = count(words[0]);
-  const auto reduced = count(words[1]);
+  const auto shards = parseCount<uint64_t>(words[0]);
+  const auto reduced = parseCount<uint64_t>(words[1]);
   if (!shards || !reduced) {
     return std::nullopt;
   }

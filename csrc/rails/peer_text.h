@@ -29,6 +29,18 @@ std::optional<T> parseDecimal(std::string_view text) {
   return value;
 }
 
+// A count, index or rank as this project writes one (std::to_string of a
+// value that is never negative): parseDecimal with no sign, and no leading
+// zero except in "0" itself, so each value has one spelling.
+template <typename T>
+std::optional<T> parseCount(std::string_view text) {
+  if (text.empty() || text.front() < '0' || text.front() > '9' ||
+      (text.size() > 1 && text.front() == '0')) {
+    return std::nullopt;
+  }
+  return parseDecimal<T>(text);
+}
+
 // The words between single spaces, with an empty one wherever spaces repeat,
 // lead or end the text: a format of a fixed number of words rejects those.
 inline std::vector<std::string_view> splitWords(std::string_view text) {

@@ -28,14 +28,6 @@ std::optional<int> integer(std::string_view word) {
   return parseDecimal<int>(word);
 }
 
-// A count as encode() writes it: no sign, no leading zero.
-std::optional<uint64_t> count(std::string_view word) {
-  if (word.starts_with('0') && word.size() > 1) {
-    return std::nullopt;
-  }
-  return parseDecimal<uint64_t>(word);
-}
-
 std::string counts(const ReceivedCounts& received) {
   return std::to_string(received.shards) + " " +
       std::to_string(received.reduced);
@@ -69,7 +61,7 @@ std::optional<Hello> parseHello(std::string_view text, std::string& error) {
     }
     if (words.size() == 7) {
       for (int i = 0; i < 3; ++i) {
-        switched[i] = count(words[i + 4]);
+        switched[i] = parseCount<uint64_t>(words[i + 4]);
       }
     }
   }
@@ -110,8 +102,8 @@ std::optional<SwitchRecord> parseSwitchRecord(
   const auto words = splitWords(text);
   const bool four = words.size() == 4;
   const auto deviceIndex = four ? integer(words[0]) : std::nullopt;
-  const auto shards = four ? count(words[1]) : std::nullopt;
-  const auto reduced = four ? count(words[2]) : std::nullopt;
+  const auto shards = four ? parseCount<uint64_t>(words[1]) : std::nullopt;
+  const auto reduced = four ? parseCount<uint64_t>(words[2]) : std::nullopt;
   if (text.size() > kMaxAddressRecordBytes || !deviceIndex || !shards ||
       !reduced || !wellFormedUrl(words[3])) {
     error = "a malformed switch record '" + printable(text, 200) + "'";
