@@ -80,6 +80,39 @@ def assert_matches(actual: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(actual, expected, **TOLERANCES.get(actual.dtype, {"rtol": 0, "atol": 0}))
 
 
+# A sum of n values, rounded to a half type after each addition in any order and at the end, is
+# within n * u * sum(|x|) of the exact sum (u: the type's unit roundoff). With many ranks the
+# partial sums grow, and that bound outgrows TOLERANCES' fixed one.
+UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+def assert_sum_within_rounding(actual: torch.Tensor, inputs: list[torch.Tensor]) -> None:
+    """`actual` is the sum of `inputs` (half types) within TOLERANCES or the rounding bound, each element."""
+    unit = UNIT_ROUNDOFF[actual.dtype]
+    wide = torch.stack([t.to(torch.float64) for t in inputs])
+    exact = wide.sum(0)
+    tolerance = TOLERANCES[actual.dtype]
+    allowed = torch.maximum(len(inputs) * unit * wide.abs().sum(0), tolerance["atol"] + tolerance["rtol"] * exact.abs())
+    error = (actual.to(torch.float64) - exact).abs()
+    worst = int((error - allowed).argmax())
+    got, wanted, bound = (t.flatten()[worst].item() for t in (actual, exact, allowed))
+    assert bool((error <= allowed).all()), (
+        f"{int((error > allowed).sum())} of {error.numel()} elements off; "
+        f"at flat index {worst}: {got} vs {wanted}, allowed {bound}"
+    )
+
+
+def assert_all_ranks_reduced(
+    actual: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, op: str = "sum", seed: int = 0
+) -> None:
+    """assert_matches(actual, all_ranks_reduced(...)); a half-type sum within its rounding bound."""
+    if op != "sum" or dtype not in UNIT_ROUNDOFF:
+        assert_matches(actual, all_ranks_reduced(shape, dtype, op, seed))
+        return
+    assert actual.dtype == dtype and actual.shape == shape, (actual.dtype, actual.shape)
+    assert_sum_within_rounding(actual, [rank_tensor(r, shape, dtype, seed, op) for r in range(dist.get_world_size())])
+
+
 def topology_view(topology: Any) -> dict[str, object]:
     """What one rank's `_C.Topology` knows of the layout, as plain data."""
     return {

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from harness import InitSpec, Layout, RankFailure, RankPool
 from nixl_support import rails_env
-from reference import REDUCE_OPS, all_ranks_reduced, assert_matches, rank_tensor
+from reference import REDUCE_OPS, all_ranks_reduced, assert_all_ranks_reduced, assert_matches, rank_tensor
 from scenarios import broadcast_then_two_all_reduces
 
 # Gloo local steps (the emulated NCCL), slices of 16 KiB so that most ops are
@@ -64,7 +64,7 @@ def random_all_reduces(count: int, seed: int, in_flight: int, group: dist.Proces
     def check_oldest() -> None:
         work, tensor, shape, dtype, op, case = pending.pop(0)
         work.wait()
-        assert_matches(tensor, all_ranks_reduced(shape, getattr(torch, dtype), op, case))
+        assert_all_ranks_reduced(tensor, shape, getattr(torch, dtype), op, case)
 
     for index in range(count):
         low, high = chooser.choice(SIZES)
