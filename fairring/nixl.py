@@ -96,8 +96,8 @@ def choose_ucx_settings(
 
     `interfaces`: this rail's interface, then those of its machine's other rails. Without InfiniBand
     UCX gets them all: a rank's control connections reach the other ranks of its machine, whose rails
-    may be on other NICs, and UCX sends to a peer only through an interface that routes to it, so the
-    rails' data stays on each rail's own NIC where each rail is its own network.
+    may be on other NICs. UCX spreads a rail's transfers over every one that reaches the peer
+    (benchmarks/nixl_lanes.py), so a rail is not confined to its NIC (docs/networking.md).
     """
     env = os.environ if env is None else env
     chosen: list[str] = []

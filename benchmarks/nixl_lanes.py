@@ -1,0 +1,132 @@
+"""Which NICs UCX puts one NIXL write through, with the UCX settings fairring gives a rail.
+
+Two hosts (network namespaces), each with two NICs on two networks (eth0, eth1), as in
+tests/test_rails_interfaces.py. Each host's rank runs a bare NIXL agent with UCX_NET_DEVICES
+as fairring sets it over TCP for a rank of rail 0 ("eth0,eth1": its rail's interface, then its
+machine's other rails'), plus fairring's UCX_TLS and segment sizes. Rank 0 writes SIZE bytes
+into rank 1's memory; the script prints what each NIC sent. Then it sets host 1's eth1 down
+and writes again on the same connection, and then tries to connect afresh.
+
+    python benchmarks/nixl_lanes.py                      # rail 0's list
+    python benchmarks/nixl_lanes.py --devices eth1,eth0  # rail 1's
+    python benchmarks/nixl_lanes.py --ucx UCX_MAX_RNDV_RAILS=1 --ucx UCX_MAX_EAGER_RAILS=1
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for _path in (ROOT, ROOT / "tests"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from fairring.bench.netns import NetnsCluster, netns_available  # noqa: E402
+from fairring.config import ConfigError  # noqa: E402
+from fairring.nixl import UCX_SAME_HOST_EXCLUDED, UCX_TCP_SEGMENT, UCX_TCP_SEGMENTS, nixl_library  # noqa: E402
+from harness import InitSpec, Layout, RankPool  # noqa: E402
+
+SIZE = 8 << 20
+_state: dict[str, object] = {}
+
+
+def start_agent() -> str:
+    """This rank's agent, its memory registered and published; loads the peer's. The peer's name."""
+    import torch
+    import torch.distributed as dist
+    from nixl_cu13._api import nixl_agent, nixl_agent_config
+
+    rank = dist.get_rank()
+    store = dist.distributed_c10d._get_default_store()
+    agent = nixl_agent(f"lanes-{rank}", nixl_agent_config(backends=["UCX"]))
+    memory = torch.full((SIZE,), rank + 1, dtype=torch.uint8)
+    agent.register_memory(agent.get_reg_descs(memory))
+    store.set(f"metadata{rank}", agent.get_agent_metadata())
+    store.set(f"address{rank}", str(memory.data_ptr()))
+    dist.barrier()
+    _state.update(agent=agent, memory=memory, store=store, peer=1 - rank)
+    _state["peer_name"] = agent.add_remote_agent(store.get(f"metadata{1 - rank}"))
+    return str(_state["peer_name"])
+
+
+def write(timeout_s: float) -> str:
+    """On rank 0: one write of SIZE bytes into rank 1's memory; how it ended and when."""
+    import torch.distributed as dist
+
+    if dist.get_rank() != 0:
+        return ""
+    agent = _state["agent"]
+    local = agent.get_xfer_descs(_state["memory"])
+    remote = agent.get_xfer_descs([(int(_state["store"].get("address1")), SIZE, 0)], "DRAM")
+    handle = agent.initialize_xfer("WRITE", local, remote, _state["peer_name"], b"lanes")
+    start = time.monotonic()
+    state = agent.transfer(handle)
+    while state not in ("DONE", "ERR") and time.monotonic() - start < timeout_s:
+        time.sleep(0.001)
+        state = agent.check_xfer_state(handle)
+    took = time.monotonic() - start
+    return f"still in progress after {took:.1f} s" if state not in ("DONE", "ERR") else f"{state} in {took:.3f} s"
+
+
+def connect_again() -> str:
+    """Drops the peer's metadata and loads it again: a fresh UCX endpoint. "" or why it failed."""
+    agent = _state["agent"]
+    agent.remove_remote_agent(_state["peer_name"])
+    try:
+        _state["peer_name"] = agent.add_remote_agent(_state["store"].get(f"metadata{_state['peer']}"))
+    except Exception as error:  # NIXL's error, reported as the finding
+        return f"{type(error).__name__}: {error}"
+    return ""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--devices", default="eth0,eth1", help="UCX_NET_DEVICES on both hosts")
+    parser.add_argument("--ucx", action="append", default=[], help="more UCX settings, NAME=VALUE")
+    args = parser.parse_args()
+    available, reason = netns_available()
+    if not available:
+        print(f"skipped: network namespaces unavailable: {reason}")
+        return 0
+    try:
+        nixl_library()
+    except ConfigError as error:
+        print(f"skipped: NIXL is not usable here: {error}")
+        return 0
+    env = {"UCX_TLS": UCX_SAME_HOST_EXCLUDED, "UCX_NET_DEVICES": args.devices}
+    env |= {variable: UCX_TCP_SEGMENT for variable in UCX_TCP_SEGMENTS}
+    env |= dict(setting.split("=", 1) for setting in args.ucx)
+    print("UCX settings on both hosts:", " ".join(f"{k}={v}" for k, v in env.items()))
+    with NetnsCluster(2, networks=2) as cluster:
+
+        def sent() -> dict[str, int]:
+            return {nic: cluster.counters(cluster.hosts[0], nic)[0] for nic in ("eth0", "eth1")}
+
+        def measured(what: str, outcome: str, before: dict[str, int]) -> None:
+            after = sent()
+            bytes_by_nic = ", ".join(f"{nic} {after[nic] - before[nic]:,}" for nic in after)
+            print(f"{what}: {outcome}; host 0 sent {bytes_by_nic} bytes", flush=True)
+
+        address = cluster.hosts[0].address
+        spec = InitSpec(method="tcp", host=address, port=29511, backend="gloo", timeout=timedelta(seconds=60))
+        with RankPool(Layout(2, 1), spec=spec, hosts=cluster.hosts, rank_env={0: env, 1: env}) as ranks:
+            ranks.run(start_agent)
+            before = sent()
+            measured(f"one write of {SIZE:,} bytes", ranks.run(write, 10.0)[0], before)
+            cluster.set_link(cluster.hosts[1], "eth1", up=False)
+            before = sent()
+            measured("host 1's eth1 down, the same connection", ranks.run(write, 8.0, timeout=60)[0], before)
+            failed = [why for why in ranks.run(connect_again, timeout=60) if why]
+            print("connecting afresh:", failed[0] if failed else "connected", flush=True)
+            if not failed:
+                before = sent()
+                measured("the fresh connection", ranks.run(write, 15.0, timeout=60)[0], before)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
