@@ -4,7 +4,8 @@ The lighthouse runs in the test process; each replica (one rank each, on its
 own emulated machine) is a real process with its own store and Manager, as
 torchft's examples run them. Every address they are given or advertise is
 loopback (torchft's own servers still bind every interface, as it codes them).
-Replica 1 is killed (SIGKILL), then started again, and heals from replica 0.
+Replica 1 is killed (SIGKILL), then started again once replica 0 has trained alone
+up to REJOIN_STEP, and heals from replica 0.
 Killed between steps, the same job runs on torchft's own ProcessGroupGloo:
 both must commit the same steps with the same participants and end with the
 same parameters, on both replicas. Killed inside a step, fairring's failed
@@ -113,6 +114,7 @@ def run_replica(replica: int, attempt: int, backend: str, lighthouse: str, scrat
         wait_for(folder / f"ready-{1 - replica}-0")  # both heartbeat before either asks for a quorum
     while manager.current_step() < STEPS:
         if replica == 0 and manager.current_step() == REJOIN_STEP:
+            (folder / "rejoin").write_text("")  # replica 1 restarts only now: the steps before are ours alone
             wait_for(folder / "ready-1-1")  # the restarted replica asks first; the lighthouse waits for this one
         dies = replica == 1 and attempt == 0 and manager.current_step() == FAIL_STEP
         if dies and kill == "between-steps":
@@ -167,6 +169,8 @@ def run_job(backend: str, kill: str, scratch: Path) -> dict[int, dict[str, objec
         lost = start(1, 0)
         lost.join(timeout=90)
         assert lost.exitcode == -signal.SIGKILL, f"replica 1 was to die at step {FAIL_STEP}: {lost.exitcode}"
+        # Restarted at once, it could join replica 0's retry of FAIL_STEP, and no step would be replica 0's alone.
+        wait_for(scratch / "rejoin", limit=90)
         rejoined = start(1, 1)
         for process in (first, rejoined):
             process.join(timeout=120)
