@@ -1,15 +1,15 @@
-"""Which NICs UCX puts one NIXL write through, with the UCX settings fairring gives a rail.
+"""Which NICs UCX puts one NIXL write through, given the devices fairring gives a rail or others.
 
 Two hosts (network namespaces), each with two NICs on two networks (eth0, eth1), as in
 tests/test_rails_interfaces.py. Each host's rank runs a bare NIXL agent with UCX_NET_DEVICES
-as fairring sets it over TCP for a rank of rail 0 ("eth0,eth1": its rail's interface, then its
-machine's other rails'), plus fairring's UCX_TLS and segment sizes. Rank 0 writes SIZE bytes
-into rank 1's memory; the script prints what each NIC sent. Then it sets host 1's eth1 down
-and writes again on the same connection, and then tries to connect afresh.
+as fairring sets it over TCP for a rank of rail 0 ("eth0,lo": its rail's interface, and
+loopback for its own machine), plus fairring's UCX_TLS and segment sizes. Rank 0 writes SIZE
+bytes into rank 1's memory; the script prints what each NIC sent. Then it sets host 1's eth1
+down and writes again on the same connection, and then tries to connect afresh.
 
-    python benchmarks/nixl_lanes.py                      # rail 0's list
-    python benchmarks/nixl_lanes.py --devices eth1,eth0  # rail 1's
-    python benchmarks/nixl_lanes.py --ucx UCX_MAX_RNDV_RAILS=1 --ucx UCX_MAX_EAGER_RAILS=1
+    python benchmarks/nixl_lanes.py                      # rail 0's devices: all on eth0
+    python benchmarks/nixl_lanes.py --devices eth0,eth1  # both NICs: UCX spreads the write
+    python benchmarks/nixl_lanes.py --devices eth0,eth1 --ucx UCX_MAX_RNDV_RAILS=1 --ucx UCX_MAX_EAGER_RAILS=1
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def connect_again() -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--devices", default="eth0,eth1", help="UCX_NET_DEVICES on both hosts")
+    parser.add_argument("--devices", default="eth0,lo", help="UCX_NET_DEVICES on both hosts")
     parser.add_argument("--ucx", action="append", default=[], help="more UCX settings, NAME=VALUE")
     args = parser.parse_args()
     available, reason = netns_available()

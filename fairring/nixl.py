@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from collections.abc import MutableMapping, Sequence
+from collections.abc import MutableMapping
 from pathlib import Path
 
 from .config import IB_DISABLE, IB_GID_INDEX, RAILS_TRANSPORT, ConfigError, TransportSettings
@@ -34,6 +34,7 @@ UCX_SAME_HOST_EXCLUDED = "^sm,cma,cuda_ipc"
 # zero-copy path for host memory does not use them.
 UCX_TCP_SEGMENTS = ("UCX_TCP_TX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE")
 UCX_TCP_SEGMENT = "1m"
+LOOPBACK = "lo"
 # What choose_ucx_settings set in this process's environment.
 _ours: dict[str, str] = {}
 
@@ -85,7 +86,7 @@ def rail_ib_device(settings: TransportSettings, facts: HostFacts, rail: int, gpu
 
 
 def choose_ucx_settings(
-    interfaces: Sequence[str],
+    interface: str,
     settings: TransportSettings,
     facts: HostFacts,
     rail: int,
@@ -94,10 +95,11 @@ def choose_ucx_settings(
 ) -> str:
     """Sets UCX's variables in `env` (default os.environ) where the user left them unset; what UCX will use, as text.
 
-    `interfaces`: this rail's interface, then those of its machine's other rails. Without InfiniBand
-    UCX gets them all: a rank's control connections reach the other ranks of its machine, whose rails
-    may be on other NICs. UCX spreads a rail's transfers over every one that reaches the peer
-    (benchmarks/nixl_lanes.py), so a rail is not confined to its NIC (docs/networking.md).
+    Without InfiniBand UCX gets this rail's `interface` and loopback: UCX spreads a transfer over every
+    device that reaches the peer (benchmarks/nixl_lanes.py), so any other NIC listed would carry part of
+    this rail's traffic, and a rail would stall when that NIC went down. Loopback, which UCX uses only
+    within a host, carries the control connections to the machine's other ranks, whose rails may be on
+    networks this one does not reach (docs/networking.md).
     """
     env = os.environ if env is None else env
     chosen: list[str] = []
@@ -116,10 +118,9 @@ def choose_ucx_settings(
     choose("UCX_TLS", UCX_SAME_HOST_EXCLUDED, "network transports only")
     device, why = rail_ib_device(settings, facts, rail, gpu)
     if device is None:
-        own = (
-            "this rail's interface, then its machine's other rails'" if len(interfaces) > 1 else "the rails' interface"
-        )
-        choose("UCX_NET_DEVICES", ",".join(interfaces), f"{own}; no InfiniBand: {why}")
+        devices = list(dict.fromkeys([interface, LOOPBACK]))
+        own = "this rail's interface, loopback within the host"
+        choose("UCX_NET_DEVICES", ",".join(devices), f"{own}; no InfiniBand: {why}")
     else:
         choose("UCX_NET_DEVICES", device, why)
         if settings.gid_index is not None:

@@ -25,26 +25,20 @@ _logged: set[str] = set()
 NIXL_RAILS = RailsTransports((), (), (), None, None, frozenset(), ())
 
 
-def nixl_settings(
-    config: Config, interface: str, addresses: list[InterfaceAddress], topology: _C.Topology, cuda: bool
-) -> str:
-    """Sets the NIXL backend's device variables for this rail where the user did not; what it will use.
-
-    `addresses`: the host's, from which `interface` was chosen; the machine's other rails choose from them too.
-    """
+def nixl_settings(config: Config, interface: str, topology: _C.Topology, cuda: bool) -> str:
+    """Sets the NIXL backend's device variables for this rail where the user did not; what it will use."""
     if config.nixl_backend == "LIBFABRIC":
         return "libfabric: NIXL maps each GPU to its nearest EFA devices (hwloc); FI_PROVIDER picks the provider"
     gpu = torch.cuda.current_device() if cuda else None
-    others = (choose_rail_interface(config, rail, addresses).name for rail in range(topology.local_size))
-    interfaces = list(dict.fromkeys([interface, *others]))
     facts = host_facts(verbs=False, cuda=cuda)
-    return choose_ucx_settings(interfaces, config.transport, facts, topology.local_rank, gpu)
+    return choose_ucx_settings(interface, config.transport, facts, topology.local_rank, gpu)
 
 
 def keeps_for_resend(config: Config, topology: _C.Topology) -> bool:
     """Whether the rails keep every message until acknowledged: the same on every rank, spares or not.
 
-    The CPU engine's only: an engine on a device that runs work in launch order (CUDA) keeps nothing.
+    The TensorPipe rails' only (the NIXL rails cannot switch yet), on CPU and CUDA engines alike, and only
+    where a machine has other rails to switch to.
     """
     return (
         config.rail_failover
@@ -82,7 +76,7 @@ def rails_network(config: Config, topology: _C.Topology) -> _C.RailsNetwork:
     if config.rails_transport == "nixl":
         transports = NIXL_RAILS
         library = nixl_library()
-        devices = nixl_settings(config, interface.name, addresses, topology, cuda)
+        devices = nixl_settings(config, interface.name, topology, cuda)
         carried = f"NIXL {config.nixl_backend} ({library}); {devices}"
     else:
         transports = rails_transports(config.transport, cuda=cuda)

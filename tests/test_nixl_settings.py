@@ -16,31 +16,33 @@ def hca(name: str, *ports: tuple[int, str], link: str = "InfiniBand", pci: str |
     return IbDevice(name, tuple(IbPort(number, state, link) for number, state in ports), pci)
 
 
-def ucx(facts: HostFacts, rail: int = 0, gpu: int | None = None, **variables: str) -> dict[str, str]:
-    """The UCX variables fairring sets for `rail` under the fairring `variables`."""
+def ucx(
+    facts: HostFacts, rail: int = 0, gpu: int | None = None, interface: str = "eth1", **variables: str
+) -> dict[str, str]:
+    """The UCX variables fairring sets for `rail`, on `interface`, under the fairring `variables`."""
     env: dict[str, str] = {}
-    nixl.choose_ucx_settings(["eth1"], load_transport_settings(variables, tensorpipe=False), facts, rail, gpu, env)
+    nixl.choose_ucx_settings(interface, load_transport_settings(variables, tensorpipe=False), facts, rail, gpu, env)
     return env
 
 
 def test_without_infiniband_ucx_keeps_to_network_transports_on_the_rails_interface() -> None:
-    assert ucx(HostFacts()) == {"UCX_TLS": "^sm,cma,cuda_ipc", "UCX_NET_DEVICES": "eth1", **SEGMENTS}
+    assert ucx(HostFacts()) == {"UCX_TLS": "^sm,cma,cuda_ipc", "UCX_NET_DEVICES": "eth1,lo", **SEGMENTS}
     # A port that is down is no device to use.
-    assert ucx(HostFacts(devices=(hca("mlx5_0", (1, "DOWN")),)))["UCX_NET_DEVICES"] == "eth1"
+    assert ucx(HostFacts(devices=(hca("mlx5_0", (1, "DOWN")),)))["UCX_NET_DEVICES"] == "eth1,lo"
     with_ib = HostFacts(devices=(hca("mlx5_0", (1, "ACTIVE")),))
-    assert ucx(with_ib, FAIRRING_IB_DISABLE="1")["UCX_NET_DEVICES"] == "eth1"
+    assert ucx(with_ib, FAIRRING_IB_DISABLE="1")["UCX_NET_DEVICES"] == "eth1,lo"
 
 
-def test_ucx_may_reach_the_other_rails_of_its_machine_through_their_interfaces() -> None:
-    env: dict[str, str] = {}
-    nixl.choose_ucx_settings(["eth1", "eth0"], load_transport_settings({}, tensorpipe=False), HostFacts(), 1, None, env)
-    assert env["UCX_NET_DEVICES"] == "eth1,eth0"
+def test_loopback_is_the_only_other_device_a_rail_gets() -> None:
+    """Any other NIC would carry part of the rail (UCX spreads a transfer over them); loopback stays in the host."""
+    assert ucx(HostFacts(), rail=1, interface="eth0")["UCX_NET_DEVICES"] == "eth0,lo"
+    assert ucx(HostFacts(), interface="lo")["UCX_NET_DEVICES"] == "lo"
 
 
 def test_the_users_own_ucx_settings_stay_and_are_said_to_be_theirs() -> None:
     env = {"UCX_TLS": "rc,cuda_copy", "UCX_NET_DEVICES": "mlx5_3:1", "UCX_TCP_TX_SEG_SIZE": "64k"}
     settings = load_transport_settings({}, tensorpipe=False)
-    chosen = nixl.choose_ucx_settings(["eth1"], settings, HostFacts(), 0, None, env)
+    chosen = nixl.choose_ucx_settings("eth1", settings, HostFacts(), 0, None, env)
     assert env == {**SEGMENTS, "UCX_TLS": "rc,cuda_copy", "UCX_NET_DEVICES": "mlx5_3:1", "UCX_TCP_TX_SEG_SIZE": "64k"}
     assert chosen.count("(yours)") == 3, chosen
 

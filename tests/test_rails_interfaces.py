@@ -11,6 +11,8 @@ of the L rails 1/L of that.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -49,24 +51,42 @@ def all_reduce_prepared() -> None:
     assert_matches(tensor, all_ranks_reduced((SIZE // 4,), torch.float32))
 
 
-def rails_bytes(cluster: NetnsCluster, env: dict[str, str]) -> tuple[list[str], dict[str, list[int]]]:
+def sent_by_interface(cluster: NetnsCluster) -> dict[str, list[int]]:
+    return {i: [cluster.counters(h, i)[0] for h in cluster.hosts] for i in ("eth0", "eth1")}
+
+
+def sent_during(cluster: NetnsCluster, ranks: RankPool, action: Callable[[], None]) -> dict[str, list[int]]:
+    """The bytes each interface of each host sent while the ranks ran `action`."""
+    before = sent_by_interface(cluster)
+    ranks.run(action)
+    after = sent_by_interface(cluster)
+    return {i: [a - b for a, b in zip(after[i], before[i], strict=True)] for i in after}
+
+
+def rails_bytes(
+    cluster: NetnsCluster, env: dict[str, str], layout: Layout = LAYOUT
+) -> tuple[list[str], dict[str, list[int]]]:
     """Each rank's rails description, and the bytes each interface of each host sent during one all-reduce."""
-    rank_env = {rank: env for rank in range(LAYOUT.world_size)}
-    with RankPool(LAYOUT, hosts=cluster.hosts, rank_env=rank_env) as ranks:
+    rank_env = {rank: env for rank in range(layout.world_size)}
+    with RankPool(layout, hosts=cluster.hosts, rank_env=rank_env) as ranks:
         described = ranks.run(build_rails)
-
-        def sent() -> dict[str, list[int]]:
-            return {i: [cluster.counters(h, i)[0] for h in cluster.hosts] for i in ("eth0", "eth1")}
-
-        before = sent()
-        ranks.run(all_reduce_prepared)
-        after = sent()
-    return described, {i: [a - b for a, b in zip(after[i], before[i], strict=True)] for i in after}
+        return described, sent_during(cluster, ranks, all_reduce_prepared)
 
 
 def address_on(cluster: NetnsCluster, rank: int, interface: str) -> str:
     host = cluster.hosts[LAYOUT.machine_of(rank)]
     return host.addresses[host.interfaces.index(interface)]
+
+
+def assert_sent(sent: dict[str, list[int]], expected: dict[str, float]) -> None:
+    for interface, share in expected.items():
+        for host_bytes in sent[interface]:
+            if share == 0:
+                # Only heartbeats and the store's keep-alives may cross it.
+                assert host_bytes < 0.01 * SIZE, sent
+            else:
+                # Payload plus Ethernet/IP/TCP framing and ACKs (well under 10%).
+                assert share <= host_bytes <= 1.10 * share, sent
 
 
 PER_HOST = 2 * (LAYOUT.machines - 1) / LAYOUT.machines * SIZE
@@ -104,16 +124,48 @@ def test_rails_traffic_leaves_through_the_chosen_interfaces(
             # The listener is bound to that interface's address, and only to it.
             assert f"uv://{address_on(cluster, rank, interface)}:" in rails and f"({interface};" in rails, rails
         else:
-            # UCX was given that interface alone (UCX_NET_DEVICES); the byte counts below show it kept to it.
+            # UCX was given that interface and loopback (UCX_NET_DEVICES); the byte counts show it kept to it.
             assert f" on {interface};" in rails, rails
-    for interface, share in expected.items():
-        for host_bytes in sent[interface]:
-            if share == 0:
-                # Only heartbeats and the store's keep-alives may cross it.
-                assert host_bytes < 0.01 * SIZE, sent
-            else:
-                # Payload plus Ethernet/IP/TCP framing and ACKs (well under 10%).
-                assert share <= host_bytes <= 1.10 * share, sent
+    assert_sent(sent, expected)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("transport", RAILS_TRANSPORTS)
+def test_each_rail_keeps_to_its_own_nic(cluster: NetnsCluster, transport: str) -> None:
+    """Three rails on two NICs: eth0 carries rails 0 and 2, eth1 rail 1, so 2/3 and 1/3 of the bytes.
+
+    A transport that spread each rail over both NICs (as UCX does over every device it is given)
+    would send half through each, and pass a 2x2 test with one rail per NIC just as well.
+    """
+    layout = Layout(LAYOUT.machines, 3)
+    _, sent = rails_bytes(cluster, {"FAIRRING_SOCKET_IFNAME": "eth", **rails_env(transport)}, layout)
+    print(f"\n{transport}, 3 rails on 2 NICs: bytes sent per host during one {SIZE}-byte all-reduce: {sent}")
+    # The shards of a 3-rail split differ by at most one element per slice.
+    per_host = 2 * (layout.machines - 1) / layout.machines * SIZE * 0.999
+    assert_sent(sent, {"eth0": 2 * per_host / 3, "eth1": per_host / 3})
+
+
+def subgroup_all_reduce() -> None:
+    """Ranks 1 and 3, rail 1 of the world group, form a group of one rail: rail 0, so eth0."""
+    group = dist.new_group([1, 3], backend="fairring")
+    if dist.get_rank() in (1, 3):
+        tensor = _state["tensor"].clone()
+        dist.all_reduce(tensor, group=group)
+        expected = rank_tensor(1, tensor.shape, torch.float32) + rank_tensor(3, tensor.shape, torch.float32)
+        assert_matches(tensor, expected)
+    dist.destroy_process_group(group)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("transport", RAILS_TRANSPORTS)
+def test_a_subgroup_s_rails_take_the_interface_of_their_own_rail(cluster: NetnsCluster, transport: str) -> None:
+    """A rank on rail 1 of the world group is on rail 0 of a subgroup: its rails there use eth0 only."""
+    env = {"FAIRRING_SOCKET_IFNAME": "eth", **rails_env(transport)}
+    with RankPool(LAYOUT, hosts=cluster.hosts, rank_env=dict.fromkeys(range(LAYOUT.world_size), env)) as ranks:
+        ranks.run(build_rails)
+        sent = sent_during(cluster, ranks, subgroup_all_reduce)
+    print(f"\n{transport}: bytes sent per host during the subgroup's {SIZE}-byte all-reduce: {sent}")
+    assert_sent(sent, {"eth0": SIZE, "eth1": 0})
 
 
 @pytest.mark.timeout(120)
