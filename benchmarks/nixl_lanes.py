@@ -10,6 +10,13 @@ down and writes again on the same connection, and then tries to connect afresh.
     python benchmarks/nixl_lanes.py                      # rail 0's devices: all on eth0
     python benchmarks/nixl_lanes.py --devices eth0,eth1  # both NICs: UCX spreads the write
     python benchmarks/nixl_lanes.py --devices eth0,eth1 --ucx UCX_MAX_RNDV_RAILS=1 --ucx UCX_MAX_EAGER_RAILS=1
+
+With --stale it asks what a rail switch would need: can a write that stalled on a NIC that went
+down be stopped from landing later, once the NIC is back? Rank 0 posts a write while host 1's
+eth0 is down; after 2 s each episode lets go of it one way, sets eth0 up, waits 8 s and counts
+the bytes that landed in rank 1's memory.
+
+    python benchmarks/nixl_lanes.py --stale
 """
 
 from __future__ import annotations
@@ -83,10 +90,75 @@ def connect_again() -> str:
     return ""
 
 
+def post_write() -> str:
+    """On rank 0: posts one write of SIZE bytes into rank 1's memory and keeps its request; its state."""
+    import torch.distributed as dist
+
+    if dist.get_rank() != 0:
+        return ""
+    agent = _state["agent"]
+    local = agent.get_xfer_descs(_state["memory"])
+    remote = agent.get_xfer_descs([(int(_state["store"].get("address1")), SIZE, 0)], "DRAM")
+    _state["request"] = agent.initialize_xfer("WRITE", local, remote, _state["peer_name"], b"stale")
+    return agent.transfer(_state["request"])
+
+
+def let_go(how: str) -> str:
+    """Lets go of the stalled write: "drop" (both forget the peer, the sender its request), or destroys an agent."""
+    import gc
+
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    agent = _state["agent"]
+    if how == "drop":
+        if rank == 0:
+            agent.release_xfer_handle(_state.pop("request"))
+        agent.remove_remote_agent(_state["peer_name"])
+    elif (how == "sender" and rank == 0) or (how == "receiver" and rank == 1):
+        _state.pop("request", None)
+        del agent
+        _state["agent"] = None
+        gc.collect()
+    return ""
+
+
+def landed() -> int:
+    """On rank 1: how many bytes of rank 0's write are in its memory."""
+    import torch.distributed as dist
+
+    return int((_state["memory"] == 1).sum()) if dist.get_rank() == 1 else 0
+
+
+STALE_EPISODES = {
+    "drop": "both sides dropped each other's metadata, the sender released its request",
+    "sender": "the sender destroyed its agent",
+    "receiver": "the receiver destroyed its agent",
+}
+
+
+def stale_writes(env: dict[str, str]) -> None:
+    """One fresh pair of hosts per episode: how many bytes of a write stalled on a downed NIC land later."""
+    for how, what in STALE_EPISODES.items():
+        with NetnsCluster(2, networks=2) as cluster:
+            address = cluster.hosts[0].addresses[1]  # the store on eth1, which stays up
+            spec = InitSpec(method="tcp", host=address, port=29512, backend="gloo", timeout=timedelta(seconds=60))
+            with RankPool(Layout(2, 1), spec=spec, hosts=cluster.hosts, rank_env={0: env, 1: env}) as ranks:
+                ranks.run(start_agent)
+                cluster.set_link(cluster.hosts[1], "eth0", up=False)
+                ranks.run(post_write)
+                time.sleep(2)
+                ranks.run(let_go, how)
+                cluster.set_link(cluster.hosts[1], "eth0", up=True)
+                time.sleep(8)
+                print(f"{what}: {ranks.run(landed)[1]:,} of {SIZE:,} bytes landed after eth0 came back", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--devices", default="eth0,lo", help="UCX_NET_DEVICES on both hosts")
     parser.add_argument("--ucx", action="append", default=[], help="more UCX settings, NAME=VALUE")
+    parser.add_argument("--stale", action="store_true", help="whether a stalled write lands once its NIC is back")
     args = parser.parse_args()
     available, reason = netns_available()
     if not available:
@@ -101,6 +173,9 @@ def main() -> int:
     env |= {variable: UCX_TCP_SEGMENT for variable in UCX_TCP_SEGMENTS}
     env |= dict(setting.split("=", 1) for setting in args.ucx)
     print("UCX settings on both hosts:", " ".join(f"{k}={v}" for k, v in env.items()))
+    if args.stale:
+        stale_writes(env)
+        return 0
     with NetnsCluster(2, networks=2) as cluster:
 
         def sent() -> dict[str, int]:

@@ -364,6 +364,13 @@ def load_config(env: Mapping[str, str] | None = None, tensorpipe_built: bool | N
             f"{RAILS_TRANSPORT}=tensorpipe, but this fairring was built without TensorPipe (its torch ships "
             f"none, or FAIRRING_WITH_TENSORPIPE=0): unset it or use {RAILS_TRANSPORT}=nixl"
         )
+    rail_failover = parse_flag(RAIL_FAILOVER, env.get(RAIL_FAILOVER))
+    if rail_failover and rails_transport == "nixl":
+        raise ConfigError(
+            f"{RAIL_FAILOVER}=1 needs {RAILS_TRANSPORT}=tensorpipe: the NIXL rails cannot stop a write that "
+            "stalled on a downed NIC from landing later, so they fail naming the NIC instead "
+            f"(docs/networking.md, 'When a NIC goes down'); unset one of the two"
+        )
     cuda_engine_auto = _is_auto(env.get(CUDA_ENGINE))
     cuda_engine = cuda_engine_auto or parse_flag(CUDA_ENGINE, env.get(CUDA_ENGINE))
     transport = load_transport_settings(env, tensorpipe=rails_transport == "tensorpipe")
@@ -382,7 +389,7 @@ def load_config(env: Mapping[str, str] | None = None, tensorpipe_built: bool | N
         auto_cache=_auto_cache(env),
         transport=transport,
         shm_disable=parse_flag(SHM_DISABLE, env.get(SHM_DISABLE)),
-        rail_failover=parse_flag(RAIL_FAILOVER, env.get(RAIL_FAILOVER)),
+        rail_failover=rail_failover,
         timeline_directory=_timeline_directory(env.get(TIMELINE)),
         launcher_attempt=_optional_count(env, RESTART_COUNT),
         rails_transport=rails_transport,

@@ -37,7 +37,7 @@ def nixl_settings(config: Config, interface: str, topology: _C.Topology, cuda: b
 def keeps_for_resend(config: Config, topology: _C.Topology) -> bool:
     """Whether the rails keep every message until acknowledged: the same on every rank, spares or not.
 
-    The TensorPipe rails' only (the NIXL rails cannot switch yet), on CPU and CUDA engines alike, and only
+    The TensorPipe rails' only (config refuses failover on the NIXL rails), on CPU and CUDA engines alike, and only
     where a machine has other rails to switch to.
     """
     return (

@@ -229,3 +229,7 @@ def test_rail_failover_is_off_unless_turned_on_and_must_agree() -> None:
     assert on.rail_failover and on.must_agree()["FAIRRING_RAIL_FAILOVER"] == 1
     with pytest.raises(ConfigError, match="FAIRRING_RAIL_FAILOVER='maybe' is not a switch"):
         load_config({"FAIRRING_RAIL_FAILOVER": "maybe"})
+    # The NIXL rails cannot fence a rail's old connections (docs/design.md, "Rails that fail over").
+    with pytest.raises(ConfigError, match="FAIRRING_RAIL_FAILOVER=1 needs FAIRRING_RAILS_TRANSPORT=tensorpipe"):
+        load_config({"FAIRRING_RAIL_FAILOVER": "1", "FAIRRING_RAILS_TRANSPORT": "nixl"})
+    assert not load_config({"FAIRRING_RAIL_FAILOVER": "0", "FAIRRING_RAILS_TRANSPORT": "nixl"}).rail_failover

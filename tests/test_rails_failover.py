@@ -23,6 +23,7 @@ from test_emulated_device import EMULATED_ENV
 
 from fairring.bench.netns import NetnsCluster, netns_available
 from harness import InitSpec, Layout, RankFailure, RankPool
+from nixl_support import RAILS_TRANSPORTS, rails_env
 
 MiB = 1 << 20
 SIZE = 4 * MiB
@@ -145,13 +146,17 @@ def test_on_a_launch_order_device_the_ops_in_flight_complete_too(cluster: NetnsC
 
 
 @pytest.mark.timeout(180)
-def test_without_failover_the_same_episode_fails(cluster: NetnsCluster) -> None:
-    with pool(cluster, timeout_s=5, FAIRRING_RAIL_FAILOVER="0") as ranks:
+@pytest.mark.parametrize("transport", RAILS_TRANSPORTS)
+def test_without_failover_the_same_episode_fails(cluster: NetnsCluster, transport: str) -> None:
+    """Failover off, or the NIXL rails (which cannot fence a rail's old connections): the job fails, naming it."""
+    with pool(cluster, timeout_s=5, FAIRRING_RAIL_FAILOVER="0", **rails_env(transport)) as ranks:
         described = ranks.run(prepare, SIZE)
         assert not any("failover to" in text for text in described), described
         with pytest.raises(RankFailure) as failure:
             run_through(ranks, 4.0, after(1.0, lambda: cluster.set_link(cluster.hosts[1], "eth1", up=False)))
     outcomes = failure.value.outcomes
+    for rank, text in sorted(outcomes.items()):
+        print(f"\n{transport}, rank {rank}: {text.strip().splitlines()[-1][:300]}")
     # Every rank fails, naming the NIC, or rank 3 where a peer's timeout came first.
     assert sorted(outcomes) == [0, 1, 2, 3], outcomes
     assert all("interface eth1 is down" in text or "rank(s) 3" in text for text in outcomes.values()), outcomes
