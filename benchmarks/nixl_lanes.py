@@ -17,6 +17,11 @@ eth0 is down; after 2 s each episode lets go of it one way, sets eth0 up, waits 
 the bytes that landed in rank 1's memory.
 
     python benchmarks/nixl_lanes.py --stale
+
+A fence per rail peer would need an agent per rail peer; --agents N makes N agents in this
+process and prints what each costs (threads, resident memory, descriptors, time to make).
+
+    python benchmarks/nixl_lanes.py --agents 32
 """
 
 from __future__ import annotations
@@ -130,6 +135,34 @@ def landed() -> int:
     return int((_state["memory"] == 1).sum()) if dist.get_rank() == 1 else 0
 
 
+def process_usage() -> tuple[int, float, int]:
+    """This process's threads, resident MiB and open descriptors."""
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    threads = int(status["Threads"])
+    resident = int(status["VmRSS"].split()[0]) / 1024
+    return threads, resident, len(list(Path("/proc/self/fd").iterdir()))
+
+
+def agent_costs(count: int, env: dict[str, str]) -> None:
+    """Makes `count` UCX agents in this process: what each adds."""
+    import os
+
+    os.environ.update(env | {"UCX_NET_DEVICES": "lo"})
+    from nixl_cu13._api import nixl_agent, nixl_agent_config
+
+    nixl_agent("warm-up", nixl_agent_config(backends=["UCX"]))  # loads the libraries once
+    threads, resident, descriptors = process_usage()
+    started = time.monotonic()
+    agents = [nixl_agent(f"cost-{index}", nixl_agent_config(backends=["UCX"])) for index in range(count)]
+    took = time.monotonic() - started
+    now = process_usage()
+    print(
+        f"{len(agents)} agents, each: {(now[0] - threads) / count:.1f} thread(s), "
+        f"{(now[1] - resident) / count:.2f} MiB resident, {(now[2] - descriptors) / count:.1f} descriptors, "
+        f"{took / count * 1000:.0f} ms to make"
+    )
+
+
 STALE_EPISODES = {
     "drop": "both sides dropped each other's metadata, the sender released its request",
     "sender": "the sender destroyed its agent",
@@ -159,11 +192,8 @@ def main() -> int:
     parser.add_argument("--devices", default="eth0,lo", help="UCX_NET_DEVICES on both hosts")
     parser.add_argument("--ucx", action="append", default=[], help="more UCX settings, NAME=VALUE")
     parser.add_argument("--stale", action="store_true", help="whether a stalled write lands once its NIC is back")
+    parser.add_argument("--agents", type=int, default=0, help="make this many agents here: what each costs")
     args = parser.parse_args()
-    available, reason = netns_available()
-    if not available:
-        print(f"skipped: network namespaces unavailable: {reason}")
-        return 0
     try:
         nixl_library()
     except ConfigError as error:
@@ -172,6 +202,13 @@ def main() -> int:
     env = {"UCX_TLS": UCX_SAME_HOST_EXCLUDED, "UCX_NET_DEVICES": args.devices}
     env |= {variable: UCX_TCP_SEGMENT for variable in UCX_TCP_SEGMENTS}
     env |= dict(setting.split("=", 1) for setting in args.ucx)
+    if args.agents:
+        agent_costs(args.agents, env)
+        return 0
+    available, reason = netns_available()
+    if not available:
+        print(f"skipped: network namespaces unavailable: {reason}")
+        return 0
     print("UCX settings on both hosts:", " ".join(f"{k}={v}" for k, v in env.items()))
     if args.stale:
         stale_writes(env)
