@@ -145,15 +145,22 @@ def test_each_rail_keeps_to_its_own_nic(cluster: NetnsCluster, transport: str) -
     assert_sent(sent, {"eth0": 2 * per_host / 3, "eth1": per_host / 3})
 
 
-def subgroup_all_reduce() -> None:
-    """Ranks 1 and 3, rail 1 of the world group, form a group of one rail: rail 0, so eth0."""
+def subgroup_all_reduce() -> tuple[str, int]:
+    """Ranks 1 and 3, rail 1 of the world group, form a group of one rail: rail 0, so eth0.
+
+    Its rails, and the bytes they received.
+    """
     group = dist.new_group([1, 3], backend="fairring")
+    rails, received = "", 0
     if dist.get_rank() in (1, 3):
         tensor = _state["tensor"].clone()
         dist.all_reduce(tensor, group=group)
         expected = rank_tensor(1, tensor.shape, torch.float32) + rank_tensor(3, tensor.shape, torch.float32)
         assert_matches(tensor, expected)
+        rails = fairring.backend_of(group).rails()
+        received = fairring.backend_of(group).engine_stats()["rail_bytes_received"]
     dist.destroy_process_group(group)
+    return rails, received
 
 
 @pytest.mark.timeout(240)
@@ -163,8 +170,14 @@ def test_a_subgroup_s_rails_take_the_interface_of_their_own_rail(cluster: NetnsC
     env = {"FAIRRING_SOCKET_IFNAME": "eth", **rails_env(transport)}
     with RankPool(LAYOUT, hosts=cluster.hosts, rank_env=dict.fromkeys(range(LAYOUT.world_size), env)) as ranks:
         ranks.run(build_rails)
-        sent = sent_during(cluster, ranks, subgroup_all_reduce)
+        before = sent_by_interface(cluster)
+        described = ranks.run(subgroup_all_reduce)
+        after = sent_by_interface(cluster)
+    sent = {i: [a - b for a, b in zip(after[i], before[i], strict=True)] for i in after}
     print(f"\n{transport}: bytes sent per host during the subgroup's {SIZE}-byte all-reduce: {sent}")
+    for rank in (1, 3):  # the rails carried it (not Gloo, which is on eth0 too), from eth0
+        rails, received = described[rank]
+        assert received >= SIZE // 2 and ("(eth0;" in rails or " on eth0;" in rails), described[rank]
     assert_sent(sent, {"eth0": SIZE, "eth1": 0})
 
 
