@@ -16,6 +16,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.distributed as dist
+from failover_driver import bytes_sent, difference
 
 import fairring
 from fairring.bench.netns import NetnsCluster, netns_available
@@ -51,16 +52,13 @@ def all_reduce_prepared() -> None:
     assert_matches(tensor, all_ranks_reduced((SIZE // 4,), torch.float32))
 
 
-def sent_by_interface(cluster: NetnsCluster) -> dict[str, list[int]]:
-    return {i: [cluster.counters(h, i)[0] for h in cluster.hosts] for i in ("eth0", "eth1")}
-
-
-def sent_during(cluster: NetnsCluster, ranks: RankPool, action: Callable[[], None]) -> dict[str, list[int]]:
-    """The bytes each interface of each host sent while the ranks ran `action`."""
-    before = sent_by_interface(cluster)
-    ranks.run(action)
-    after = sent_by_interface(cluster)
-    return {i: [a - b for a, b in zip(after[i], before[i], strict=True)] for i in after}
+def sent_during(
+    cluster: NetnsCluster, ranks: RankPool, action: Callable[[], object]
+) -> tuple[list[object], dict[str, list[int]]]:
+    """What `action` returned on each rank, and the bytes each interface of each host sent while it ran."""
+    before = bytes_sent(cluster)
+    results = ranks.run(action)
+    return results, difference(bytes_sent(cluster), before)
 
 
 def rails_bytes(
@@ -70,7 +68,8 @@ def rails_bytes(
     rank_env = {rank: env for rank in range(layout.world_size)}
     with RankPool(layout, hosts=cluster.hosts, rank_env=rank_env) as ranks:
         described = ranks.run(build_rails)
-        return described, sent_during(cluster, ranks, all_reduce_prepared)
+        _, sent = sent_during(cluster, ranks, all_reduce_prepared)
+    return described, sent
 
 
 def address_on(cluster: NetnsCluster, rank: int, interface: str) -> str:
@@ -170,10 +169,7 @@ def test_a_subgroup_s_rails_take_the_interface_of_their_own_rail(cluster: NetnsC
     env = {"FAIRRING_SOCKET_IFNAME": "eth", **rails_env(transport)}
     with RankPool(LAYOUT, hosts=cluster.hosts, rank_env=dict.fromkeys(range(LAYOUT.world_size), env)) as ranks:
         ranks.run(build_rails)
-        before = sent_by_interface(cluster)
-        described = ranks.run(subgroup_all_reduce)
-        after = sent_by_interface(cluster)
-    sent = {i: [a - b for a, b in zip(after[i], before[i], strict=True)] for i in after}
+        described, sent = sent_during(cluster, ranks, subgroup_all_reduce)
     print(f"\n{transport}: bytes sent per host during the subgroup's {SIZE}-byte all-reduce: {sent}")
     for rank in (1, 3):  # the rails carried it (not Gloo, which is on eth0 too), from eth0
         rails, received = described[rank]
