@@ -71,12 +71,9 @@ def write(timeout_s: float) -> str:
 
     if dist.get_rank() != 0:
         return ""
-    agent = _state["agent"]
-    local = agent.get_xfer_descs(_state["memory"])
-    remote = agent.get_xfer_descs([(int(_state["store"].get("address1")), SIZE, 0)], "DRAM")
-    handle = agent.initialize_xfer("WRITE", local, remote, _state["peer_name"], b"lanes")
     start = time.monotonic()
-    state = agent.transfer(handle)
+    state = post_write()
+    agent, handle = _state["agent"], _state["request"]
     while state not in ("DONE", "ERR") and time.monotonic() - start < timeout_s:
         time.sleep(0.001)
         state = agent.check_xfer_state(handle)
@@ -104,7 +101,7 @@ def post_write() -> str:
     agent = _state["agent"]
     local = agent.get_xfer_descs(_state["memory"])
     remote = agent.get_xfer_descs([(int(_state["store"].get("address1")), SIZE, 0)], "DRAM")
-    _state["request"] = agent.initialize_xfer("WRITE", local, remote, _state["peer_name"], b"stale")
+    _state["request"] = agent.initialize_xfer("WRITE", local, remote, _state["peer_name"], b"lanes")
     return agent.transfer(_state["request"])
 
 
