@@ -66,6 +66,7 @@ COMMON_SOURCES = [
     "backend/reconfigurable.cpp",
     "backend/work.cpp",
     "bindings.cpp",
+    "device/capture.cpp",
     "device/device.cpp",
     "device/emulated.cpp",
     "device/streamed.cpp",

@@ -106,6 +106,10 @@ class PyInnerGroupFactory final : public fairring::InnerGroupFactory {
     call([&] { factory_.attr("engine_made")(device.str(), rails); });
   }
 
+  void routedAway(const std::string& why) override {
+    call([&] { factory_.attr("routed_away")(why); });
+  }
+
   c10::intrusive_ptr<c10d::Backend> split(
       const c10::intrusive_ptr<c10d::Store>& store,
       const std::vector<int>& ranks,
@@ -654,6 +658,7 @@ PYBIND11_MODULE(_C, module) {
                   result["rail_bytes_sent"] = stats.railBytesSent;
                   result["rail_bytes_received"] = stats.railBytesReceived;
                   result["local_steps"] = stats.localSteps;
+                  result["local_steps_state"] = engine.localStepsState();
                   return result;
                 });
           },

@@ -27,6 +27,7 @@ logger = logging.getLogger("fairring")
 
 BACKEND_NAME = "fairring"
 _logged_config = False
+_routed_away: set[str] = set()
 
 
 def _create_backend(dist_options: Any, backend_options: Any) -> dist.Backend:
@@ -246,6 +247,12 @@ class InnerGroups:
         topology = self._topology
         logger.debug("rank %d: engine on %s made; rails listen on %s", topology.rank, device, rails)
 
+    def routed_away(self, why: str) -> None:
+        """An all-reduce the engine would take went to the delegate: said once per process and reason."""
+        if why not in _routed_away:
+            _routed_away.add(why)
+            logger.info("rank %d: %s", self._topology.rank, why)
+
     def split(self, store: dist.Store, ranks: list[int], timeout: timedelta, group_name: str) -> _C.Backend:
         """A fairring backend for the group of `ranks` (of this group), this rank among them."""
         return create_backend(store, ranks.index(self._topology.rank), len(ranks), timeout, group_name, self._options)
@@ -312,23 +319,44 @@ def log_shrunk(topology: _C.Topology, excluded: list[int]) -> None:
 def connect_local_groups(
     reduce_scatter: dist.Backend, all_gather: dist.Backend, device: torch.device, local_size: int, slice_bytes: int
 ) -> None:
-    """Connects the local groups' peers now, with one operation of each kind their steps run.
+    """Connects the local groups' peers now, with the operations their steps run, at each size class.
 
     NCCL connects a communicator's peers at its first collective of each kind
-    (NCCL_RUNTIME_CONNECT, its default). Left to the engine's stage threads,
-    one group would connect while the other's kernel spins on the same GPU.
-    Here, before those threads exist, every rank of the machine runs the same
-    two operations in the same order (csrc/local/group_steps.cpp's: an
-    all-to-all on the reduce-scatter group, an all-gather on the other), at a
-    slice's size so NCCL picks the algorithms the steps will use, and waits.
+    (NCCL_RUNTIME_CONNECT, its default), and for each algorithm and protocol
+    at the first size that picks it. Left to the engine's stage threads, one
+    group would connect while the other's kernel spins on the same GPU. Here,
+    before those threads exist, every rank of the machine runs the same
+    operations in the same order (csrc/local/group_steps.cpp's: an all-to-all
+    on the reduce-scatter group, an all-gather on the other) at the sizes of
+    warmup_sizes(), then waits for the last of them on an event: not for the
+    whole device, which other work of the process may keep busy.
     """
-    shard = max(1, slice_bytes // local_size)
-    source = torch.zeros(shard * local_size, dtype=torch.uint8, device=device)
-    received = torch.empty_like(source)
-    reduce_scatter.alltoall_base(received, source, [], []).wait()
-    all_gather._allgather_base(received, source[:shard]).wait()
+    for total in warmup_sizes(slice_bytes, local_size):
+        shard = total // local_size
+        source = torch.zeros(total, dtype=torch.uint8, device=device)
+        received = torch.empty_like(source)
+        reduce_scatter.alltoall_base(received, source, [], []).wait()
+        all_gather._allgather_base(received, source[:shard]).wait()
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(device))
+        done.synchronize()
+
+
+# The smallest and a middle size class of the local steps' warm-up: about where NCCL moves from its
+# LL protocol to LL128 and from LL128 to Simple on one node (it tunes by size and topology).
+WARMUP_SMALL_BYTES = 4096
+WARMUP_MIDDLE_BYTES = 256 * 1024
+
+
+def warmup_sizes(slice_bytes: int, local_size: int) -> list[int]:
+    """The bytes of each warm-up operation, whole multiples of `local_size`, smallest first, up to a slice."""
+    sizes = []
+    for wanted in (WARMUP_SMALL_BYTES, WARMUP_MIDDLE_BYTES, slice_bytes):
+        total = max(local_size, min(wanted, slice_bytes) // local_size * local_size)
+        if total not in sizes:
+            sizes.append(total)
+    return sizes
 
 
 def register() -> None:

@@ -6,7 +6,8 @@ tensors are one dense tensor (or all_reduce_coalesced's, packed) of one dtype
 and device, at least the flat threshold of their device type, the op is SUM,
 AVG (floating point), MAX, MIN, PRODUCT or PREMUL_SUM (premultiplied, then a
 SUM), the dtype float32/64, float16, bfloat16, int8, uint8, int32 or int64,
-and, for CUDA tensors, the CUDA engine is on. What the engine could take but
+and, for CUDA tensors, the CUDA engine is on; never while the caller's stream
+is captured into a CUDA graph (NCCL then runs it, whatever its size). What the engine could take but
 is below the threshold goes to the delegate counted as such. A PREMUL_SUM of
 all_reduce is premultiplied here on CPU, on the engine, and where NCCL would
 misread a bfloat16 factor outside a native coalescing block.
@@ -44,7 +45,7 @@ def expected(case: dict[str, object]) -> tuple[str, bool]:
     premul = op == "premul_sum"
     reduced = "sum" if premul and not case["coalesced"] else op
     op_ok = reduced in ENGINE_OPS or (reduced == "avg" and dtype in FLOATING)
-    engine_can = case["serves_engine"] and case["uniform"] and dtype in ENGINE_DTYPES and op_ok
+    engine_can = case["serves_engine"] and case["uniform"] and not case["captured"] and dtype in ENGINE_DTYPES and op_ok
     if engine_can and case["bytes"] < THRESHOLDS[device]:
         path = "delegate below threshold"
     elif engine_can and (device == "cpu" or case["cuda_engine"]) and (case["count"] == 1 or case["coalesced"]):
@@ -65,6 +66,7 @@ AXES = {
     "serves_engine": [True, False],
     "cuda_engine": [False, True],
     "coalesced": [False, True],
+    "captured": [False, True],
 }
 CASES = [dict(zip(AXES, values, strict=True)) for values in itertools.product(*AXES.values())]
 
@@ -83,6 +85,7 @@ def decide(case: dict[str, object], **overrides: object) -> tuple[str, bool]:
         native_block_open=case["block_open"],
         serves_engine=case["serves_engine"],
         config=config(case["cuda_engine"]),
+        captured=case["captured"],
     )
 
 
@@ -108,11 +111,14 @@ def test_every_combination_takes_the_documented_path() -> None:
         # The CUDA engine on: a PREMUL_SUM on it is premultiplied; several tensors stay with NCCL, as they are.
         ({"op": "premul_sum", "cuda_engine": True}, "engine", True),
         ({"op": "premul_sum", "cuda_engine": True, "count": 3}, "delegate", False),
+        # Captured into a CUDA graph: NCCL, at any size, never counted as below the threshold.
+        ({"cuda_engine": True, "captured": True}, "delegate", False),
+        ({"cuda_engine": True, "captured": True, "bytes": 4096}, "delegate", False),
     ],
 )
 def test_the_rules_that_take_a_second_look(overrides: dict[str, object], path: str, premultiply: bool) -> None:
     base = {"device": "cuda", "dtype": torch.float32, "op": "sum", "bytes": 64 * MiB, "count": 1}
-    base |= {"serves_engine": True, "cuda_engine": False, "coalesced": False}
+    base |= {"serves_engine": True, "cuda_engine": False, "coalesced": False, "captured": False}
     assert decide(base, **overrides) == (path, premultiply)
 
 

@@ -70,13 +70,14 @@ def test_nccl_groups_time_steps_past_the_engine() -> None:
 
 @pytest.mark.timeout(60)
 def test_local_groups_are_connected_by_one_step_of_each_kind(monkeypatch: pytest.MonkeyPatch) -> None:
-    """connect_local_groups runs, on every rank, the all-to-all then the all-gather the steps use.
+    """connect_local_groups runs, on every rank, the all-to-all then the all-gather the steps use, at
+    4 KiB, 256 KiB and a slice (NCCL connects each protocol at the first size that picks it).
 
     Two ranks on threads, Gloo standing in for NCCL: each group records what it is asked.
     """
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     store = dist.HashStore()
-    slice_bytes = 4096
+    slice_bytes = 1 << 20
     calls: list[list[tuple[str, int]]] = [[], []]
     errors: list[BaseException] = []
 
@@ -110,4 +111,13 @@ def test_local_groups_are_connected_by_one_step_of_each_kind(monkeypatch: pytest
     for thread in threads:
         thread.join(timeout=30)
     assert not errors, errors
-    assert calls == [[("all-to-all", slice_bytes), ("all-gather", slice_bytes)]] * 2, calls
+    expected = [(kind, size) for size in (4096, 256 * 1024, slice_bytes) for kind in ("all-to-all", "all-gather")]
+    assert calls == [expected] * 2, calls
+
+
+def test_warmup_sizes_are_whole_shards_up_to_a_slice() -> None:
+    from fairring._registration import warmup_sizes
+
+    assert warmup_sizes(25 << 20, 8) == [4096, 256 * 1024, 25 << 20]
+    assert warmup_sizes(100_000, 3) == [4095, 99_999]  # the middle class is above the slice
+    assert warmup_sizes(2, 4) == [4]  # at least a byte per rank

@@ -44,6 +44,30 @@ def test_stopping_returns_while_a_local_step_is_blocked(how: str) -> None:
         assert did in error and "(machine " in error, (rank, error)
 
 
+def stop_when_nothing_is_pending(how: str) -> str:
+    """The engine made and idle, then the group stopped by `how`: how the engine stopped its local steps."""
+    import fairring
+
+    backend = fairring.backend_of()
+    make_engine("cpu")
+    dist.barrier()
+    world = dist.group.WORLD
+    if how == "abort":
+        world.abort()
+    else:
+        world.shutdown()
+    return backend.engine_stats("cpu")["local_steps_state"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("how", "state"), [("shutdown", "closed"), ("abort", "aborted")])
+def test_shutdown_closes_the_local_groups_and_abort_aborts_them(how: str, state: str) -> None:
+    """A normal end drains the device and shuts the local groups down in good order; abort() aborts them at
+    once, even with nothing pending (docs/design.md, "Leaving in good order")."""
+    with RankPool(Layout(2, 2)) as ranks:
+        assert ranks.run(stop_when_nothing_is_pending, how) == [state] * 4
+
+
 def churn_groups(cycles: int) -> list[tuple[int, int, int]]:
     """Makes a group, runs engine all-reduces on it, destroys it; `cycles` times. Resources after each."""
     shape = (1 << 16,)

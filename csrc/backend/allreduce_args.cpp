@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 
 #include "backend/operation.h"
+#include "device/capture.h"
 #include "reduction.h"
 
 namespace fairring {
@@ -71,6 +72,7 @@ AllreduceArgs allreduceArgs(
             t.device() == tensors[0].device() && !t.is_sparse();
       });
   args.ncclMisreadsPremulFactor = ncclMisreadsPremulFactor(tensors, op);
+  args.captured = graphCaptureUnderway(args.device);
   return args;
 }
 

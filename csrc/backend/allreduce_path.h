@@ -45,6 +45,10 @@ struct AllreduceArgs {
   // Inside a native coalescing block, whose launch may not follow this
   // thread's stream: NCCL keeps its own PREMUL_SUM there.
   bool nativeBlockOpen = false;
+  // Issued while the caller's stream is captured into a CUDA graph
+  // (device/capture.h): the engine waits on the host, which a graph cannot
+  // hold, so NCCL, which captures its own kernels, runs it.
+  bool captured = false;
 };
 
 // The sizes the engine takes where it could: from the flat threshold up to,
@@ -82,8 +86,8 @@ inline AllreduceRoute chooseAllreducePath(
   // A premultiplied PREMUL_SUM is the SUM it becomes.
   const auto reduced =
       premul && args.canPremultiply ? c10d::ReduceOp::SUM : args.op;
-  const bool engineCan =
-      servesEngine && args.uniform && reductionSupported(args.dtype, reduced);
+  const bool engineCan = servesEngine && args.uniform && !args.captured &&
+      reductionSupported(args.dtype, reduced);
   AllreducePath path = AllreducePath::kDelegate;
   if (engineCan &&
       (args.bytes < sizes.fromBytes || args.bytes >= sizes.belowBytes)) {

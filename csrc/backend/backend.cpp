@@ -15,6 +15,7 @@
 #include "backend/engine_factory.h"
 #include "backend/pending_report.h"
 #include "backend/work.h"
+#include "device/capture.h"
 
 namespace fairring {
 
@@ -47,6 +48,11 @@ void unpackInto(
     tensor.copy_(packed.narrow(0, offset, tensor.numel()).view(tensor.sizes()));
     offset += tensor.numel();
   }
+}
+
+// The device an operation's tensors are on (the CPU where it has none).
+c10::Device deviceOf(const Operation& op) {
+  return op.touches.empty() ? c10::Device(c10::kCPU) : op.touches[0].device();
 }
 
 constexpr const char* kSameCollectives =
@@ -139,14 +145,19 @@ c10::intrusive_ptr<c10d::Work> Backend::issue(Operation op, Launch&& launch) {
   if (op.reduceOp && onGloo) {
     checkGlooReduction(op.name, *op.reduceOp, op.reduced);
   }
+  // Captured into a CUDA graph (device/capture.h): what it launches is
+  // recorded, not run, and nothing of fairring's may query it or wait for
+  // work from outside the capture. NCCL orders its own launches.
+  const bool captured = graphCaptureUnderway(deviceOf(op));
   const BlockMembership membership =
-      op.coalesces ? joinBlock(op, runner) : BlockMembership::kNone;
+      op.coalesces ? joinBlock(op, runner, captured) : BlockMembership::kNone;
   // After the collectives in flight on the same memory, once.
   const auto executor = runner.engine != nullptr
       ? MemoryOrder::Executor::kEngine
       : onGloo ? MemoryOrder::Executor::kGloo
                : MemoryOrder::Executor::kNccl;
-  if (runner.seq) {
+  const bool ordered = runner.seq && !captured;
+  if (ordered) {
     memoryOrder_.awaitOverlapping(op.touches, executor, timeout());
   }
   // A NCCL launch follows the CUDA engine's local steps issued before it (a
@@ -158,10 +169,13 @@ c10::intrusive_ptr<c10d::Work> Backend::issue(Operation op, Launch&& launch) {
   if (runner.seq && onGloo) {
     work = delegated_.watch(work, work->retrieveOpType(), *runner.seq, {});
   }
-  work = torchHooks_.report(std::move(work));
+  if (work && CaptureModel::onThisThread()) {
+    work = c10::make_intrusive<ModelCapturedWork>(std::move(work));
+  }
+  work = handOut(std::move(work), captured);
   // A native block's members launch at the block's end, so their Works are
   // not waited for; the block orders them itself.
-  if (runner.seq && membership != BlockMembership::kNative) {
+  if (ordered && membership != BlockMembership::kNative) {
     memoryOrder_.track(op.touches, executor, work);
   }
   if (membership == BlockMembership::kCollected) {
@@ -171,13 +185,22 @@ c10::intrusive_ptr<c10d::Work> Backend::issue(Operation op, Launch&& launch) {
   return work;
 }
 
+c10::intrusive_ptr<c10d::Work> Backend::handOut(
+    c10::intrusive_ptr<c10d::Work> work, bool captured) {
+  if (work && captured) {
+    work = c10::make_intrusive<CapturedWork>(std::move(work));
+  }
+  return torchHooks_.report(std::move(work), captured);
+}
+
 Backend::BlockMembership Backend::joinBlock(
-    const Operation& op, const Runner& runner) {
+    const Operation& op, const Runner& runner, bool captured) {
   std::lock_guard<std::mutex> lock(coalescingMutex_);
   CoalescingBlock* block = openBlockLocked(op.name, op.type);
   if (block == nullptr) {
     return BlockMembership::kNone;
   }
+  block->captured = block->captured || captured;
   if (runner.delegate == nullptr || !runner.delegate->supportsCoalescing()) {
     return BlockMembership::kCollected;
   }
@@ -238,8 +261,17 @@ const Engine* Backend::engine(c10::DeviceType type) const {
 }
 
 AllreduceRoute Backend::choosePath(const AllreduceArgs& args) {
-  return chooseAllreducePath(
+  const AllreduceRoute route = chooseAllreducePath(
       args, topology_.servesEngine(), config_, engineSizesFor(args));
+  static std::atomic<bool> capturedNoted{false}; // once per process
+  if (args.captured && args.deviceType == c10::kCUDA && config_.cudaEngine &&
+      topology_.servesEngine() && !capturedNoted.exchange(true)) {
+    innerGroups_->routedAway(
+        "CUDA all-reduces issued during CUDA graph capture go to NCCL, which "
+        "captures its own kernels: the engine waits on the host, which a "
+        "graph cannot hold");
+  }
+  return route;
 }
 
 EngineSizes Backend::engineSizesFor(const AllreduceArgs& args) {
@@ -257,8 +289,9 @@ EngineSizes Backend::engineSizesFor(const AllreduceArgs& args) {
           AllreducePath::kEngine) {
     return known;
   }
-  // Every rank sees the same block and capture state here (c10d's order).
-  if (coalescingBlockOpen() || cudaGraphCaptureUnderway(args.device)) {
+  // Every rank sees the same block here (c10d's order); a captured
+  // all-reduce never reaches this (chooseAllreducePath).
+  if (coalescingBlockOpen()) {
     return {std::numeric_limits<int64_t>::max()};
   }
   std::lock_guard<std::mutex> measuring(measuringMutex_);
@@ -320,13 +353,6 @@ void Backend::allreduceOnPath(at::Tensor& tensor, bool onEngine) {
 // engine for a device type, which every rank issues at the same point of its
 // sequence, so that making it (a collective step) lines up.
 Engine* Backend::ensureEngine(c10::Device device) {
-  TORCH_CHECK(
-      !cudaGraphCaptureUnderway(device),
-      "fairring: an all-reduce of a CUDA tensor on the Herring engine "
-      "(FAIRRING_CUDA_ENGINE=1) was issued during CUDA graph capture; the "
-      "engine waits on the host, which a graph cannot hold. Issue it outside "
-      "the captured region, or leave FAIRRING_CUDA_ENGINE unset so that NCCL "
-      "runs it");
   const size_t index = indexOfType(device.type());
   const auto made = [&] {
     std::lock_guard<std::mutex> lock(stateMutex_);
@@ -976,11 +1002,12 @@ c10::intrusive_ptr<c10d::Work> Backend::endCoalescing() {
     return block.works.front();
   }
   if (block.works.size() == 1) {
-    return torchHooks_.report(block.works.front());
+    return handOut(block.works.front(), block.captured);
   }
-  return torchHooks_.report(
+  return handOut(
       c10::make_intrusive<AllOfWork>(
-          std::move(block.works), getSequenceNumberForGroup()));
+          std::move(block.works), getSequenceNumberForGroup()),
+      block.captured);
 }
 
 #if FAIRRING_HAS_BACKEND_HOOKS
@@ -1147,7 +1174,7 @@ c10::intrusive_ptr<c10d::Backend> Backend::shrink(
     // Its own doing, as abort() is: no failure class, no dump.
     leaving_ = true;
     torchHooks_.quiet();
-    stopEngines("shrank its process group (SHRINK_ABORT)");
+    stopEngines("shrank its process group (SHRINK_ABORT)", /*drain=*/false);
     delegated_.fail(
         topology_.describeRank(getRank()) +
         " shrank its process group (SHRINK_ABORT)");
@@ -1188,15 +1215,21 @@ void Backend::awaitDumps() {
   }
 }
 
-void Backend::stopEngines(const std::string& did) {
-  forEachEngine([&](Engine& engine) { engine.abort(did); });
+void Backend::stopEngines(const std::string& did, bool drain) {
+  forEachEngine([&](Engine& engine) {
+    if (drain) {
+      engine.leave(did);
+    } else {
+      engine.abort(did);
+    }
+  });
 }
 
 void Backend::abort() {
   leaving_ = true;
   torchHooks_.quiet();
   awaitDumps();
-  stopEngines("aborted its process group");
+  stopEngines("aborted its process group", /*drain=*/false);
   delegated_.fail(
       topology_.describeRank(getRank()) + " aborted its process group");
   if (auto cuda = cudaBackendIfCreated()) {
@@ -1209,7 +1242,7 @@ void Backend::shutdown() {
   leaving_ = true;
   torchHooks_.quiet();
   awaitDumps();
-  stopEngines("shut down its process group");
+  stopEngines("shut down its process group", /*drain=*/true);
   delegated_.fail(
       topology_.describeRank(getRank()) + " shut down its process group");
   if (auto cuda = cudaBackendIfCreated()) {

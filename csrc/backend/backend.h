@@ -281,12 +281,20 @@ class Backend final : public c10d::Backend {
   template <typename Launch>
   c10::intrusive_ptr<c10d::Work> issue(Operation op, Launch&& launch);
 
+  // The Work to hand out for `work`: reported to torch's hooks, or, where it
+  // was launched during graph capture, kept from every query
+  // (CapturedWork).
+  c10::intrusive_ptr<c10d::Work> handOut(
+      c10::intrusive_ptr<c10d::Work> work, bool captured);
+
   // How an operation belongs to the open coalescing block: not at all; as a
   // member of the delegate's own (NCCL's group call), which orders and
   // launches it at the block's end; or collected, its Work among the
   // block's (Gloo's, or the engine's, which run at once).
   enum class BlockMembership { kNone, kNative, kCollected };
-  BlockMembership joinBlock(const Operation& op, const Runner& runner);
+  // `captured`: the operation was issued during graph capture.
+  BlockMembership joinBlock(
+      const Operation& op, const Runner& runner, bool captured);
   // The open coalescing block, its device type set by its first operation
   // and checked against `type`; null when none is open. Needs
   // coalescingMutex_.
@@ -308,8 +316,8 @@ class Backend final : public c10d::Backend {
   // The sizes the engine takes for `args`' device type. A threshold still to
   // be measured is measured here, by the first all-reduce the engine could
   // take (a point every rank reaches alike), unless it is issued inside a
-  // coalescing block or a CUDA graph capture, where the measurement's own
-  // collectives cannot run: that one goes to the delegate.
+  // coalescing block, where the measurement's own collectives cannot run:
+  // that one goes to the delegate. (The engine takes no captured one.)
   EngineSizes engineSizesFor(const AllreduceArgs& args);
   // The measurement's all-reduces: one SUM on the path named, through the
   // funnel like any other all-reduce, waited for.
@@ -346,8 +354,9 @@ class Backend final : public c10d::Backend {
   static constexpr std::chrono::seconds kDumpWait{30};
   void awaitDumps();
   // Fails every engine's pending ops because this rank `did` something
-  // ("shut down its process group"), and abandons their local steps.
-  void stopEngines(const std::string& did);
+  // ("shut down its process group"); their local groups are shut down once
+  // the device drained (`drain`: shutdown) or aborted at once (abort).
+  void stopEngines(const std::string& did, bool drain);
   // An op's own timeout, or the group's where the op sets none.
   std::chrono::milliseconds timeoutOf(std::chrono::milliseconds own) const {
     return own > std::chrono::milliseconds(0) ? own : timeout();
@@ -419,6 +428,7 @@ class Backend final : public c10d::Backend {
 
   struct CoalescingBlock {
     std::optional<c10::DeviceType> type; // set by the block's first operation
+    bool captured = false; // an operation was issued during graph capture
     c10d::Backend* nativeBlock = nullptr; // delegate coalescing natively
     std::vector<c10::intrusive_ptr<c10d::Work>> works; // the others
   };

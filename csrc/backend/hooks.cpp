@@ -8,6 +8,8 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 
+#include "device/capture.h"
+
 namespace fairring {
 
 namespace {
@@ -339,10 +341,11 @@ void BackendHooks::quiet() {
 }
 
 c10::intrusive_ptr<c10d::Work> BackendHooks::report(
-    c10::intrusive_ptr<c10d::Work> work) {
+    c10::intrusive_ptr<c10d::Work> work, bool captured) {
 #if FAIRRING_HAS_BACKEND_HOOKS
-  if (!work) {
-    return work; // an operation inside NCCL's coalescing block may have none
+  if (!work || captured) {
+    // An operation inside NCCL's coalescing block may have none.
+    return work;
   }
   auto pending = std::make_shared<Pending>();
   pending->registry = registry_;
@@ -357,7 +360,10 @@ c10::intrusive_ptr<c10d::Work> BackendHooks::report(
     poller_->pending.push_back(pending);
     poller_->works.push_back(work);
     if (!polling_.joinable()) {
-      polling_ = std::thread([poller = poller_] { poller->loop(); });
+      polling_ = std::thread([poller = poller_] {
+        relaxCaptureChecksOnThisThread();
+        poller->loop();
+      });
     }
     poller_->wake.notify_one();
   }

@@ -32,7 +32,9 @@ namespace fairring {
 // key. Success is pushed to the completion hooks once, from the thread that
 // completes a CPU future, or from this object's poller thread for Works whose
 // completion can only be asked (NCCL's, which completes on the GPU; Gloo's
-// point-to-point Works, which have no future). A failed Work never reports
+// point-to-point Works, which have no future). The poller's thread asks in
+// CUDA's relaxed capture mode, so that its event queries never invalidate a
+// graph another thread captures. A failed Work never reports
 // completion: it starts the abort hooks instead. They run on a thread of
 // their own, so that the error reaches its waiter within its timeout however
 // long a dump takes; awaitFailureReports() lets the process finish them
@@ -68,7 +70,11 @@ class BackendHooks {
   void quiet();
 
   // The Work to hand out for `work`. Where torch has no such hooks, `work`.
-  c10::intrusive_ptr<c10d::Work> report(c10::intrusive_ptr<c10d::Work> work);
+  // `captured`: launched during graph capture (device/capture.h), so its
+  // completion may never be asked: handed out as it is, it reports nothing,
+  // as ProcessGroupNCCL's watchdog leaves captured Works alone.
+  c10::intrusive_ptr<c10d::Work> report(
+      c10::intrusive_ptr<c10d::Work> work, bool captured = false);
 
   // Hooks live in a registry shared with the reporting callbacks, which may
   // run after the backend (and this object) are gone.

@@ -29,6 +29,9 @@ class InnerGroupFactory {
   virtual LocalGroups localGroups(c10::Device device) = 0;
   // Told once the engine on `device` exists: where its rails listen (logged).
   virtual void engineMade(c10::Device device, const std::string& rails) = 0;
+  // Told that an all-reduce the engine would take went elsewhere, and `why`
+  // (logged once per process for each reason). Any issuing thread.
+  virtual void routedAway(const std::string& why) = 0;
   // FAIRRING_FLAT_THRESHOLD=auto: the threshold for tensors of `device`'s
   // type, measured with `run` (or read from an earlier job's measurement).
   // Collective over every rank of the group: each calls it at the same

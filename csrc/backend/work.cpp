@@ -8,6 +8,8 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
+#include "device/capture.h"
+
 namespace fairring {
 
 FutureWork::FutureWork(
@@ -165,6 +167,19 @@ void AllOfWork::abort() {
   for (const auto& work : works_) {
     work->abort();
   }
+}
+
+CapturedWork::CapturedWork(c10::intrusive_ptr<c10d::Work> inner)
+    : c10d::Work(-1, inner->retrieveOpType()), inner_(std::move(inner)) {}
+
+ModelCapturedWork::ModelCapturedWork(c10::intrusive_ptr<c10d::Work> inner)
+    : c10d::Work(-1, inner->retrieveOpType()), inner_(std::move(inner)) {}
+
+bool ModelCapturedWork::isCompleted() {
+  CaptureModel::violated(
+      std::string("a Work issued during graph capture was queried (") +
+      c10d::opTypeToString(retrieveOpType()) + ")");
+  return inner_->isCompleted();
 }
 
 } // namespace fairring

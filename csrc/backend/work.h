@@ -96,4 +96,74 @@ class AllOfWork final : public c10d::Work {
   const uint64_t seq_;
 };
 
+// A Work launched during graph capture, as fairring hands it out. Its
+// completion is an event recorded into the graph, which no thread may query
+// (device/capture.h), and torch's flight recorder asks every Work it sees
+// whether it is done: isCompleted() says false without asking. Everything
+// else is the launched Work's: wait() makes the current stream wait for it
+// within the capture; its future is the delegate's.
+class CapturedWork final : public c10d::Work {
+ public:
+  explicit CapturedWork(c10::intrusive_ptr<c10d::Work> inner);
+
+  bool isCompleted() override {
+    return false; // the graph runs it later, when replayed
+  }
+  bool isSuccess() const override {
+    return inner_->isSuccess();
+  }
+  std::exception_ptr exception() const override {
+    return inner_->exception();
+  }
+  bool wait(std::chrono::milliseconds timeout) override {
+    return inner_->wait(timeout);
+  }
+  std::vector<at::Tensor> result() override {
+    return inner_->result();
+  }
+  void synchronize() override {
+    inner_->synchronize();
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    return inner_->getFuture();
+  }
+  uint64_t getSequencenumber() const override {
+    return inner_->getSequencenumber();
+  }
+
+ private:
+  const c10::intrusive_ptr<c10d::Work> inner_;
+};
+
+// The tests' model of a Work that NCCL returns during graph capture
+// (CaptureModel, device/capture.h): its completion is an event recorded into
+// the graph, so isCompleted() records a violation (on CUDA it would
+// invalidate the capture) before it answers; and it has no host future, so
+// that a consumer that would poll it (the hooks' poller) polls it. wait() is
+// legal (on CUDA, the current stream waits for it within the capture).
+class ModelCapturedWork final : public c10d::Work {
+ public:
+  explicit ModelCapturedWork(c10::intrusive_ptr<c10d::Work> inner);
+
+  bool isCompleted() override;
+  bool isSuccess() const override {
+    return inner_->isSuccess();
+  }
+  std::exception_ptr exception() const override {
+    return inner_->exception();
+  }
+  bool wait(std::chrono::milliseconds timeout) override {
+    return inner_->wait(timeout);
+  }
+  std::vector<at::Tensor> result() override {
+    return inner_->result();
+  }
+  uint64_t getSequencenumber() const override {
+    return inner_->getSequencenumber();
+  }
+
+ private:
+  const c10::intrusive_ptr<c10d::Work> inner_;
+};
+
 } // namespace fairring

@@ -1,6 +1,8 @@
 #include <array>
+#include <chrono>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -8,11 +10,13 @@
 #include <c10/core/Event.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
+#include "device/capture.h"
 #include "device/streamed.h"
 
 namespace fairring {
@@ -43,6 +47,8 @@ const c10::Event& eventOf(const Fence& fence) {
 class EngineStreams {
  public:
   using Set = std::array<cudaStream_t, StreamPolicy::kStreams>;
+  // How long a stopped engine's streams get to finish their work.
+  static constexpr std::chrono::milliseconds kIdleWait{2000};
 
   static Set take(c10::Device device) {
     std::lock_guard<std::mutex> lock(mutex());
@@ -60,10 +66,44 @@ class EngineStreams {
     return set;
   }
 
+  // Only a stream with nothing left on it goes back: one that still holds
+  // work (a local step whose abort did not finish, a kernel that spins for a
+  // dead peer) is retired for the process's life, so that no later engine's
+  // work queues behind it. Waits at most kIdleWait for the work to finish.
   static void giveBack(c10::Device device, const Set& set) {
+    const RelaxedCapture relaxed(kRelaxed);
+    const c10::cuda::CUDAGuard onDevice(device);
+    const auto until = std::chrono::steady_clock::now() + kIdleWait;
+    std::vector<cudaStream_t> idle;
+    int retired = 0;
+    for (cudaStream_t stream : set) {
+      cudaError_t status = cudaStreamQuery(stream);
+      while (status == cudaErrorNotReady &&
+             std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        status = cudaStreamQuery(stream);
+      }
+      if (status == cudaSuccess) {
+        idle.push_back(stream);
+      } else {
+        (void)cudaGetLastError(); // a sticky error is the context's, not ours
+        ++retired;
+      }
+    }
+    if (retired > 0) {
+      TORCH_WARN(
+          "fairring: ",
+          retired,
+          " stream(s) of a stopped engine on ",
+          device,
+          " still hold work after ",
+          kIdleWait.count(),
+          " ms (a local step whose abort did not finish); they are retired, "
+          "never given to another engine");
+    }
     std::lock_guard<std::mutex> lock(mutex());
     auto& spare = spares()[device.index()];
-    spare.insert(spare.end(), set.begin(), set.end());
+    spare.insert(spare.end(), idle.begin(), idle.end());
   }
 
  private:
@@ -196,6 +236,14 @@ std::unique_ptr<DeviceContext> makeCudaContext(c10::Device device) {
 bool cudaGraphCaptureUnderway(c10::Device device) {
   return device.is_cuda() &&
       CudaStreams::captured(c10::cuda::getCurrentCUDAStream(device.index()));
+}
+
+void relaxCaptureChecksOnThisThread() {
+  if (c10::cuda::device_count() == 0) {
+    return; // no CUDA context to be in: nothing can be captured
+  }
+  cudaStreamCaptureMode mode = kRelaxed;
+  C10_CUDA_CHECK_WARN(cudaThreadExchangeStreamCaptureMode(&mode));
 }
 
 bool cudaPathBuilt() {

@@ -151,8 +151,10 @@ std::unique_ptr<DeviceContext> makeCpuContext();
 // Throws where the CUDA path is not built (device/cuda_none.cpp).
 std::unique_ptr<DeviceContext> makeCudaContext(c10::Device device);
 
-// Whether the caller's current stream on `device` is being captured into a
-// CUDA graph (false where the CUDA path is not built).
+// Whether the caller's current stream on `device` (a CUDA device) is being
+// captured into a CUDA graph (false where the CUDA path is not built).
+// Callers ask graphCaptureUnderway() (device/capture.h), which also knows the
+// tests' model of capture.
 bool cudaGraphCaptureUnderway(c10::Device device);
 
 // Versions of the CUDA runtime compiled against, if the CUDA path is built.

@@ -13,6 +13,7 @@
 #include <ATen/ops/empty_like.h>
 #include <c10/util/Exception.h>
 
+#include "device/capture.h"
 #include "device/streamed.h"
 
 namespace fairring {
@@ -142,6 +143,22 @@ struct EmulatedFence final : FenceState {
   uint64_t position;
 };
 
+// The caller's work as CUDA would record it during a graph capture
+// (CaptureModel): an event recorded into the graph, which no thread may query
+// and no stream outside the capture may wait for. Either is recorded as a
+// violation; the work itself is done (a CPU caller's is, when it issues).
+struct CapturedFence final : FenceState {};
+
+bool capturedFence(const Fence& fence, const char* use) {
+  if (dynamic_cast<const CapturedFence*>(fence.state()) == nullptr) {
+    return false;
+  }
+  CaptureModel::violated(
+      std::string("the engine ") + use +
+      " an event the caller recorded during graph capture");
+  return true;
+}
+
 class EmulatedStreams final : public StreamPolicy {
  public:
   EmulatedStreams(const EmulatedDeviceSettings& settings, int rank)
@@ -170,6 +187,9 @@ class EmulatedStreams final : public StreamPolicy {
   }
 
   Fence recordCaller() override {
+    if (CaptureModel::onThisThread()) {
+      return Fence(std::make_shared<CapturedFence>());
+    }
     return Fence(); // a CPU caller's work is done when it issues
   }
 
@@ -188,6 +208,9 @@ class EmulatedStreams final : public StreamPolicy {
   }
 
   void wait(int stream, const Fence& fence) override {
+    if (capturedFence(fence, "made a stream wait for")) {
+      return;
+    }
     const auto* state = static_cast<const EmulatedFence*>(fence.state());
     if (state == nullptr ||
         (settings_.ignoreArrivals && state->index == kReceiveStream)) {
@@ -201,6 +224,9 @@ class EmulatedStreams final : public StreamPolicy {
   }
 
   bool query(const Fence& fence) override {
+    if (capturedFence(fence, "queried")) {
+      return true;
+    }
     const auto* state = static_cast<const EmulatedFence*>(fence.state());
     return state == nullptr || state->stream->reached(state->position);
   }

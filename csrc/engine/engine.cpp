@@ -162,7 +162,7 @@ Engine::Engine(
 }
 
 Engine::~Engine() {
-  abort("destroyed its process group");
+  leave("destroyed its process group");
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;

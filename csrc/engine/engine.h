@@ -142,10 +142,18 @@ class Engine {
       std::chrono::milliseconds timeout,
       uint64_t collective);
 
-  // Fails all pending and later ops because this rank `did` something ("shut
-  // down its process group"), tells the neighbours, abandons the local steps
-  // in flight, and lets the stage threads return. Any thread; returns at once.
+  // Fails all pending and later ops because this rank `did` something
+  // ("shut down its process group"), tells the neighbours (a goodbye where
+  // nothing is pending), and lets the stage threads return. The local
+  // groups: leave() lets the device finish what was launched (up to
+  // kDrainLimit) and shuts them down in good order, as a normal end of a
+  // job does; abort() aborts both at once, whatever runs (Backend::abort,
+  // SHRINK_ABORT). Any thread; both return at once.
+  void leave(const std::string& did);
   void abort(const std::string& did);
+  // How the engine stopped its local steps so far: "running", "closed" (a
+  // departure, after the device drained) or "aborted".
+  std::string localStepsState() const;
 
   // Blocks until the local steps of every op issued so far are launched on
   // the device, or the engine has failed: a NCCL collective the caller
@@ -192,6 +200,9 @@ class Engine {
     // This rank leaves in good order: with no op pending, it only says
     // goodbye, which stops no other rank.
     bool departure = false;
+    // A departure's local groups are shut down once the device has finished
+    // (else aborted): false where this rank aborts.
+    bool drain = false;
     Clock::time_point settleBy{}; // for an uncertain one
     FailureKind kind = FailureKind::kConnection;
 
@@ -204,9 +215,9 @@ class Engine {
     static Cause secondHand(std::string what, int culprit = kNoCulprit) {
       return Cause{culprit, std::move(what), false};
     }
-    // This rank, `rank`, leaves in good order.
-    static Cause leaving(int rank, std::string what) {
-      return Cause{rank, std::move(what), true, /*departure=*/true};
+    // This rank, `rank`, leaves; `drain`: in good order (leave()).
+    static Cause leaving(int rank, std::string what, bool drain) {
+      return Cause{rank, std::move(what), true, /*departure=*/true, drain};
     }
   };
 
@@ -314,6 +325,8 @@ class Engine {
   std::unique_ptr<rails::RailFailover> failover_;
 
   std::atomic<bool> failed_{false}; // stopped, whether settled or not
+  // localStepsState(): 0 running, 1 closed, 2 aborted.
+  std::atomic<int> localStepsStopped_{0};
   std::atomic<uint64_t> nextSeq_{0};
   std::atomic<int64_t> slicesDone_{0};
 

@@ -45,8 +45,29 @@ Engine::Cause Engine::stillNeeded(int rank, const std::string& detail) const {
   return cause;
 }
 
+void Engine::leave(const std::string& did) {
+  stop(
+      Cause::leaving(
+          topology_.rank(), who(topology_.rank()) + " " + did, /*drain=*/true));
+}
+
 void Engine::abort(const std::string& did) {
-  stop(Cause::leaving(topology_.rank(), who(topology_.rank()) + " " + did));
+  stop(
+      Cause::leaving(
+          topology_.rank(),
+          who(topology_.rank()) + " " + did,
+          /*drain=*/false));
+}
+
+std::string Engine::localStepsState() const {
+  switch (localStepsStopped_.load()) {
+    case 1:
+      return "closed";
+    case 2:
+      return "aborted";
+    default:
+      return "running";
+  }
 }
 
 void Engine::fail(const std::string& what) {
@@ -195,11 +216,14 @@ void Engine::stop(Cause cause) {
     lanes_->close("stopped");
     // A departure leaves the local groups in good order: what runs on the
     // machine's other ranks finishes first (docs/design.md, "Leaving in good
-    // order").
-    if (cause.departure && drainDevice()) {
+    // order"). An abort, a failure, or a device that does not drain in
+    // time: both groups are aborted at once.
+    if (cause.departure && cause.drain && drainDevice()) {
       localSteps_->close();
+      localStepsStopped_ = 1;
     } else {
       localSteps_->abort();
+      localStepsStopped_ = 2;
     }
     device_->abort();
   }

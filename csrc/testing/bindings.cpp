@@ -20,6 +20,7 @@
 #include "backend/ledger.h"
 #include "backend/memory_order.h"
 #include "bindings_shared.h"
+#include "device/capture.h"
 #include "engine/launch_order.h"
 #include "engine/plan.h"
 #include "reduction.h"
@@ -78,7 +79,8 @@ void bindTesting(py::module_& testing) {
          bool ncclMisreadsPremulFactor,
          bool nativeBlockOpen,
          bool servesEngine,
-         const Config& config) {
+         const Config& config,
+         bool captured) {
         AllreduceArgs args;
         args.deviceType = c10::Device(device).type();
         args.dtype = dtypeOf.scalar_type();
@@ -100,6 +102,7 @@ void bindTesting(py::module_& testing) {
         args.canPremultiply = !coalesced;
         args.ncclMisreadsPremulFactor = ncclMisreadsPremulFactor;
         args.nativeBlockOpen = nativeBlockOpen;
+        args.captured = captured;
         const AllreduceRoute route = chooseAllreducePath(
             args,
             servesEngine,
@@ -122,7 +125,8 @@ void bindTesting(py::module_& testing) {
       py::arg("nccl_misreads_premul_factor"),
       py::arg("native_block_open"),
       py::arg("serves_engine"),
-      py::arg("config"));
+      py::arg("config"),
+      py::arg("captured") = false);
 
   // What a rank accepts from peers, exposed so tests can throw malformed
   // input at the checks without a network.
@@ -591,6 +595,21 @@ void bindTesting(py::module_& testing) {
       py::arg("enabled"),
       "The negative control's switch: with False, collectives in flight on "
       "the same memory are no longer ordered (process-wide).");
+
+  // The model of CUDA graph capture on the emulated device (device/capture.h).
+  testing.def(
+      "begin_capture",
+      &fairring::CaptureModel::begin,
+      py::arg("seen") = true,
+      "Begins the model's capture on this thread. seen=False: fairring's "
+      "checks do not see it (the negative control).");
+  testing.def(
+      "end_capture", &fairring::CaptureModel::end, "Ends the model's capture.");
+  testing.def(
+      "capture_violations",
+      &fairring::CaptureModel::takeViolations,
+      "What was done that would invalidate a CUDA graph capture, since the "
+      "last call (which clears the list).");
   testing.def(
       "plan_unit",
       &fairring::planUnit,
