@@ -101,6 +101,7 @@ from fairring.config import (
     DEFAULT_CUDA_FLAT_THRESHOLD,
     FLAT_THRESHOLD,
     RAILS_TRANSPORT,
+    SERIALIZED_LAUNCHES,
     SLICE_SIZE,
     TOTAL_MEMORY,
     ConfigError,
@@ -192,12 +193,14 @@ def world_stage(spec: str) -> str:
 def as_users_run(args: argparse.Namespace, spec: str) -> dict[str, str]:
     """The first layout with local steps runs as a Megatron-style job would: the GPU in launch order
     (CUDA_DEVICE_MAX_CONNECTIONS=1) and the default flat threshold, so that NCCL's own all-reduces
-    of the small cases are launched among the engine's; the others run the engine at every size."""
+    of the small cases are launched among the engine's; the others run the engine at every size.
+    The engine is kept there (FAIRRING_SERIALIZED_LAUNCHES=engine): the check runs one group's
+    collectives at a time, which is what that setting vouches for."""
     first = next((other for other in args.world_list if parse_layout(other)[1] > 1), None)
     if spec != first:
         return {}
     default = DEFAULT_CUDA_FLAT_THRESHOLD if args.device == "cuda" else DEFAULT_CPU_FLAT_THRESHOLD
-    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1", FLAT_THRESHOLD: str(default)}
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1", SERIALIZED_LAUNCHES: "engine", FLAT_THRESHOLD: str(default)}
 
 
 def compare_stage(spec: str) -> str:

@@ -438,7 +438,10 @@ PYBIND11_MODULE(_C, module) {
             config.cpuFlatThresholdBytes = integer("cpu_flat_threshold");
             config.cudaFlatThresholdBytes = integer("cuda_flat_threshold");
             config.network = std::move(network);
-            config.cudaEngine = settings.attr("cuda_engine").cast<bool>();
+            config.cudaEngine =
+                settings.attr("cuda_engine_in_use").cast<bool>();
+            config.highPriorityStreams =
+                settings.attr("high_priority_streams").cast<bool>();
             const py::object timeline = settings.attr("timeline_directory");
             if (!timeline.is_none()) {
               config.timelineDirectory = timeline.cast<std::string>();
@@ -461,6 +464,8 @@ PYBIND11_MODULE(_C, module) {
           &fairring::Config::cudaFlatThresholdBytes)
       .def_readonly("network", &fairring::Config::network)
       .def_readonly("cuda_engine", &fairring::Config::cudaEngine)
+      .def_readonly(
+          "high_priority_streams", &fairring::Config::highPriorityStreams)
       .def_readonly("timeline_directory", &fairring::Config::timelineDirectory);
 
   module.def(

@@ -78,8 +78,12 @@ struct Config {
   }
   RailsNetwork network;
   // All-reduces of CUDA tensors run on the engine rather than NCCL
-  // (FAIRRING_CUDA_ENGINE).
+  // (FAIRRING_CUDA_ENGINE, unless FAIRRING_SERIALIZED_LAUNCHES sends them to
+  // NCCL on a GPU that runs kernels in launch order).
   bool cudaEngine = false;
+  // The CUDA engine's streams take the greatest priority, as the group's
+  // NCCL options ask of NCCL's (is_high_priority_stream).
+  bool highPriorityStreams = false;
   // Where each engine writes its Chrome-trace timeline (FAIRRING_TIMELINE);
   // empty: nowhere.
   std::string timelineDirectory;

@@ -11,7 +11,16 @@ import torch.distributed as dist
 
 from . import _C
 from .auto_threshold import measure_flat_threshold
-from .config import IB_HCA, SLICE_SIZE, TOTAL_MEMORY, Config, ConfigError, apply_log_level, load_config
+from .config import (
+    IB_HCA,
+    SERIALIZED_LAUNCHES,
+    SLICE_SIZE,
+    TOTAL_MEMORY,
+    Config,
+    ConfigError,
+    apply_log_level,
+    load_config,
+)
 from .dispatch import Decision, Run
 from .infiniband import fork_safety_set_by_fairring
 from .interfaces import NCCL_SOCKET_IFNAME, SOCKET_IFNAME
@@ -79,7 +88,9 @@ def create_backend(
         logger.debug("effective configuration: %s", env_config.describe())
         log_inherited_settings(env_config)
         _logged_config = True
-    config = env_config.with_group_options(options.engine, options.flat_threshold)
+    high_priority = options.nccl is not None and bool(options.nccl.is_high_priority_stream)
+    config = env_config.with_group_options(options.engine, options.flat_threshold, high_priority)
+    warn_if_routed_to_nccl(config)
     if config.launcher_attempt is not None:
         store = dist.PrefixStore(f"fairring-attempt{config.launcher_attempt}/", store)
 
@@ -132,6 +143,22 @@ def log_inherited_settings(config: Config) -> None:
         )
 
 
+def warn_if_routed_to_nccl(config: Config) -> None:
+    """Once per process, at WARNING: the CUDA engine is asked for, but its all-reduces go to NCCL."""
+    if not config.cuda_engine_routed_to_nccl or "serialized" in _routed_away:
+        return
+    _routed_away.add("serialized")
+    logger.warning(
+        "CUDA all-reduces go to NCCL, not the engine: %s, so this GPU may run every kernel in the order "
+        "it was launched, where the engine's launches, timed by the network, could deadlock against another "
+        "communicator's (tensor- or pipeline-parallel groups, another fairring group). If no other "
+        "communicator has collectives in flight while this group's all-reduces are, set %s=engine to keep "
+        "them on the engine (docs/design.md, 'Serialized launches').",
+        config.launch_order_hazard,
+        SERIALIZED_LAUNCHES,
+    )
+
+
 def check_staging_fits(config: Config, topology: _C.Topology) -> None:
     """The staging pool must hold at least one slice; say which variable to change if not."""
     if not topology.serves_engine or config.engine_off:
@@ -150,7 +177,7 @@ def log_plans(config: Config, topology: _C.Topology) -> None:
     """At DEBUG, the plan of each size class; on rank 0, a warning if large ones are over-sharded."""
     if not topology.serves_engine or config.engine_off:
         return
-    for device in ("cpu", "cuda") if config.cuda_engine else ("cpu",):
+    for device in ("cpu", "cuda") if config.cuda_engine_in_use else ("cpu",):
         if logger.isEnabledFor(logging.DEBUG):
             lines = describe_plans(config, topology, device)
             logger.debug("rank %d: %s all-reduces of float32 take:\n  %s", topology.rank, device, "\n  ".join(lines))

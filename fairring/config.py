@@ -44,6 +44,18 @@ NIXL_BACKEND = "FAIRRING_NIXL_BACKEND"
 DUMP_SIGNAL = "FAIRRING_DUMP_SIGNAL"
 AUTO_BUDGET = "FAIRRING_AUTO_BUDGET"
 AUTO_CACHE = "FAIRRING_AUTO_CACHE"
+SERIALIZED_LAUNCHES = "FAIRRING_SERIALIZED_LAUNCHES"
+# Where CUDA all-reduces go while the GPU may run every kernel in launch order (the first is the
+# default): NCCL, or the engine, which the user keeps knowing that no other communicator has
+# collectives in flight alongside it (docs/design.md, "Serialized launches").
+SERIALIZED_LAUNCH_CHOICES = ("nccl", "engine")
+# What makes a GPU run a process's kernels in launch order (docs/design.md, "Why no cross-rank
+# wait cycle can form"): one hardware queue, NCCL's implicit launch order, or MPS, whose control
+# daemon listens in this folder (nvidia-cuda-mps-control's default, or CUDA_MPS_PIPE_DIRECTORY).
+MAX_CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
+LAUNCH_ORDER_IMPLICIT = "NCCL_LAUNCH_ORDER_IMPLICIT"
+MPS_PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
+DEFAULT_MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"
 # Signals that stop, interrupt or reap a job are its launcher's; these two are free for reports.
 DUMP_SIGNALS = ("USR1", "USR2")
 # Set by torchrun in every worker: how many times it has restarted the job.
@@ -227,6 +239,25 @@ class Config:
     nixl_backend: str = "UCX"
     # The group's fairring.Options.engine (fairring/options.py), applied by with_group_options.
     group_engine: bool | None = None
+    # Why this process's GPU may run every kernel in launch order (None: nothing says so), and
+    # where CUDA all-reduces then go (FAIRRING_SERIALIZED_LAUNCHES).
+    launch_order_hazard: str | None = None
+    serialized_launches: str = SERIALIZED_LAUNCH_CHOICES[0]
+    # The engine's CUDA streams take the greatest priority: the group's NCCL options ask it
+    # (ProcessGroupNCCL.Options.is_high_priority_stream), applied by with_group_options.
+    high_priority_streams: bool = False
+
+    @property
+    def cuda_engine_routed_to_nccl(self) -> bool:
+        """The CUDA engine is asked for, but its all-reduces go to NCCL: the GPU may run every kernel
+        in launch order, where the engine's launches, timed by the network, could deadlock against
+        another communicator's (FAIRRING_SERIALIZED_LAUNCHES=engine keeps them on the engine)."""
+        return self.cuda_engine and self.launch_order_hazard is not None and self.serialized_launches == "nccl"
+
+    @property
+    def cuda_engine_in_use(self) -> bool:
+        """CUDA all-reduces of groups that span machines take the engine (the C++ Config's cudaEngine)."""
+        return self.cuda_engine and not self.cuda_engine_routed_to_nccl
 
     @property
     def ib_disable(self) -> bool:
@@ -254,9 +285,13 @@ class Config:
         """The group keeps every all-reduce off the engine (fairring.Options(engine=False))."""
         return self.group_engine is False
 
-    def with_group_options(self, engine: bool | None, flat_threshold: int | None) -> Config:
+    def with_group_options(
+        self, engine: bool | None, flat_threshold: int | None, high_priority_streams: bool = False
+    ) -> Config:
         """This configuration with a group's fairring.Options applied over the variables."""
         config = self if flat_threshold is None else replace(self, flat_threshold=flat_threshold)
+        if high_priority_streams:
+            config = replace(config, high_priority_streams=True)
         if engine is None:
             return config
         # Off: no all-reduce is large enough to leave the delegate.
@@ -275,7 +310,16 @@ class Config:
             RAILS_TRANSPORT: self.rails_transport,
             RAIL_FAILOVER: int(self.rail_failover),
             NIXL_BACKEND: self.nixl_backend if self.rails_transport == "nixl" else "unused",
+            SERIALIZED_LAUNCHES: self._cuda_all_reduces_text(),
         }
+
+    def _cuda_all_reduces_text(self) -> str:
+        """Where CUDA all-reduces of a group that spans machines go, and why, as must_agree compares it."""
+        if not self.cuda_engine:
+            return "unused"
+        if self.cuda_engine_routed_to_nccl:
+            return "nccl: the GPU may run kernels in launch order"
+        return "engine"
 
     def describe(self) -> str:
         return (
@@ -296,7 +340,9 @@ class Config:
             f"{SHM_DISABLE}={int(self.shm_disable)} "
             f"{RAIL_FAILOVER}={int(self.rail_failover)} "
             f"{TIMELINE}={self.timeline_directory or '(off)'} "
-            f"{RAILS_TRANSPORT}={self.rails_transport}"
+            f"{RAILS_TRANSPORT}={self.rails_transport} "
+            f"{SERIALIZED_LAUNCHES}={self.serialized_launches} "
+            f"(launch order: {self.launch_order_hazard or 'nothing serializes it'})"
             + (f" {NIXL_BACKEND}={self.nixl_backend}" if self.rails_transport == "nixl" else "")
         )
 
@@ -394,7 +440,25 @@ def load_config(env: Mapping[str, str] | None = None, tensorpipe_built: bool | N
         launcher_attempt=_optional_count(env, RESTART_COUNT),
         rails_transport=rails_transport,
         nixl_backend=_choice(env, NIXL_BACKEND, NIXL_BACKENDS, str.upper),
+        launch_order_hazard=launch_order_hazard(env, os.path.exists),
+        serialized_launches=_choice(env, SERIALIZED_LAUNCHES, SERIALIZED_LAUNCH_CHOICES, str.lower),
     )
+
+
+def launch_order_hazard(env: Mapping[str, str], exists: Callable[[str], bool]) -> str | None:
+    """Why this process's GPU may run every kernel in the order it was launched, or None.
+
+    `exists`: whether a path exists (os.path.exists; tests pass their own).
+    """
+    if env.get(MAX_CONNECTIONS, "").strip() == "1":
+        return f"{MAX_CONNECTIONS}=1"
+    if env.get(LAUNCH_ORDER_IMPLICIT, "").strip() == "1":
+        return f"{LAUNCH_ORDER_IMPLICIT}=1"
+    pipes = env.get(MPS_PIPE_DIRECTORY, "").strip() or DEFAULT_MPS_PIPE_DIRECTORY
+    control = os.path.join(pipes, "control")
+    if exists(control):
+        return f"an MPS control daemon runs ({control})"
+    return None
 
 
 def _is_auto(raw: str | None) -> bool:

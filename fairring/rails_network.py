@@ -71,7 +71,7 @@ def rails_network(config: Config, topology: _C.Topology) -> _C.RailsNetwork:
     addresses = host_addresses()
     interface = choose_rail_interface(config, topology.local_rank, addresses)
     # The rails move CUDA buffers only for the CUDA engine; otherwise NCCL takes CUDA tensors.
-    cuda = config.cuda_engine and torch.cuda.is_available()
+    cuda = config.cuda_engine_in_use and torch.cuda.is_available()
     library = ""
     if config.rails_transport == "nixl":
         transports = NIXL_RAILS

@@ -80,6 +80,7 @@ def test_values_from_environment() -> None:
         "FAIRRING_RAILS_TRANSPORT": "tensorpipe",
         "FAIRRING_RAIL_FAILOVER": 0,
         "FAIRRING_NIXL_BACKEND": "unused",
+        "FAIRRING_SERIALIZED_LAUNCHES": "engine",
     }
     assert "FAIRRING_SLICE_SIZE=4MiB" in config.describe()
     assert "FAIRRING_CUDA_ENGINE=1" in config.describe()
@@ -212,11 +213,13 @@ def test_every_setting_reaches_the_cpp_side() -> None:
     # Values unlike the defaults and each other, so a setting mapped to the wrong field shows.
     settings = Config(total_memory=96 * 2**20, slice_size=8 * 2**20, slices_in_flight=3, flat_threshold=12345)
     settings = dataclasses.replace(settings, min_shard=64 * 2**10, cuda_engine=True, timeline_directory="/tmp/t")
+    settings = dataclasses.replace(settings, high_priority_streams=True)
     native = _C.Config.from_settings(settings)
     assert (native.total_memory_bytes, native.slice_size_bytes) == (96 * 2**20, 8 * 2**20)
     assert (native.max_slices_in_flight, native.min_shard_bytes) == (3, 64 * 2**10)
     assert native.cpu_flat_threshold_bytes == native.cuda_flat_threshold_bytes == 12345
     assert native.cuda_engine is True and native.timeline_directory == "/tmp/t"
+    assert native.high_priority_streams is True
     assert native.network.transport == "tensorpipe" and native.network.listen_address == "127.0.0.1"
     by_device = _C.Config.from_settings(Config())
     assert (by_device.cpu_flat_threshold_bytes, by_device.cuda_flat_threshold_bytes) == (0, 4 * 2**20)
@@ -233,3 +236,43 @@ def test_rail_failover_is_off_unless_turned_on_and_must_agree() -> None:
     with pytest.raises(ConfigError, match="FAIRRING_RAIL_FAILOVER=1 needs FAIRRING_RAILS_TRANSPORT=tensorpipe"):
         load_config({"FAIRRING_RAIL_FAILOVER": "1", "FAIRRING_RAILS_TRANSPORT": "nixl"})
     assert not load_config({"FAIRRING_RAIL_FAILOVER": "0", "FAIRRING_RAILS_TRANSPORT": "nixl"}).rail_failover
+
+
+@pytest.mark.parametrize(
+    ("env", "mps_control", "hazard"),
+    [
+        ({}, False, None),
+        ({"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, False, "CUDA_DEVICE_MAX_CONNECTIONS=1"),
+        ({"CUDA_DEVICE_MAX_CONNECTIONS": "8"}, False, None),
+        ({"NCCL_LAUNCH_ORDER_IMPLICIT": "1"}, False, "NCCL_LAUNCH_ORDER_IMPLICIT=1"),
+        ({}, True, "an MPS control daemon runs (/tmp/nvidia-mps/control)"),
+        ({"CUDA_MPS_PIPE_DIRECTORY": "/run/mps"}, True, "an MPS control daemon runs (/run/mps/control)"),
+    ],
+)
+def test_what_makes_a_gpu_run_kernels_in_launch_order(
+    env: dict[str, str], mps_control: bool, hazard: str | None
+) -> None:
+    from fairring.config import launch_order_hazard
+
+    pipes = env.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+    assert launch_order_hazard(env, lambda path: mps_control and path == f"{pipes}/control") == hazard
+
+
+def test_a_gpu_in_launch_order_sends_cuda_all_reduces_to_nccl_unless_told() -> None:
+    """The engine's launches, timed by the network, could deadlock against another communicator's on a
+    GPU that runs kernels in launch order: NCCL takes them, unless FAIRRING_SERIALIZED_LAUNCHES=engine."""
+    serialized = {"FAIRRING_CUDA_ENGINE": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    routed = load_config(serialized)
+    assert routed.cuda_engine and routed.cuda_engine_routed_to_nccl and not routed.cuda_engine_in_use
+    assert _C.Config.from_settings(routed).cuda_engine is False
+    assert routed.must_agree()["FAIRRING_SERIALIZED_LAUNCHES"] == "nccl: the GPU may run kernels in launch order"
+    # A group's Options(engine=True) does not override it: only the variable does.
+    assert not routed.with_group_options(True, None).cuda_engine_in_use
+    kept = load_config({**serialized, "FAIRRING_SERIALIZED_LAUNCHES": "Engine"})
+    assert kept.cuda_engine_in_use and _C.Config.from_settings(kept).cuda_engine is True
+    assert kept.must_agree()["FAIRRING_SERIALIZED_LAUNCHES"] == "engine"
+    # Nothing serializes the GPU, or the engine is off: nothing to route.
+    assert load_config({"FAIRRING_CUDA_ENGINE": "1"}).cuda_engine_in_use
+    assert load_config({"CUDA_DEVICE_MAX_CONNECTIONS": "1"}).must_agree()["FAIRRING_SERIALIZED_LAUNCHES"] == "unused"
+    with pytest.raises(ConfigError, match="FAIRRING_SERIALIZED_LAUNCHES='ncl' is not one of nccl, engine"):
+        load_config({"FAIRRING_SERIALIZED_LAUNCHES": "ncl"})

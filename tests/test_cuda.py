@@ -297,6 +297,7 @@ def test_cuda_engine_keeps_staging_until_acknowledged() -> None:
     layout = Layout(2, 2)
     device_of_rank, nccl_hosts = devices_for(layout)
     env = {**CUDA_ENGINE_ENV, "FAIRRING_RAIL_FAILOVER": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    env["FAIRRING_SERIALIZED_LAUNCHES"] = "engine"  # one group at a time: the engine stays on
     with RankPool(layout, InitSpec(extra_env=env), rank_env=nccl_hosts) as ranks:
         for stats in ranks.run(engine_matches_reference, device_of_rank, [1001, 300_001], timeout=600):
             assert stats is not None and stats["slices"] > 0 and stats["local_steps"] == "nccl", stats

@@ -41,7 +41,7 @@ std::unique_ptr<Engine> makeEngine(
   localSteps->setTimeout(site.timeout);
   std::unique_ptr<DeviceContext> context;
   if (device.is_cuda()) {
-    context = makeCudaContext(device);
+    context = makeCudaContext(device, site.config.highPriorityStreams);
   } else if (const auto emulated = emulatedDeviceFromEnv()) {
     context = makeEmulatedContext(*emulated, topology.rank());
   } else {

@@ -3,6 +3,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -50,9 +51,11 @@ class EngineStreams {
   // How long a stopped engine's streams get to finish their work.
   static constexpr std::chrono::milliseconds kIdleWait{2000};
 
-  static Set take(c10::Device device) {
+  // `highPriority`: streams of the device's greatest priority, else of the
+  // default (lowest) one; each kind has its own spares.
+  static Set take(c10::Device device, bool highPriority) {
     std::lock_guard<std::mutex> lock(mutex());
-    auto& spare = spares()[device.index()];
+    auto& spare = spares()[{device.index(), highPriority}];
     Set set{};
     for (auto& stream : set) {
       if (!spare.empty()) {
@@ -61,7 +64,11 @@ class EngineStreams {
         continue;
       }
       const c10::cuda::CUDAGuard onDevice(device);
-      C10_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      int lowest = 0;
+      int greatest = 0;
+      C10_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lowest, &greatest));
+      C10_CUDA_CHECK(cudaStreamCreateWithPriority(
+          &stream, cudaStreamNonBlocking, highPriority ? greatest : lowest));
     }
     return set;
   }
@@ -70,7 +77,7 @@ class EngineStreams {
   // work (a local step whose abort did not finish, a kernel that spins for a
   // dead peer) is retired for the process's life, so that no later engine's
   // work queues behind it. Waits at most kIdleWait for the work to finish.
-  static void giveBack(c10::Device device, const Set& set) {
+  static void giveBack(c10::Device device, bool highPriority, const Set& set) {
     const RelaxedCapture relaxed(kRelaxed);
     const c10::cuda::CUDAGuard onDevice(device);
     const auto until = std::chrono::steady_clock::now() + kIdleWait;
@@ -102,7 +109,7 @@ class EngineStreams {
           "never given to another engine");
     }
     std::lock_guard<std::mutex> lock(mutex());
-    auto& spare = spares()[device.index()];
+    auto& spare = spares()[{device.index(), highPriority}];
     spare.insert(spare.end(), idle.begin(), idle.end());
   }
 
@@ -111,9 +118,10 @@ class EngineStreams {
     static std::mutex guard;
     return guard;
   }
-  static std::map<c10::DeviceIndex, std::vector<cudaStream_t>>& spares() {
-    static std::map<c10::DeviceIndex, std::vector<cudaStream_t>> byDevice;
-    return byDevice;
+  using Kind = std::pair<c10::DeviceIndex, bool>; // device, high priority
+  static std::map<Kind, std::vector<cudaStream_t>>& spares() {
+    static std::map<Kind, std::vector<cudaStream_t>> byKind;
+    return byKind;
   }
 };
 
@@ -124,11 +132,13 @@ class EngineStreams {
 // left on them, which waits for nothing of this one's.
 class CudaStreams final : public StreamPolicy {
  public:
-  explicit CudaStreams(c10::Device device)
-      : device_(checked(device)), raw_(EngineStreams::take(device_)) {}
+  CudaStreams(c10::Device device, bool highPriority)
+      : device_(checked(device)),
+        highPriority_(highPriority),
+        raw_(EngineStreams::take(device_, highPriority)) {}
 
   ~CudaStreams() override {
-    EngineStreams::giveBack(device_, raw_);
+    EngineStreams::giveBack(device_, highPriority_, raw_);
   }
 
   c10::Device device() const override {
@@ -223,14 +233,16 @@ class CudaStreams final : public StreamPolicy {
   }
 
   const c10::Device device_;
+  const bool highPriority_;
   const EngineStreams::Set raw_;
 };
 
 } // namespace
 
-std::unique_ptr<DeviceContext> makeCudaContext(c10::Device device) {
+std::unique_ptr<DeviceContext> makeCudaContext(
+    c10::Device device, bool highPriority) {
   return std::make_unique<StreamedContext>(
-      std::make_unique<CudaStreams>(device));
+      std::make_unique<CudaStreams>(device, highPriority));
 }
 
 bool cudaGraphCaptureUnderway(c10::Device device) {

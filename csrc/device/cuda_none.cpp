@@ -5,7 +5,8 @@
 
 namespace fairring {
 
-std::unique_ptr<DeviceContext> makeCudaContext(c10::Device /*device*/) {
+std::unique_ptr<DeviceContext> makeCudaContext(
+    c10::Device /*device*/, bool /*highPriority*/) {
   TORCH_CHECK(
       false,
       "fairring was built without its CUDA path, so it cannot run the engine "

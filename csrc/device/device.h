@@ -149,7 +149,9 @@ rails::Buffer hostBuffer(const at::Tensor& tensor);
 
 std::unique_ptr<DeviceContext> makeCpuContext();
 // Throws where the CUDA path is not built (device/cuda_none.cpp).
-std::unique_ptr<DeviceContext> makeCudaContext(c10::Device device);
+// `highPriority`: its streams take the device's greatest priority.
+std::unique_ptr<DeviceContext> makeCudaContext(
+    c10::Device device, bool highPriority);
 
 // Whether the caller's current stream on `device` (a CUDA device) is being
 // captured into a CUDA graph (false where the CUDA path is not built).
