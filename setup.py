@@ -73,6 +73,7 @@ COMMON_SOURCES = [
     "engine/completions.cpp",
     "engine/engine.cpp",
     "engine/failures.cpp",
+    "engine/footprint.cpp",
     "engine/plan.cpp",
     "engine/staging.cpp",
     "engine/trace.cpp",

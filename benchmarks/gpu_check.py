@@ -7,49 +7,54 @@ each with its own time limit inside --budget, so the whole check ends in time:
 Stages in order of value:
 
 1. environment: python, torch, CUDA, NCCL, the compiler, nvcc, fairring.build_info(), the GPUs;
-2. correctness on the layouts of --worlds with several ranks per machine (2x2, 3x2),
+2. versus NCCL (benchmarks/versus_nccl.py): MPS started where the machine lets it (and
+   stopped after), each machine a network namespace whose NIC is shaped to 10 Gbit/s, NCCL
+   on its socket transport through it; on 2 machines x 2 ranks, then x 4 where the time
+   allows (not with --quick), the engine, NCCL's all-reduce and FAIRRING_CUDA_ENGINE=auto's
+   routing at 4 to 256 MiB on the same tensors, the order rotated every iteration, every
+   result checked, with the fraction of the bound; skipped, saying why, where namespaces
+   cannot be made;
+3. tests: `python -m pytest tests/test_cuda.py -rs -s -p no:cacheprovider`;
+4. correctness on the layouts of --worlds with several ranks per machine (2x2, 3x2),
    whose local steps run on real NCCL groups (a distinct NCCL_HOSTID per process,
    NCCL's socket transport on loopback): every dtype and op against plain torch on
-   the CPU; the first layout with the GPU in launch order (CUDA_DEVICE_MAX_CONNECTIONS=1)
-   and the default flat threshold, so that NCCL's own small all-reduces are launched
-   among the engine's; the second started as a job set up for NCCL starts (a
-   ProcessGroupNCCL.Options as pg_options, device_id), so that both reach real NCCL groups;
-   Each also runs cuda_bench's order checks: an all-reduce then a broadcast of the same
-   tensor, is_completed() against a read without wait(), the same tensor twice in
-   flight, a coalescing block, and a second group in flight from another thread (left
-   out with CUDA_DEVICE_MAX_CONNECTIONS=1, where two engines are the user's to avoid);
-3. compare (--compare): on 2 machines x 2 ranks and 2 x 1, fairring's engine, NCCL's
+   the CPU; the first layout with the GPU in launch order (CUDA_DEVICE_MAX_CONNECTIONS=1,
+   the engine kept there by FAIRRING_SERIALIZED_LAUNCHES=engine) and the default flat
+   threshold, so that NCCL's own small all-reduces are launched among the engine's; the
+   second started as a job set up for NCCL starts (a ProcessGroupNCCL.Options as
+   pg_options, device_id), so that both reach real NCCL groups. Each also runs
+   cuda_bench's order checks: an all-reduce then a broadcast of the same tensor,
+   is_completed() against a read without wait(), the same tensor twice in flight, a
+   coalescing block, and a second group in flight from another thread (left out with
+   CUDA_DEVICE_MAX_CONNECTIONS=1, where two engines are what that setting refuses);
+5. compare (--compare): on 2 machines x 2 ranks and 2 x 1, fairring's engine, NCCL's
    all-reduce and Gloo's on the same tensors in the same processes, the order
    alternated each round, every result checked, NCCL's INFO lines on its transport
-   quoted (one GPU time-sliced between the processes: not a cluster);
-3b. failure: rank 3 of 2 machines x 2 ranks kills itself mid-stream; each survivor's
+   quoted (one GPU time-sliced between the processes, on loopback: not a cluster);
+5b. failure: rank 3 of 2 machines x 2 ranks kills itself mid-stream; each survivor's
    first error must name it within the op's timeout (20 s) and 15 s, a later broadcast
    (NCCL's on the GPU) be refused with that cause within 5 s, and its teardown return
    within 15 s;
-4. tests: `python -m pytest tests/test_cuda.py -rs -s -p no:cacheprovider`;
-5. bench: two processes on one GPU as two machines (benchmarks/cuda_bench.py):
+6. bench: two processes on one GPU as two machines (benchmarks/cuda_bench.py):
    engine all-reduce throughput against fairring._C._testing.RailsEndpoint moving the same
    bytes between the same two processes, then every dtype and op checked;
-5b. training: `python -m fairring.bench --study training --quick --loopback --cuda`
+6b. training: `python -m fairring.bench --study training --quick --loopback --cuda`
    (without --cuda on the CPU): tiny models trained by DDP on 2x2, fairring's losses
    against NCCL's (Gloo's) from the same weights on the same data;
-5c. network: the microbenchmark on 2 hosts x 2 ranks in network namespaces whose NICs
-   are shaped to 10 Gbit/s, the engine at every size against NCCL (Gloo); skipped,
-   saying why, where namespaces cannot be made;
-6. correctness on the layouts of --worlds of one rank per machine (none by default: on one
+7. correctness on the layouts of --worlds of one rank per machine (none by default: on one
    GPU, 4 processes take a minute, and the bench and compare stages run 2 x 1 already);
-7. stress: two processes with large slices (--stress-slice) and TensorPipe's
+8. stress: two processes with large slices (--stress-slice) and TensorPipe's
    cuda_basic channel (FAIRRING_CHANNELS=cuda_basic), --stress-ops all-reduces of
    --stress-bytes in flight at once for --stress-rounds rounds, each result checked
    exactly. It shows whether cuda_basic's shared pool of pinned chunks (16 x 1 MiB
    per TensorPipe context) can starve the reduced-shard writes (docs/design.md);
    a hang ends at the stage's time limit, reported with the ranks' output;
-8. validate: `python -m fairring.validate` (docs/validating.md) under torchrun, 2 agents as
+9. validate: `python -m fairring.validate` (docs/validating.md) under torchrun, 2 agents as
    2 machines x 2 ranks (--share-gpu on the GPU), 1 to 16 MiB (CPU: 64 KiB to 1 MiB):
    fairring's engine, the delegate's all-reduce and (CUDA) fairring with its engine off,
    taking turns on the same tensor, every element checked; its table and verdict go in
    the report;
-9. nixl: the bench's two processes on the NIXL rails (FAIRRING_RAILS_TRANSPORT=nixl),
+10. nixl: the bench's two processes on the NIXL rails (FAIRRING_RAILS_TRANSPORT=nixl),
    the GPU staging registered with UCX; skipped, saying why, where NIXL is not
    installed (carry the nixl-cu13 wheel and put it on PYTHONPATH).
 
@@ -90,6 +95,7 @@ from typing import Any
 import torch
 
 import fairring
+from benchmarks import versus_nccl
 from benchmarks.cuda_bench import MAX_WORLD, check_cases, dtype_name
 from fairring import _C
 from fairring.bench import free_port
@@ -151,10 +157,6 @@ FAILURE_MINIMUM_S = 40.0
 LATER_REFUSAL_S = 5.0
 TRAINING_STAGE = "training: the study's quick part on 2 machines x 2 ranks"
 TRAINING_MINIMUM_S = 60.0
-NETWORK_LINK = "10gbit"
-NETWORK_STAGE = f"network: 2 hosts x 2 ranks, NICs shaped to {NETWORK_LINK}"
-NETWORK_SIZES = {"cuda": "16MiB,64MiB", "cpu": "256KiB,1MiB"}
-NETWORK_MINIMUM_S = 60.0
 STRESS_MINIMUM_S = 60.0
 # A stage left less than this is skipped; writing the report takes the last few seconds.
 STAGE_MINIMUM_S = 10.0
@@ -263,7 +265,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--compare-timeout", type=float, default=150.0, help="seconds for the comparison")
     parser.add_argument("--failure-timeout", type=float, default=90.0, help="seconds for the failure stage")
     parser.add_argument("--training-timeout", type=float, default=150.0, help="seconds for the training stage")
-    parser.add_argument("--network-timeout", type=float, default=120.0, help="seconds for the shaped-network stage")
+    parser.add_argument(
+        "--versus-timeout", type=float, default=240.0, help="seconds for the stage against NCCL (default 240)"
+    )
     parser.add_argument(
         "--worlds-timeout", type=float, help=f"seconds for each (default {WORLD_LIMIT_PER_PROCESS_S:.0f} per process)"
     )
@@ -723,23 +727,48 @@ def run_training(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[
     return conclude(stage, {"rows": rows, "problems": []}, problems, "losses agree with the baseline's")
 
 
-def run_network(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
-    """The microbenchmark on 2 hosts x 2 ranks (network namespaces) whose NICs are shaped to
-    NETWORK_LINK: the engine at every size against the baseline, on the device's tensors."""
-    stage = Stage(NETWORK_STAGE)
-    arguments = ["--hosts", "2", "--ranks-per-host", "2", "--link", NETWORK_LINK]
-    arguments += ["--sizes", NETWORK_SIZES[args.device], "-n", "3", "-w", "1"]
-    arguments += ["--set", f"{CUDA_ENGINE}=1", "--set", f"{FLAT_THRESHOLD}=0"]
-    records, problems = run_fairring_bench(stage, arguments, timeout)
-    problems += [
-        f"{r['backend']} at {format_size(int(r['bytes']))} gave wrong results" for r in records if not r["correct"]
-    ]
-    expected = 2 * len(NETWORK_SIZES[args.device].split(","))
-    if len(records) != expected:
-        problems.append(f"{len(records)} records of {expected}")
-    keys = ("backend", "bytes", "median_s", "busbw_GBps", "speedup_vs_baseline", "fraction_of_bound_speed", "device")
-    rows = [{key: record.get(key) for key in keys} for record in records]
-    return conclude(stage, {"link": NETWORK_LINK, "rows": rows, "problems": []}, problems, "every result correct")
+def run_versus(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
+    """The engine, NCCL (Gloo) and auto's routing on hosts whose NICs are shaped, MPS where it starts
+    (benchmarks/versus_nccl.py): 2x2, then 2x4 where the time allows (not with --quick)."""
+    stage = Stage(versus_nccl.STAGE)
+    available, reason = netns_available()
+    summary: dict[str, Any] = {"netns": "available" if available else f"unavailable: {reason}", "layouts": {}}
+    problems: list[str] = []
+    started = time.monotonic()
+    mps = versus_nccl.start_mps(args.device)
+    summary["mps"] = mps.state
+    print(f"gpu-check: MPS: {mps.state}", flush=True)
+    try:
+        first_s = None
+        for machines, local in versus_nccl.LAYOUTS[: 1 if args.quick else None]:
+            layout = f"{machines}x{local}"
+            left = timeout - (time.monotonic() - started)
+            if first_s is not None and left < 2.2 * first_s:
+                summary["left_out"] = f"{layout} left out: {left:.0f} s of the stage left, {first_s:.0f} s for 2x2"
+                break
+            part = Stage(stage.name)
+            sizes = (versus_nccl.QUICK_SIZES if args.quick else versus_nccl.SIZES)[args.device]
+            arguments = versus_nccl.bench_arguments(machines, local, sizes, args.compare_iters, mps)
+            records, found = run_fairring_bench(part, arguments, left)
+            first_s = first_s or part.seconds
+            stage.commands += part.commands
+            stage.output_tail += part.output_tail
+            problems += [f"{layout}: {problem}" for problem in found]
+            problems += [
+                f"{layout}: {r['backend']} at {format_size(int(r['bytes']))} gave wrong results"
+                for r in records
+                if not r["correct"]
+            ]
+            if len(records) != 3 * len(sizes.split(",")):
+                problems.append(f"{layout}: {len(records)} records of {3 * len(sizes.split(','))}")
+            summary["layouts"][layout] = versus_nccl.summarize(records, machines, local)
+    finally:
+        stopped = versus_nccl.stop_mps(mps)
+        if stopped:
+            summary["mps"] += f"; {stopped} after the stage"
+    stage.seconds = time.monotonic() - started
+    stage.output_tail = tail(stage.output_tail)
+    return conclude(stage, {**summary, "problems": []}, problems, "every result correct")
 
 
 def validate_agent(args: argparse.Namespace, node: int, port: int, out: Path) -> list[str]:
@@ -997,24 +1026,6 @@ def summarize_compare(ranks: dict[int, dict[str, Any] | None], args: argparse.Na
     return {"layout": spec, "contenders": contenders, "rows": rows, "problems": problems}
 
 
-def network_lines(summary: dict[str, Any]) -> list[str]:
-    rows = summary.get("rows", [])
-    if not rows:
-        return ["Not run."]
-    body = [
-        [
-            format_size(int(row["bytes"])),
-            row["backend"],
-            f"{row['median_s'] * 1e3:.1f}",
-            f"{row['busbw_GBps']:.3f}",
-            f"{row['speedup_vs_baseline']:.2f}x",
-            percent(row.get("fraction_of_bound_speed")),
-        ]
-        for row in rows
-    ]
-    return table(["size", "backend", "ms", "busbw GB/s", "vs baseline", "of bound"], body)
-
-
 def training_lines(summary: dict[str, Any]) -> list[str]:
     rows = summary.get("rows", [])
     if not rows:
@@ -1249,6 +1260,8 @@ def render(report: dict[str, Any], stages: list[Stage]) -> str:
         ["CPUs", f"{env['cpus']} (nproc {env['nproc']})"],
         ["environment", json.dumps(env["environment"])],
     ])  # fmt: skip
+    lines += ["", "## Versus NCCL, the network the bottleneck", ""]
+    lines += versus_nccl.lines(report["versus"], table, percent)
     lines += ["", "## Stages", ""]
     lines += table(
         ["stage", "status", "seconds", "detail"],
@@ -1268,7 +1281,6 @@ def render(report: dict[str, Any], stages: list[Stage]) -> str:
         lines += ["", *compare_lines(summary)]
     lines += ["", "## A rank killed", "", *failure_lines(report["failure"])]
     lines += ["", "## Training", "", *training_lines(report["training"])]
-    lines += ["", f"## Shaped network ({NETWORK_LINK})", "", *network_lines(report["network"])]
     lines += ["", "## Stress", "", *stress_lines(report["stress"])]
     lines += ["", "## Validate", "", *validate_lines(report["validate"])]
     nixl = report["nixl"]
@@ -1292,7 +1304,7 @@ def render(report: dict[str, Any], stages: list[Stage]) -> str:
     by_stage.update({compare_stage(spec): summary for spec, summary in report["compare"].items()})
     by_stage["failure"] = report["failure"]
     by_stage["training"] = report["training"]
-    by_stage["network"] = report["network"]
+    by_stage["versus"] = report["versus"]
     by_stage["validate"] = report["validate"]
     by_stage.update({world_stage(world): summary for world, summary in report["worlds"].items()})
     problems = [f"{name}: {problem}" for name, summary in by_stage.items() for problem in summary.get("problems", [])]
@@ -1324,12 +1336,17 @@ def steps(args: argparse.Namespace) -> list[Step]:
         run = functools.partial(run_compare, args, spec)
         return Step(compare_stage(spec), args.compare_timeout, COMPARE_MINIMUM_S, run)
 
-    # In order of value: the local steps on real NCCL, which nothing else runs, come first.
+    # In order of value: the figure against NCCL where the network is the bottleneck, which no CPU
+    # machine can give, then the CUDA tests, then the local steps on real NCCL.
     with_local_steps = [spec for spec in args.world_list if parse_layout(spec)[1] > 1]
     return [
-        *(world_step(spec) for spec in with_local_steps),
-        *(compare_step(spec) for spec in args.compare_list),
-        Step(FAILURE_STAGE, args.failure_timeout, FAILURE_MINIMUM_S, functools.partial(run_failure, args)),
+        Step(
+            versus_nccl.STAGE,
+            args.versus_timeout,
+            versus_nccl.MINIMUM_S,
+            functools.partial(run_versus, args),
+            why_no_netns(),
+        ),
         Step(
             TESTS_STAGE,
             args.tests_timeout,
@@ -1337,15 +1354,11 @@ def steps(args: argparse.Namespace) -> list[Step]:
             lambda seconds: (run_tests(args, seconds), {}),
             tests_skip,
         ),
+        *(world_step(spec) for spec in with_local_steps),
+        *(compare_step(spec) for spec in args.compare_list),
+        Step(FAILURE_STAGE, args.failure_timeout, FAILURE_MINIMUM_S, functools.partial(run_failure, args)),
         Step(BENCH_STAGE, args.bench_timeout, BENCH_MINIMUM_S, functools.partial(run_bench, args)),
         Step(TRAINING_STAGE, args.training_timeout, TRAINING_MINIMUM_S, functools.partial(run_training, args)),
-        Step(
-            NETWORK_STAGE,
-            args.network_timeout,
-            NETWORK_MINIMUM_S,
-            functools.partial(run_network, args),
-            why_no_netns(),
-        ),
         *(world_step(spec) for spec in args.world_list if spec not in with_local_steps),
         Step(
             STRESS_STAGE,
@@ -1415,7 +1428,7 @@ def write_report(
         "compare": {spec: summaries.get(compare_stage(spec), {}) for spec in args.compare_list},
         "failure": summaries.get(FAILURE_STAGE, {}),
         "training": summaries.get(TRAINING_STAGE, {}),
-        "network": summaries.get(NETWORK_STAGE, {}),
+        "versus": summaries.get(versus_nccl.STAGE, {}),
         "stress": summaries.get(STRESS_STAGE, {}),
         "validate": summaries.get(VALIDATE_STAGE, {}),
         "nixl": summaries.get(NIXL_STAGE, {}),
@@ -1432,8 +1445,6 @@ def main(argv: list[str]) -> int:
     deadline = time.monotonic() + args.budget
     started = time.monotonic()
     info = environment()
-    if args.device == "cuda" and torch.cuda.is_available():
-        info["gpus"] = gpu_names()
     built = [build_stage(args)]
 
     def written(stages: list[Stage], summaries: dict[str, dict[str, Any]], left_out: list[str]) -> None:
@@ -1448,6 +1459,8 @@ def main(argv: list[str]) -> int:
         )
     else:
         ran, summaries, left_out = run_steps(steps(args), deadline, written)
+        if args.device == "cuda":  # after the stages: this process held no CUDA context while they ran
+            info["gpus"] = gpu_names()
     stages = built + ran
     passed = write_report(args, argv, info, started, stages, summaries, left_out)
     failed = [stage.name for stage in stages if stage.status == "failed"]

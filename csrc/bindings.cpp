@@ -102,12 +102,15 @@ class PyInnerGroupFactory final : public fairring::InnerGroupFactory {
     });
   }
 
-  void engineMade(c10::Device device, const std::string& rails) override {
-    call([&] { factory_.attr("engine_made")(device.str(), rails); });
+  void engineMade(
+      c10::Device device,
+      const std::string& rails,
+      const std::string& held) override {
+    call([&] { factory_.attr("engine_made")(device.str(), rails, held); });
   }
 
-  void routedAway(const std::string& why) override {
-    call([&] { factory_.attr("routed_away")(why); });
+  void noticeOnce(const std::string& text) override {
+    call([&] { factory_.attr("notice_once")(text); });
   }
 
   c10::intrusive_ptr<c10d::Backend> split(
@@ -669,6 +672,30 @@ PYBIND11_MODULE(_C, module) {
           },
           py::arg("device") = "cpu",
           "Counters of the engine for `device`; None where there is none.")
+      .def(
+          "engine_footprint",
+          [](const fairring::Backend& backend,
+             const std::string& device) -> py::object {
+            const auto footprint =
+                backend.footprint(c10::Device(device).type());
+            if (!footprint) {
+              return py::none();
+            }
+            py::dict result;
+            result["device"] = footprint->device;
+            result["staging_bytes"] = footprint->stagingBytes;
+            result["pinned_host_bytes"] = footprint->pinnedHostBytes;
+            result["connections"] = footprint->connections;
+            result["added_threads"] = footprint->addedThreads;
+            result["added_descriptors"] = footprint->addedDescriptors;
+            result["added_device_bytes"] = footprint->addedDeviceBytes;
+            result["summary"] = footprint->describe();
+            return std::move(result);
+          },
+          py::arg("device") = "cpu",
+          "What the engine for `device` holds (staging, the rails' pinned "
+          "host memory, connections) and what making it added to the process "
+          "(threads, descriptors, device memory); None until it is made.")
       .def(
           "rails",
           [](const fairring::Backend& backend, const std::string& device) {

@@ -15,6 +15,7 @@ from .config import (
     IB_HCA,
     SERIALIZED_LAUNCHES,
     SLICE_SIZE,
+    SLICES_IN_FLIGHT,
     TOTAL_MEMORY,
     Config,
     ConfigError,
@@ -25,7 +26,7 @@ from .dispatch import Decision, Run
 from .infiniband import fork_safety_set_by_fairring
 from .interfaces import NCCL_SOCKET_IFNAME, SOCKET_IFNAME
 from .options import Options, group_options, nccl_options
-from .plan_log import describe_plans, floor_advice
+from .plan_log import describe_plans, floor_advice, plan_of
 from .rails_network import rails_network
 from .rendezvous import rendezvous
 from .shared_memory import shared_memory_steps
@@ -36,7 +37,7 @@ logger = logging.getLogger("fairring")
 
 BACKEND_NAME = "fairring"
 _logged_config = False
-_routed_away: set[str] = set()
+_noticed: set[str] = set()
 
 
 def _create_backend(dist_options: Any, backend_options: Any) -> dist.Backend:
@@ -145,9 +146,9 @@ def log_inherited_settings(config: Config) -> None:
 
 def warn_if_routed_to_nccl(config: Config) -> None:
     """Once per process, at WARNING: the CUDA engine is asked for, but its all-reduces go to NCCL."""
-    if not config.cuda_engine_routed_to_nccl or "serialized" in _routed_away:
+    if not config.cuda_engine_routed_to_nccl or "serialized" in _noticed:
         return
-    _routed_away.add("serialized")
+    _noticed.add("serialized")
     logger.warning(
         "CUDA all-reduces go to NCCL, not the engine: %s, so this GPU may run every kernel in the order "
         "it was launched, where the engine's launches, timed by the network, could deadlock against another "
@@ -170,6 +171,20 @@ def check_staging_fits(config: Config, topology: _C.Topology) -> None:
             f"{SLICE_SIZE}={format_size(config.slice_size)} and {topology.local_size} rank(s) per machine a "
             f"slice needs {format_size(needed)} of staging. Raise {TOTAL_MEMORY} to at least {needed} bytes "
             f"or lower {SLICE_SIZE}."
+        )
+
+
+def check_device_memory(config: Config, topology: _C.Topology, device: torch.device) -> None:
+    """The CUDA engine's staging must fit in what the GPU has free when it is made; say what to change if not."""
+    staging = plan_of(config.slice_size, config, topology, "cuda")["staging_capacity"]
+    free, total = torch.cuda.mem_get_info(device)
+    if staging > free:
+        memory = format_size(config.total_memory)
+        raise ConfigError(
+            f"the CUDA engine's staging ({format_size(staging)}, from {TOTAL_MEMORY}={memory} "
+            f"and {SLICE_SIZE}={format_size(config.slice_size)}) does not fit in the {format_size(free)} free of "
+            f"{device}'s {format_size(total)}: lower {TOTAL_MEMORY} or {SLICES_IN_FLIGHT}, or make the group (with "
+            "device_id, or its first CUDA collective) before the model takes the GPU's memory"
         )
 
 
@@ -239,9 +254,11 @@ class InnerGroups:
         where there is nothing to do locally.
         """
         topology = self._topology
+        target = torch.device(device)
+        if target.type == "cuda":
+            check_device_memory(self._config, topology, target)
         if not topology.serves_engine or topology.local_size == 1:
             return None, None, None
-        target = torch.device(device)
         if target.type == "cpu":
             steps = shared_memory_steps(self._store, topology, self._config.shm_disable, self._timeout)
             if steps is not None:
@@ -270,15 +287,16 @@ class InnerGroups:
             torch.device(device), run, self._cpu_backend, self._store, topology, self._config, self._network
         )
 
-    def engine_made(self, device: str, rails: str) -> None:
+    def engine_made(self, device: str, rails: str, held: str) -> None:
         topology = self._topology
-        logger.debug("rank %d: engine on %s made; rails listen on %s", topology.rank, device, rails)
+        logger.info("rank %d: engine on %s made: %s", topology.rank, device, held)
+        logger.debug("rank %d: engine on %s: rails listen on %s", topology.rank, device, rails)
 
-    def routed_away(self, why: str) -> None:
-        """An all-reduce the engine would take went to the delegate: said once per process and reason."""
-        if why not in _routed_away:
-            _routed_away.add(why)
-            logger.info("rank %d: %s", self._topology.rank, why)
+    def notice_once(self, text: str) -> None:
+        """A route or fallback the group took, said at INFO once per process for each text."""
+        if text not in _noticed:
+            _noticed.add(text)
+            logger.info("rank %d: %s", self._topology.rank, text)
 
     def split(self, store: dist.Store, ranks: list[int], timeout: timedelta, group_name: str) -> _C.Backend:
         """A fairring backend for the group of `ranks` (of this group), this rank among them."""

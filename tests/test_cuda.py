@@ -315,3 +315,38 @@ def test_captured_all_reduces_replay(engine: str) -> None:
     for outcome in outcomes:
         assert outcome["engine_ops_in_graph"] == 0, outcome
         assert (outcome["engine_ops"] > 0) == (engine == "on"), outcome
+
+
+def engine_made_at_init(device_of_rank: str) -> dict[str, object]:
+    """A group made with device_id holds its engine, warmed up, before its first collective; its first
+    all-reduce then allocates nothing on the GPU (the device's memory in use does not move)."""
+    import fairring
+
+    rank = dist.get_rank()
+    device = torch.device(device_of_rank.format(rank=rank))
+    torch.cuda.set_device(device)
+    group = dist.new_group(backend="fairring", device_id=device)
+    backend = fairring.backend_of(group, "cuda")
+    footprint = backend.engine_footprint("cuda")
+    tensor = rank_tensor(rank, (300_001,), torch.float32).to(device)
+    torch.cuda.synchronize(device)
+    free_before, _ = torch.cuda.mem_get_info(device)
+    dist.all_reduce(tensor, group=group)
+    torch.cuda.synchronize(device)
+    free_after, _ = torch.cuda.mem_get_info(device)
+    assert_matches(tensor.cpu(), all_ranks_reduced((300_001,), torch.float32))
+    dist.destroy_process_group(group)
+    return {"footprint": footprint, "allocated_by_first_all_reduce": free_before - free_after}
+
+
+def test_the_cuda_engine_is_made_at_init_with_device_id() -> None:
+    layout = Layout(2, 2)
+    device_of_rank, nccl_hosts = devices_for(layout)
+    with RankPool(layout, InitSpec(extra_env=CUDA_ENGINE_ENV), rank_env=nccl_hosts) as ranks:
+        outcomes = ranks.run(engine_made_at_init, device_of_rank, timeout=300)
+    for outcome in outcomes:
+        print(f"fairring: the CUDA engine made at init: {outcome}")
+        footprint = outcome["footprint"]
+        assert footprint is not None and footprint["staging_bytes"] > 0, outcome
+        assert footprint["added_device_bytes"] >= footprint["staging_bytes"], outcome
+        assert outcome["allocated_by_first_all_reduce"] == 0, outcome

@@ -239,7 +239,59 @@ def test_reduce_waits_for_the_shards_arrival(fenced: bool) -> None:
 
 
 def test_emulated_device_settings_are_checked() -> None:
-    """A setting the emulator does not know fails the first all-reduce, naming it."""
-    with RankPool(Layout(2, 1), emulated("seed=1,bogus")) as ranks:
-        with pytest.raises(RankFailure, match="unknown item 'bogus'"):
+    """A setting the emulator does not know fails init, naming it."""
+    with pytest.raises(RankFailure, match="unknown item 'bogus'"):
+        with RankPool(Layout(2, 1), emulated("seed=1,bogus")) as ranks:
             ranks.run(few_multi_slice_ops)
+
+
+def engine_made_before_the_first_all_reduce() -> dict[str, object]:
+    """A broadcast first, then an all-reduce: when the engine is made, and what it says it holds."""
+    import logging
+
+    import fairring
+
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("fairring")
+    logger.addHandler(Collect())
+    logger.setLevel(logging.INFO)
+    backend = fairring.backend_of()
+    dist.broadcast(torch.ones(8), src=0)
+    after_broadcast = backend.engine_footprint("cpu")
+    ops_after_broadcast = (backend.engine_stats("cpu") or {"ops": 0})["ops"]
+    tensor = rank_tensor(dist.get_rank(), (20_000,), torch.float32)
+    dist.all_reduce(tensor)
+    assert_matches(tensor, all_ranks_reduced((20_000,), torch.float32))
+    footprint = backend.engine_footprint("cpu")
+    return {
+        "made_by_broadcast": after_broadcast is not None,
+        "ops_after_broadcast": ops_after_broadcast,
+        "footprint": footprint,
+        "capacity": backend.staging_stats("cpu")["capacity_bytes"],
+        "lines": [line for line in lines if "engine on cpu made" in line],
+    }
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("eager", [True, False], ids=["eager", "lazy"])
+def test_the_engine_is_made_and_warmed_up_at_the_first_collective(eager: bool) -> None:
+    """As a CUDA engine is: made by the group's first collective of any kind (here a broadcast) and
+    warmed up by one all-reduce of its own, so the first step allocates nothing new; its footprint is
+    one call and one INFO line. Lazy (a CPU engine's way, the control): made by the first all-reduce."""
+    device = "seed=13" + (",eager_engine" if eager else "")
+    with RankPool(Layout(2, 2), emulated(device)) as ranks:
+        outcomes = ranks.run(engine_made_before_the_first_all_reduce)
+    for outcome in outcomes:
+        assert outcome["made_by_broadcast"] is eager, outcome
+        assert outcome["ops_after_broadcast"] == (1 if eager else 0), outcome  # the warm-up
+        footprint = outcome["footprint"]
+        # 2 x 2: a lane of each kind to the one rail peer, and control to it and the machine's other rank.
+        assert footprint["connections"] == 4 and footprint["device"] == "cpu", footprint
+        assert footprint["staging_bytes"] == outcome["capacity"] > 0, footprint
+        assert footprint["added_threads"] > 0 and footprint["added_device_bytes"] == -1, footprint
+        assert len(outcome["lines"]) == 1 and footprint["summary"] in outcome["lines"][0], outcome

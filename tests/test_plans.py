@@ -241,3 +241,31 @@ def test_the_scaling_model_plans_as_the_engine_does(min_shard: int) -> None:
                     assert plan.slice_bytes == expected["slice_numel"] * 4, where
                     assert plan.below_floor == expected["below_floor"], where
                     assert plan.inflight == expected["slices_in_flight"], where
+
+
+def test_the_cuda_staging_must_fit_in_the_gpus_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked against the GPU's free memory when the CUDA engine is made, not against the host's."""
+    import torch
+
+    from fairring._registration import check_device_memory
+    from fairring.config import ConfigError
+
+    topology = _C.Topology(0, [[0, 1], [2, 3]])
+    config = load_config({})
+    staging = _C.plan_shape(
+        numel=config.slice_size // 4,
+        element_size=4,
+        local_size=2,
+        machines=2,
+        transport_min_shard_bytes=_C.CUDA_MIN_SHARD_BYTES,
+        max_slice_bytes=config.slice_size,
+        min_shard_bytes=config.min_shard,
+        total_memory_bytes=config.total_memory,
+        max_slices_in_flight=config.slices_in_flight,
+    )["staging_capacity"]
+    free = {"bytes": staging - 1}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free["bytes"], 80 * GiB))
+    with pytest.raises(ConfigError, match=r"does not fit in the .* free of cuda:0's 80GiB: lower FAIRRING_TOTAL_MEMORY"):
+        check_device_memory(config, topology, torch.device("cuda:0"))
+    free["bytes"] = staging
+    check_device_memory(config, topology, torch.device("cuda:0"))

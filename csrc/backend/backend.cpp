@@ -7,6 +7,7 @@
 
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
@@ -16,6 +17,7 @@
 #include "backend/pending_report.h"
 #include "backend/work.h"
 #include "device/capture.h"
+#include "device/emulated.h"
 
 namespace fairring {
 
@@ -80,7 +82,11 @@ Backend::Backend(
       engineCeilings_{
           std::numeric_limits<int64_t>::max(),
           std::numeric_limits<int64_t>::max()},
-      delegated_("fairring: rank " + std::to_string(topology_.rank()) + ": ") {
+      delegated_("fairring: rank " + std::to_string(topology_.rank()) + ": "),
+      emulatedEager_([] {
+        const auto emulated = emulatedDeviceFromEnv();
+        return emulated && emulated->eagerEngine;
+      }()) {
   TORCH_CHECK(store_, "fairring: a store is required");
   TORCH_CHECK(cpuBackend_, "fairring: a CPU backend is required");
   TORCH_CHECK(innerGroups_, "fairring: an inner group factory is required");
@@ -126,6 +132,10 @@ c10::intrusive_ptr<c10d::Work> Backend::issue(Operation op, Launch&& launch) {
   if (op.signature) {
     runner.seq = nextCollective(std::move(*op.signature));
   }
+  // Captured into a CUDA graph (device/capture.h): what it launches is
+  // recorded, not run, and nothing of fairring's may query it or wait for
+  // work from outside the capture. NCCL orders its own launches.
+  const bool captured = graphCaptureUnderway(deviceOf(op));
   // Where it runs: the engine the path decision chose, made on first use (a
   // collective step), else the delegate of its device type. A delegated
   // collective is refused once the group has failed, before its delegate is
@@ -133,6 +143,9 @@ c10::intrusive_ptr<c10d::Work> Backend::issue(Operation op, Launch&& launch) {
   // ops, as a failed Work, the way its other failures reach them.
   if (op.engineDevice) {
     runner.engine = ensureEngine(*op.engineDevice);
+  } else if (
+      runner.seq && !captured && (op.type == c10::kCUDA || emulatedEager_)) {
+    prepareEngine(deviceOf(op)); // before the first step needs it
   }
   if (runner.engine == nullptr) {
     if (runner.seq) {
@@ -145,10 +158,6 @@ c10::intrusive_ptr<c10d::Work> Backend::issue(Operation op, Launch&& launch) {
   if (op.reduceOp && onGloo) {
     checkGlooReduction(op.name, *op.reduceOp, op.reduced);
   }
-  // Captured into a CUDA graph (device/capture.h): what it launches is
-  // recorded, not run, and nothing of fairring's may query it or wait for
-  // work from outside the capture. NCCL orders its own launches.
-  const bool captured = graphCaptureUnderway(deviceOf(op));
   const BlockMembership membership =
       op.coalesces ? joinBlock(op, runner, captured) : BlockMembership::kNone;
   // After the collectives in flight on the same memory, once.
@@ -266,7 +275,7 @@ AllreduceRoute Backend::choosePath(const AllreduceArgs& args) {
   static std::atomic<bool> capturedNoted{false}; // once per process
   if (args.captured && args.deviceType == c10::kCUDA && config_.cudaEngine &&
       topology_.servesEngine() && !capturedNoted.exchange(true)) {
-    innerGroups_->routedAway(
+    innerGroups_->noticeOnce(
         "CUDA all-reduces issued during CUDA graph capture go to NCCL, which "
         "captures its own kernels: the engine waits on the host, which a "
         "graph cannot hold");
@@ -387,6 +396,7 @@ Engine* Backend::ensureEngine(c10::Device device) {
             onEngineFailed(cause, kind);
           }};
       // Collective; calls into Python for the local groups.
+      const ProcessCounts before = ProcessCounts::now(device);
       auto created = makeEngine(
           device,
           EngineSite{
@@ -397,19 +407,61 @@ Engine* Backend::ensureEngine(c10::Device device) {
               getGroupUid(),
               timeout()},
           std::move(owner));
+      if (device.is_cuda() || emulatedEager_) {
+        warmUp(*created);
+      }
       const std::string rails = created->describeRails();
+      EngineFootprint footprint = created->footprint(before);
+      const std::string held = footprint.describe();
       {
         std::lock_guard<std::mutex> lock(stateMutex_);
         engines_[index] = std::move(created);
+        footprints_[index] = std::move(footprint);
         engine = engines_[index].get();
       }
-      innerGroups_->engineMade(device, rails);
+      innerGroups_->engineMade(device, rails, held);
     }
   }
   // One engine per device type, on the device of its first all-reduce; c10d
   // binds a rank to one device, so tensors elsewhere are unusual: the
   // delegate takes them.
   return engine->device() == device ? engine : nullptr;
+}
+
+void Backend::warmUp(Engine& engine) {
+  // Zeros, so the sum needs no check; the engine's own all-reduce, not a
+  // collective of the group's: the ledger and torch's hooks never see it.
+  at::Tensor slice = at::zeros(
+      {std::max<int64_t>(1, config_.sliceSizeBytes / 4)},
+      at::TensorOptions().device(engine.device()).dtype(at::kFloat));
+  engine.allreduce(slice, c10d::ReduceOp::SUM, timeout(), ledger_.issued())
+      ->wait();
+}
+
+void Backend::prepareEngine(c10::Device device) {
+  const bool cuda = device.is_cuda();
+  const bool wanted = cuda ? config_.cudaEngine : emulatedEager_;
+  // A group kept off the engine has a threshold no all-reduce reaches.
+  const bool off =
+      config_.flatThresholdBytes(cuda) == std::numeric_limits<int64_t>::max();
+  if (!wanted || off || !topology_.servesEngine() ||
+      engine(device.type()) != nullptr) {
+    return;
+  }
+  {
+    // Inside NCCL's own group call the engine's groups cannot connect: the
+    // group's next CUDA collective makes it.
+    std::lock_guard<std::mutex> lock(coalescingMutex_);
+    if (coalescing_ && coalescing_->nativeBlock != nullptr) {
+      return;
+    }
+  }
+  ensureEngine(device);
+}
+
+std::optional<EngineFootprint> Backend::footprint(c10::DeviceType type) const {
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  return footprints_[indexOfType(type)];
 }
 
 bool Backend::coalescingBlockOpen() {
@@ -1068,6 +1120,7 @@ void Backend::eagerConnectSingleDevice(at::Device device) {
     setBoundDeviceId(device); // cudaBackend() binds the delegate to it
   }
   cudaBackend().eagerConnectSingleDevice(device);
+  prepareEngine(device);
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> Backend::getBackendOptions() {
@@ -1180,11 +1233,21 @@ c10::intrusive_ptr<c10d::Backend> Backend::shrink(
         " shrank its process group (SHRINK_ABORT)");
   }
   std::lock_guard<std::mutex> creating(creationMutex_);
-  // NCCL shrinks its own communicator (ncclCommShrink), collectively over
-  // the survivors, which reach this point in the same order.
+  // NCCL shrinks its own communicator (ncclCommShrink, NCCL >= 2.27),
+  // collectively over the survivors, which reach this point in the same
+  // order. Where it cannot, the old one is aborted (a rank of it is gone)
+  // and the shrunk group makes a new one at its first CUDA collective.
   c10::intrusive_ptr<c10d::Backend> cuda;
   if (auto made = cudaBackendIfCreated()) {
-    cuda = made->shrink(ranksToExclude, shrinkFlags, nullptr);
+    if (made->supportsShrinking()) {
+      cuda = made->shrink(ranksToExclude, shrinkFlags, nullptr);
+    } else {
+      innerGroups_->noticeOnce(
+          "the NCCL in use cannot shrink a communicator (ncclCommShrink needs "
+          "NCCL 2.27): a shrunk group makes a new NCCL communicator at its "
+          "first CUDA collective");
+      made->abort();
+    }
   }
   int generation = 0;
   {

@@ -78,6 +78,9 @@ class Backend final : public c10d::Backend {
   int64_t belowThresholdAllreduces(c10::DeviceType type) const {
     return belowThreshold_[indexOfType(type)].load();
   }
+  // What the engine for tensors of `type` holds, and what making it added to
+  // the process (engine/footprint.h); empty until it is made.
+  std::optional<EngineFootprint> footprint(c10::DeviceType type) const;
   // What FAIRRING_FLAT_THRESHOLD=auto decided for tensors of `type`; empty
   // until measured, and where the threshold is not measured.
   std::optional<MeasuredThreshold> measuredThreshold(
@@ -105,7 +108,8 @@ class Backend final : public c10d::Backend {
 
   // init_process_group(device_id=...): the NCCL delegate is made and
   // connected on that device now, as "nccl" would be, instead of at the first
-  // CUDA collective. Every rank calls it at init, so the collective
+  // CUDA collective, and so is the CUDA engine where it will serve this
+  // group (prepareCudaEngine). Every rank calls it at init, so the collective
   // communicator creation lines up.
   void eagerConnectSingleDevice(at::Device device) override;
   c10::intrusive_ptr<Options> getBackendOptions() override;
@@ -334,8 +338,21 @@ class Backend final : public c10d::Backend {
       const AllreduceRoute& route,
       const std::vector<at::Tensor>& tensors);
   // The engine for `device`, made here on first use; null where the device
-  // type's engine is on another device (the delegate then runs the op).
+  // type's engine is on another device (the delegate then runs the op). A
+  // CUDA engine runs one all-reduce of a slice before it is handed out
+  // (warmUp), so that what the rails allocate at their first transfer is
+  // allocated now.
   Engine* ensureEngine(c10::Device device);
+  void warmUp(Engine& engine);
+  // The CUDA engine, made now where it will serve this group's CUDA
+  // all-reduces and is not yet made: at init with device_id, or at the
+  // group's first CUDA collective of any kind (not captured, not inside
+  // NCCL's own group call), so that iteration 1 allocates nothing new
+  // (docs/design.md, "Made before the first step"). Collective: every rank
+  // reaches it at the same point of its sequence. CPU engines are made by
+  // their first all-reduce, except on the emulated device with eager_engine
+  // (device/emulated.h), where the tests run this path.
+  void prepareEngine(c10::Device device);
 
   c10::intrusive_ptr<c10d::Work> alltoallAsSingle(
       c10d::Backend& gloo,
@@ -408,6 +425,8 @@ class Backend final : public c10d::Backend {
   std::atomic<bool> leaving_{false};
   CollectiveLedger ledger_;
   DelegatedWorks delegated_; // the CPU delegate's collectives
+  // The tests' emulated device makes CPU engines as CUDA ones are made.
+  const bool emulatedEager_;
   // torch's completion and abort hooks (its flight recorder): every Work
   // handed out goes through torchHooks_.report().
   BackendHooks torchHooks_;
@@ -419,6 +438,7 @@ class Backend final : public c10d::Backend {
   mutable std::mutex stateMutex_; // brief: guards the members below
   c10::intrusive_ptr<c10d::Backend> cudaBackend_;
   std::array<std::unique_ptr<Engine>, 2> engines_; // CPU, CUDA
+  std::array<std::optional<EngineFootprint>, 2> footprints_; // CPU, CUDA
   std::array<std::optional<MeasuredThreshold>, 2> measured_; // CPU, CUDA
   // c10d asks once per device type for the same split; one backend serves
   // both. By group name.

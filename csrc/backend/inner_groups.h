@@ -27,11 +27,16 @@ class InnerGroupFactory {
   // after the other, in the same order on every rank of the machine; null
   // with one rank per machine.
   virtual LocalGroups localGroups(c10::Device device) = 0;
-  // Told once the engine on `device` exists: where its rails listen (logged).
-  virtual void engineMade(c10::Device device, const std::string& rails) = 0;
-  // Told that an all-reduce the engine would take went elsewhere, and `why`
-  // (logged once per process for each reason). Any issuing thread.
-  virtual void routedAway(const std::string& why) = 0;
+  // Told once the engine on `device` exists: where its rails listen, and
+  // what it holds (EngineFootprint::describe()), logged.
+  virtual void engineMade(
+      c10::Device device,
+      const std::string& rails,
+      const std::string& held) = 0;
+  // A notice for the log (INFO), once per process for each text: an
+  // all-reduce the engine would take went elsewhere, and why, or a fallback
+  // the group took. Any issuing thread.
+  virtual void noticeOnce(const std::string& text) = 0;
   // FAIRRING_FLAT_THRESHOLD=auto: the threshold for tensors of `device`'s
   // type, measured with `run` (or read from an earlier job's measurement).
   // Collective over every rank of the group: each calls it at the same

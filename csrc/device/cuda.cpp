@@ -258,6 +258,14 @@ void relaxCaptureChecksOnThisThread() {
   C10_CUDA_CHECK_WARN(cudaThreadExchangeStreamCaptureMode(&mode));
 }
 
+int64_t cudaMemoryInUse(c10::Device device) {
+  const c10::cuda::CUDAGuard onDevice(device);
+  size_t free = 0;
+  size_t total = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return static_cast<int64_t>(total - free);
+}
+
 bool cudaPathBuilt() {
   return true;
 }

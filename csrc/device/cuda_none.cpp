@@ -20,6 +20,10 @@ bool cudaGraphCaptureUnderway(c10::Device /*device*/) {
 
 void relaxCaptureChecksOnThisThread() {}
 
+int64_t cudaMemoryInUse(c10::Device /*device*/) {
+  return -1;
+}
+
 bool cudaPathBuilt() {
   return false;
 }

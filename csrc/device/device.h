@@ -159,6 +159,11 @@ std::unique_ptr<DeviceContext> makeCudaContext(
 // tests' model of capture.
 bool cudaGraphCaptureUnderway(c10::Device device);
 
+// The memory in use on `device` (a CUDA device), by every user of the
+// device, as CUDA reports it (cudaMemGetInfo); -1 where the CUDA path is not
+// built.
+int64_t cudaMemoryInUse(c10::Device device);
+
 // Versions of the CUDA runtime compiled against, if the CUDA path is built.
 bool cudaPathBuilt();
 std::string cudaRuntimeVersion();

@@ -374,6 +374,8 @@ std::optional<EmulatedDeviceSettings> emulatedDeviceFromEnv() {
       settings.inOrder = true;
     } else if (key == "unordered_launch") {
       settings.unorderedLaunch = true;
+    } else if (key == "eager_engine") {
+      settings.eagerEngine = true;
     } else if (key == "ignore_arrivals") {
       settings.ignoreArrivals = true;
     } else if (key == "receive_delay_ms") {

@@ -42,6 +42,12 @@ namespace fairring {
 //   ignore_arrivals     device waits for the receive stream's fences are
 //                       dropped (negative control: wrong data must be caught)
 //   receive_delay_ms=N  each receive copy sleeps this long too
+//   eager_engine        the group's engine is made at its first collective of
+//                       any kind and warmed up, as a CUDA engine is
+//                       (Backend::prepareEngine)
+//
+// It also carries the tests' model of CUDA graph capture (device/capture.h):
+// the caller's fences recorded during a capture are captured ones.
 struct EmulatedDeviceSettings {
   uint64_t seed = 0;
   std::chrono::microseconds jitter{200};
@@ -51,6 +57,7 @@ struct EmulatedDeviceSettings {
   Force force = Force::kNone;
   bool ignoreArrivals = false;
   std::chrono::milliseconds receiveDelay{0};
+  bool eagerEngine = false;
 };
 
 // The settings in FAIRRING_TEST_EMULATED_DEVICE, or nothing when it is unset.

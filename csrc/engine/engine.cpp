@@ -40,11 +40,7 @@ Engine::Engine(
       device_(std::move(device)),
       timeline_(std::move(timeline)),
       owner_(std::move(owner)),
-      heartbeatInterval_(
-          std::clamp(
-              timeout / 10,
-              std::chrono::milliseconds(100),
-              std::chrono::milliseconds(5000))),
+      heartbeatInterval_(heartbeatIntervalFor(timeout)),
       planSettings_{
           topology.localSize(),
           topology.numMachines(),
@@ -125,11 +121,7 @@ Engine::Engine(
         *lanes_,
         *watch_,
         topology_,
-        rails::RailFailover::Settings{
-            timeout,
-            3 * heartbeatInterval_,
-            heartbeatInterval_,
-            std::chrono::milliseconds(100)},
+        failoverSettings(timeout),
         rails::RailFailover::Hooks{
             [this](const std::string& line, bool warning) {
               const std::string text = "fairring: " + line;
@@ -511,8 +503,26 @@ void Engine::launched(LaunchOrder::Step step) {
   progress_.notify_all();
 }
 
+std::chrono::milliseconds Engine::heartbeatIntervalFor(
+    std::chrono::milliseconds timeout) {
+  return std::clamp(
+      timeout / 10,
+      std::chrono::milliseconds(100),
+      std::chrono::milliseconds(5000));
+}
+
+rails::RailFailover::Settings Engine::failoverSettings(
+    std::chrono::milliseconds timeout) const {
+  const auto interval = heartbeatIntervalFor(timeout);
+  return {timeout, 3 * interval, interval, std::chrono::milliseconds(100)};
+}
+
 void Engine::setTimeout(std::chrono::milliseconds timeout) {
   localSteps_->setTimeout(timeout);
+  heartbeatInterval_ = heartbeatIntervalFor(timeout); // from its next beat
+  if (failover_) {
+    failover_->retime(failoverSettings(timeout));
+  }
 }
 
 void Engine::awaitLaunchesOfIssuedOps() {
@@ -685,6 +695,18 @@ EngineStats Engine::stats() const {
       lanes_->bytesSent(),
       lanes_->bytesReceived(),
       localSteps_->name()};
+}
+
+EngineFootprint Engine::footprint(const ProcessCounts& before) const {
+  const int64_t dataConnections =
+      static_cast<int64_t>(topology_.numMachines() - 1) * rails::kLanes;
+  return footprintOf(
+      device(),
+      staging_.capacity(),
+      mesh_->pinnedHostBytes(),
+      dataConnections + static_cast<int64_t>(mesh_->neighbours().size()),
+      before,
+      ProcessCounts::now(device()));
 }
 
 } // namespace fairring

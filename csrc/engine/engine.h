@@ -20,6 +20,7 @@
 #include "config.h"
 #include "device/device.h"
 #include "engine/completions.h"
+#include "engine/footprint.h"
 #include "engine/launch_order.h"
 #include "engine/plan.h"
 #include "engine/stage.h"
@@ -163,7 +164,8 @@ class Engine {
   void awaitLaunchesOfIssuedOps();
 
   // The group's timeout changed (set_timeout): ops take theirs when issued;
-  // the local steps' groups, which time steps by it, get the new one.
+  // the local steps' groups, which time steps by it, get the new one, and
+  // the heartbeats and the rails' failover follow it.
   void setTimeout(std::chrono::milliseconds timeout);
 
   // Fails the engine with a cause this rank saw first hand and no rank is
@@ -179,6 +181,9 @@ class Engine {
         (failover_ ? "; " + failover_->describe() : std::string());
   }
   EngineStats stats() const;
+  // What it holds by its own count, with what making it added to the
+  // process: `before` was counted just before it was made.
+  EngineFootprint footprint(const ProcessCounts& before) const;
 
   // One line per op issued and not yet settled: its number, size, dtype and
   // op, its age, and where it waits and for which ranks, as its timeout would
@@ -308,7 +313,13 @@ class Engine {
   const std::unique_ptr<DeviceContext> device_;
   const std::unique_ptr<Timeline> timeline_;
   const Owner owner_;
-  const std::chrono::milliseconds heartbeatInterval_;
+  // A tenth of the group's timeout, within [100 ms, 5 s]; set_timeout moves
+  // it (setTimeout), and the failover's timings with it.
+  static std::chrono::milliseconds heartbeatIntervalFor(
+      std::chrono::milliseconds timeout);
+  rails::RailFailover::Settings failoverSettings(
+      std::chrono::milliseconds timeout) const;
+  std::atomic<std::chrono::milliseconds> heartbeatInterval_;
   const PlanSettings planSettings_;
   // The other machines, starting with the next one, in the order a slice's
   // shards go out: no machine is every sender's first destination.

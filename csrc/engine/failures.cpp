@@ -248,7 +248,7 @@ void Engine::watchdogLoop() {
       lock.unlock();
       watch_->heartbeat(owner_.status ? owner_.status() : std::string());
       lock.lock();
-      nextBeat = now + heartbeatInterval_;
+      nextBeat = now + heartbeatInterval_.load();
       continue;
     }
     auto wakeAt = nextBeat;
@@ -310,7 +310,7 @@ std::optional<Engine::Cause> Engine::expiredLocked(
   }
   // A neighbour silent for several heartbeats is stopped, hung or cut off:
   // seen first hand, so certain. The one this op waits for comes first.
-  const auto silences = watch_->silences(3 * heartbeatInterval_);
+  const auto silences = watch_->silences(3 * heartbeatInterval_.load());
   if (silences.empty()) {
     return Cause::secondHand(what);
   }

@@ -53,10 +53,10 @@ RailFailover::RailFailover(
       lanes_(lanes),
       watch_(watch),
       topology_(topology),
-      settings_(settings),
       hooks_(std::move(hooks)),
       own_(mesh.interfaceName()),
       spares_(mesh.spareInterfaces()),
+      settings_(settings),
       pairs_(topology.numMachines()) {
   for (Pair& pair : pairs_) {
     pair.interface = own_;
@@ -226,12 +226,21 @@ void RailFailover::broken(int machine, std::function<void()> fail) {
   wake_.notify_all();
 }
 
+void RailFailover::retime(Settings settings) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    settings_ = settings;
+  }
+  wake_.notify_all();
+}
+
 void RailFailover::monitor() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
+    const Settings settings = settings_;
     lock.unlock();
     const bool ownUp = interfaceUp(own_);
-    const auto silent = watch_.silences(settings_.silenceLimit);
+    const auto silent = watch_.silences(settings.silenceLimit);
     lock.lock();
     if (stopping_) {
       break;
@@ -297,7 +306,7 @@ void RailFailover::monitor() {
       }
       if (ownDown_) {
         request(machine, To::kSpare, /*relay=*/true);
-      } else if (now - *pair.brokenAt >= settings_.brokenGrace) {
+      } else if (now - *pair.brokenAt >= settings.brokenGrace) {
         pair.brokenAt.reset();
         failures.push_back(std::move(pair.fail));
       }
@@ -311,7 +320,7 @@ void RailFailover::monitor() {
       fail();
     }
     lock.lock();
-    wake_.wait_for(lock, settings_.pollInterval, [this] { return stopping_; });
+    wake_.wait_for(lock, settings.pollInterval, [this] { return stopping_; });
   }
 }
 
@@ -345,7 +354,12 @@ void RailFailover::work() {
 
 void RailFailover::run(int machine, uint64_t generation, To to) {
   const auto start = Clock::now();
-  const auto deadline = start + settings_.switchLimit;
+  Clock::duration switchLimit;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    switchLimit = settings_.switchLimit;
+  }
+  const auto deadline = start + switchLimit;
   const auto cancelled = [this] { return stopping(); };
   const int peer = topology_.railPeers()[machine];
   const size_t control = controlIndex(peer);

@@ -85,6 +85,8 @@ class RailFailover {
   void cancel();
   // Cancels, then joins the threads (not from one of them). Idempotent.
   void shutdown();
+  // The group's timeout changed (set_timeout): these timings from now on.
+  void retime(Settings settings);
   // A connection to the rail peer on `machine` broke: a switch explains it,
   // else `fail` runs (on the monitor thread) after brokenGrace.
   void broken(int machine, std::function<void()> fail);
@@ -129,13 +131,13 @@ class RailFailover {
   Lanes& lanes_;
   Watch& watch_;
   const Topology topology_;
-  const Settings settings_;
   const Hooks hooks_;
   const std::string own_; // this rank's interface
   const std::vector<std::string> spares_;
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;
+  Settings settings_; // guarded by mutex_ (retime)
   bool stopping_ = false;
   std::vector<Pair> pairs_; // by machine
   std::deque<int> queue_; // machines with a switch to run

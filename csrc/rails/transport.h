@@ -106,6 +106,11 @@ class Mesh {
   // before the first transfer. Collective over the neighbours: a one-sided
   // transport registers it and learns where its peers' lies.
   virtual void registerStaging(const Buffer& /*staging*/) {}
+  // Pinned host memory the transport stages device buffers through, once
+  // used (for the engine's footprint).
+  virtual int64_t pinnedHostBytes() const {
+    return 0;
+  }
   // Closes every data connection: pending and later transfers fail, here and
   // at the peers, which so learn of a failure without waiting for a timeout.
   // Control connections stay open, so that a failure notice sent just before

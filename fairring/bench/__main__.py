@@ -17,12 +17,15 @@ bottleneck: that measures fairring's overhead, not what it is for.
     python -m fairring.bench --timeline       # and draw the last all-reduce's stages, rank by rank
     python -m fairring.bench --study training # real and emulated-compute DDP training, against Gloo
     python -m fairring.bench --study dispatch # 2x2, 4x2, 8x1 (--layouts): both paths, and what auto chose
+    python -m fairring.bench --link 10gbit --study compare --sizes 4MiB,64MiB   # engine, baseline, auto; alternated
 
 Studies: single (one all-reduce per size), overlap (many buckets back to back,
 with staging sized for 1, 2, 4, 8 slices in flight), scaling (the same
 all-reduce over 1, 2, ... machines), all (those three), training (DDP training
 end to end: fairring.bench.training), dispatch (FAIRRING_FLAT_THRESHOLD=auto's
-choice against the sweep it should match, on 2x2, 4x2 and 8x1).
+choice against the sweep it should match, on 2x2, 4x2 and 8x1), compare (at each
+size the engine, the baseline and a group whose path auto measures, on the same
+tensors, the order rotated every iteration: the GPU check's figure against NCCL).
 
 It prints a line per measurement as it goes, then writes the records (--json)
 and plots (--plots), and ends with a sentence read from the results.
@@ -118,7 +121,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--study",
         default="single",
-        choices=("single", "overlap", "scaling", "transports", "dispatch", "all", "training"),
+        choices=("single", "overlap", "scaling", "transports", "dispatch", "compare", "all", "training"),
         help="what to measure (default single; see below)",
     )
     parser.add_argument("--buckets", type=int, default=64, help="overlap: buckets per measurement (default 64)")
@@ -230,6 +233,11 @@ def runs_for(args: argparse.Namespace) -> list[Run]:
     if "scaling" in studies:
         for machines in range(1, args.machines + 1):
             runs.append(Run("scaling", machines, [args.scaling_bytes], environment=user_env))
+    if "compare" in studies:
+        # The engine at every size (CUDA's too), the baseline, and a group that measures afresh and routes
+        # by what it decided, as FAIRRING_CUDA_ENGINE=auto does.
+        environment = {**user_env, FLAT_THRESHOLD: "0", CUDA_ENGINE: "1", AUTO_CACHE: "off"}
+        runs.append(Run("compare", args.machines, args.size_list, environment=environment))
     if "dispatch" in studies:
         # The engine at every size (CUDA's too) and the delegate, over the sizes auto measures,
         # next to a group that measures afresh (no cache) and routes by what it decided.
@@ -324,7 +332,31 @@ def reading(records: list[dict], args: argparse.Namespace) -> list[str]:
             )
     sentences += transports_reading(records)
     sentences += dispatch_reading(records)
+    sentences += compare_reading(records)
     return sentences
+
+
+def compare_reading(records: list[dict]) -> list[str]:
+    """The compare study: a line per size, each path's time, its speed against the baseline and the bound."""
+    rows = [r for r in records if r["study"] == "compare"]
+    if not rows:
+        return []
+    sample = rows[0]
+    lines = [
+        f"compare, {sample['machines']} machines x {sample['ranks_per_machine']} ({sample['device']}"
+        f"{', NICs at ' + format_rate(sample['link']) if sample['link'] else ''}), the order rotated every "
+        "iteration; time, speed against the baseline, fraction of the hierarchical bound:"
+    ]
+    for nbytes in sorted({r["bytes"] for r in rows}):
+        parts = []
+        for record in (r for r in rows if r["bytes"] == nbytes):
+            bound = record["fraction_of_bound_speed"]
+            parts.append(
+                f"{record['backend']} {_duration(record['median_s'])} ({record['speedup_vs_baseline']:.2f}x"
+                f"{f', {bound:.0%}' if bound else ''}{'' if record['correct'] else ', WRONG'})"
+            )
+        lines.append(f"  {format_bytes(nbytes)}: " + "; ".join(parts))
+    return lines
 
 
 def dispatch_reading(records: list[dict]) -> list[str]:

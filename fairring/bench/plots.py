@@ -30,6 +30,7 @@ def plot_records(records: list[dict], folder: Path, title_suffix: str = "") -> l
 
     studies = {
         "single": ("bytes", "all-reduce size (MiB)", 1 / MiB, True, "time per all-reduce"),
+        "compare": ("bytes", "all-reduce size (MiB)", 1 / MiB, True, "time per all-reduce"),
         "overlap": ("inflight", "slices in flight (staging memory)", 1.0, False, "time for all buckets"),
         "scaling": ("machines", "machines", 1.0, False, "time per all-reduce"),
     }

@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -49,7 +50,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--link-bytes-per-s", type=float, default=0.0, help="shaped NIC rate; 0: unshaped")
     parser.add_argument("--link", default="", help="the NIC rate as given, for the records")
     parser.add_argument("--json", type=Path, required=True)
-    parser.add_argument("--study", default="single", choices=("single", "overlap", "scaling", "transports", "dispatch"))
+    parser.add_argument(
+        "--study", default="single", choices=("single", "overlap", "scaling", "transports", "dispatch", "compare")
+    )
     parser.add_argument("--buckets", type=int, default=1, help="all-reduces issued back to back per measurement")
     parser.add_argument(
         "--inflight", type=int, default=0, help="slices the staging memory allows in flight, for records"
@@ -100,6 +103,50 @@ def time_all_reduces(
 
 
 AUTO_NAME = "fairring-auto"
+
+
+@dataclass
+class Timed:
+    """One group's measurements at one size: each timed iteration, and what its ops cost in all."""
+
+    seconds: list[float] = field(default_factory=list)
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+    sent: int = 0
+
+
+def passes(names: list[str], iters: int, warmup: int, alternate: bool) -> list[tuple[list[str], int, int]]:
+    """The order the groups are timed in: (groups, timed iterations, warm-up iterations) per pass.
+
+    Alternated, each iteration times every group once, starting one later each time, so that a drift
+    of the machine (its clocks, its other processes, a GPU shared without MPS) falls on all alike;
+    otherwise each group's iterations run together, one group after the other.
+    """
+    if not alternate:
+        return [([name], iters, warmup) for name in names]
+    return [
+        (names[index % len(names) :] + names[: index % len(names)], int(index >= warmup), int(index < warmup))
+        for index in range(warmup + iters)
+    ]
+
+
+def time_groups(
+    groups: dict[str, dist.ProcessGroup],
+    tensors: list[torch.Tensor],
+    gloo: dist.ProcessGroup,
+    args: argparse.Namespace,
+    shaped: bool,
+) -> dict[str, Timed]:
+    """Every group's timed all-reduces of `tensors`, in passes()'s order."""
+    timed = {name: Timed() for name in groups}
+    for order, iters, warmup in passes(list(groups), args.iters, args.warmup, args.study == "compare"):
+        for name in order:
+            sent_before, cpu_before, wall_before = shaper_bytes(shaped), time.process_time(), time.perf_counter()
+            timed[name].seconds += time_all_reduces(tensors, groups[name], gloo, iters, warmup)
+            timed[name].cpu_s += time.process_time() - cpu_before
+            timed[name].wall_s += time.perf_counter() - wall_before
+            timed[name].sent += shaper_bytes(shaped) - sent_before
+    return timed
 
 
 def first_auto_use(groups: dict[str, dist.ProcessGroup], device: torch.device | None) -> dict[str, object]:
@@ -209,7 +256,7 @@ def main(argv: list[str]) -> None:
     # Named by transport where it is not the default, so one table can hold both.
     fairring_name = "fairring" if config.rails_transport == "tensorpipe" else f"fairring-{config.rails_transport}"
     groups = {baseline_name: dist.new_group(backend=baseline_name) if device else gloo, fairring_name: dist.group.WORLD}
-    auto = first_auto_use(groups, device) if args.study == "dispatch" else {}
+    auto = first_auto_use(groups, device) if args.study in ("dispatch", "compare") else {}
     topology = dist.group.WORLD._get_backend(torch.device("cpu")).topology
     # The cores the ranks share: one machine's for emulated hosts (one kernel, one hostname),
     # every machine's on a real cluster.
@@ -231,12 +278,10 @@ def main(argv: list[str]) -> None:
         total_bytes = nbytes * args.buckets
         bound = hierarchical_bound_s(total_bytes, topology.num_machines, args.link_bytes_per_s)
         medians: dict[str, float] = {}
-        for name, group in groups.items():
-            correct = is_exact_sum(tensors, group)
-            sent_before, cpu_before, wall_before = shaper_bytes(shaped), time.process_time(), time.perf_counter()
-            seconds = time_all_reduces(tensors, group, gloo, args.iters, args.warmup)
-            cpu_s, wall_s = time.process_time() - cpu_before, time.perf_counter() - wall_before
-            sent = shaper_bytes(shaped) - sent_before
+        correct = {name: is_exact_sum(tensors, group) for name, group in groups.items()}
+        timed = time_groups(groups, tensors, gloo, args, shaped)
+        for name in groups:
+            seconds, cpu_s, wall_s, sent = timed[name].seconds, timed[name].cpu_s, timed[name].wall_s, timed[name].sent
             # An op is as slow as its slowest rank.
             slowest = torch.tensor(seconds, dtype=torch.float64)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=gloo)
@@ -280,7 +325,8 @@ def main(argv: list[str]) -> None:
                 "wire_bytes": wire_bytes,
                 "link_busy": wire_bytes / args.link_bytes_per_s / median if wire_bytes else None,
                 "cpu_busy": float(cpu_total) / (wall_max * cores),
-                "correct": correct,
+                "correct": correct[name],
+                "alternated": args.study == "compare",
                 **(auto if name == AUTO_NAME else {}),
             }
             records.append(record)

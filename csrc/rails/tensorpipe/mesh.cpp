@@ -431,6 +431,7 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
   std::vector<std::string> channelNames = site.device.is_cuda()
       ? registerCudaChannels(*context_, site.network, rank)
       : registerCpuChannels(*context_, site.network, rank);
+  cudaBasic_ = named(channelNames, "cuda_basic");
   const auto joined = [](const std::vector<std::string>& names) {
     std::string text;
     for (const auto& name : names) {

@@ -88,6 +88,11 @@ class TensorpipeMesh final : public Mesh {
   // The URL, transports and channels; then the pipes the listener rejected
   // (bad or unexpected hellos), if any: how many, and why for the first few.
   std::string describe() const override;
+  // TensorPipe's cuda_basic staging (two pools of 16 MiB per context, made
+  // at its first transfer), where that channel is registered.
+  int64_t pinnedHostBytes() const override {
+    return cudaBasic_ ? 2 * (int64_t{16} << 20) : 0;
+  }
   std::string downInterface() const override;
   bool resends() const override {
     return resends_;
@@ -144,6 +149,7 @@ class TensorpipeMesh final : public Mesh {
   const std::string storePrefix_;
   tensorpipe::Device ownDevice_;
   std::vector<std::string> transportNames_; // registered, best first
+  bool cudaBasic_ = false; // TensorPipe's cuda_basic channel is registered
   std::shared_ptr<tensorpipe::Context> context_;
   std::shared_ptr<tensorpipe::Listener> listener_;
   std::string url_;

@@ -1,0 +1,190 @@
+"""The GPU check's first stage: the CUDA engine against NCCL where the network is the bottleneck.
+
+Several processes on one GPU time-slice it unless MPS runs, and then every
+spinning NCCL kernel waits out the other processes' slices: figures from that
+compare schedulers, not all-reduces (docs/benchmarks.md, "On a GPU"). So this
+stage starts MPS where the machine lets it (its control daemon, in folders of
+its own, stopped when the stage ends), makes each machine a network namespace
+whose NIC is shaped to 10 Gbit/s (the ranks of one machine in its namespace,
+NCCL on its socket transport through that NIC, a distinct NCCL_HOSTID per
+process), and runs `python -m fairring.bench --study compare`: at each size the
+engine, NCCL's all-reduce and a group under FAIRRING_CUDA_ENGINE=auto's routing,
+on the same tensors in the same processes, the order rotated every iteration,
+every result checked exactly, with the fraction of the hierarchical bound.
+
+What it is not: a cluster. The local steps run on one GPU without NVLink, and
+the NICs are veths shaped by tc.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fairring.config import MPS_PIPE_DIRECTORY, SERIALIZED_LAUNCHES
+from fairring.sizes import format_size
+
+LINK = "10gbit"
+# 2 machines x 2 ranks, then x 4 where the stage's time allows (about twice the first's).
+LAYOUTS = ((2, 2), (2, 4))
+SIZES = {"cuda": "4MiB,16MiB,64MiB,256MiB", "cpu": "256KiB,1MiB"}
+QUICK_SIZES = {"cuda": "4MiB,64MiB", "cpu": "256KiB"}
+STAGE = f"versus NCCL: 2 hosts x 2 and x 4 ranks, NICs shaped to {LINK}, MPS where it starts"
+MINIMUM_S = 90.0
+# Every rank's: NCCL's socket transport and nothing that would bypass the shaped NIC (the bench sets
+# NCCL_SOCKET_IFNAME to the host's NIC); the engine kept under MPS, since the stage runs one group's
+# collectives at a time (docs/design.md, "Serialized launches").
+RANK_ENV = {"NCCL_IB_DISABLE": "1", "NCCL_NVLS_ENABLE": "0", "NCCL_MNNVL_ENABLE": "0", SERIALIZED_LAUNCHES: "engine"}
+MPS_FOLDER = Path("/tmp/fairring-gpu-check-mps")
+MPS_CONTROL = "nvidia-cuda-mps-control"
+# A client that uses the GPU under MPS: whether MPS serves this machine's processes at all.
+MPS_CLIENT = "import torch; torch.ones(1, device='cuda').add_(1); torch.cuda.synchronize(); print('ok')"
+
+
+@dataclass
+class Mps:
+    """The MPS control daemon of the stage: what the probe found, and the ranks' variables to reach it."""
+
+    state: str
+    env: dict[str, str] = field(default_factory=dict)
+    started: bool = False
+
+    @property
+    def running(self) -> bool:
+        return bool(self.env)
+
+
+def start_mps(device: str, timeout_s: float = 60.0) -> Mps:
+    """Starts MPS's control daemon in folders of the stage's own, then checks that a client can use the
+    GPU under it; stops it again where that fails. Never touches a daemon someone else runs."""
+    if device != "cuda":
+        return Mps("not tried (--device cpu)")
+    control = shutil.which(MPS_CONTROL)
+    if control is None:
+        return Mps(f"not available: {MPS_CONTROL} is not on PATH")
+    env = {MPS_PIPE_DIRECTORY: str(MPS_FOLDER / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(MPS_FOLDER / "log")}
+    for folder in env.values():
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    try:
+        daemon = subprocess.run([control, "-d"], env={**os.environ, **env}, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return Mps(f"not started: {error}")
+    if daemon.returncode != 0:
+        return Mps(f"not started: {MPS_CONTROL} -d exited {daemon.returncode}: {daemon.stderr.strip()[-300:]}")
+    mps = Mps("started", env, started=True)
+    deadline = time.monotonic() + 5
+    while not (MPS_FOLDER / "pipe" / "control").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        client = subprocess.run(
+            [sys.executable, "-c", MPS_CLIENT], env={**os.environ, **env}, capture_output=True, text=True,
+            timeout=timeout_s,
+        )  # fmt: skip
+        usable = client.returncode == 0 and client.stdout.strip().endswith("ok")
+        why = f"exit {client.returncode}: {client.stderr.strip()[-300:]}"
+    except subprocess.TimeoutExpired:
+        usable, why = False, f"a client did not finish within {timeout_s:.0f} s"
+    if not usable:
+        stop_mps(mps)
+        return Mps(f"started, but a client could not use the GPU under it ({why}); run without MPS")
+    mps.state = f"running ({MPS_FOLDER}), a client used the GPU under it"
+    return mps
+
+
+def stop_mps(mps: Mps) -> str:
+    """Stops the daemon start_mps started (its servers end with it); what happened, for the report."""
+    if not mps.started:
+        return ""
+    control = shutil.which(MPS_CONTROL) or MPS_CONTROL
+    try:
+        done = subprocess.run(
+            [control], input="quit\n", env={**os.environ, **mps.env}, capture_output=True, text=True, timeout=30
+        )
+        outcome = "stopped" if done.returncode == 0 else f"quit exited {done.returncode}"
+    except (OSError, subprocess.TimeoutExpired) as error:
+        outcome = f"not stopped: {error}"
+    mps.started = False
+    mps.env = {}
+    return outcome
+
+
+def bench_arguments(machines: int, local: int, sizes: str, iters: int, mps: Mps) -> list[str]:
+    """`python -m fairring.bench`'s arguments for one layout of the stage."""
+    arguments = ["--hosts", str(machines), "--ranks-per-host", str(local), "--link", LINK, "--study", "compare"]
+    arguments += ["--sizes", sizes, "-n", str(iters), "-w", "1"]
+    for name, value in {**RANK_ENV, **mps.env}.items():
+        arguments += ["--set", f"{name}={value}"]
+    return arguments
+
+
+def summarize(records: list[dict[str, Any]], machines: int, local: int) -> dict[str, Any]:
+    """Rows by size and backend; from which size the engine is at least as fast as the baseline at
+    every larger size measured, and where auto put the engine."""
+    keys = ("backend", "bytes", "median_s", "busbw_GBps", "speedup_vs_baseline", "fraction_of_bound_speed", "correct")
+    rows = [{key: record.get(key) for key in keys} for record in records]
+    engine = {r["bytes"]: r for r in records if r["backend"] == "fairring"}
+    sizes = sorted(engine)
+    wins_from = None
+    for index, size in enumerate(sizes):
+        if all(engine[later]["speedup_vs_baseline"] >= 1.0 for later in sizes[index:]):
+            wins_from = size
+            break
+    auto = next((r for r in records if "auto_threshold" in r), None)
+    return {
+        "layout": f"{machines}x{local}",
+        "baseline": records[0]["baseline"] if records else None,
+        "rows": rows,
+        "engine_at_least_as_fast_from": wins_from,
+        "auto": None
+        if auto is None
+        else {key: auto[key] for key in ("auto_threshold", "auto_ceiling", "auto_reason", "auto_measure_s")},
+    }
+
+
+def lines(summary: dict[str, Any], table: Any, percent: Any) -> list[str]:
+    """The report's section: what ran, the table per layout, and what it says for the default."""
+    layouts = summary.get("layouts", {})
+    head = [
+        f"MPS: {summary.get('mps', 'not probed')}. Network namespaces: {summary.get('netns', 'not probed')}.",
+        "",
+        f"float32 all_reduce, each machine a network namespace whose NIC is shaped to {LINK}, NCCL on its socket",
+        "transport through that NIC (a distinct NCCL_HOSTID per process), the engine (fairring), the baseline and",
+        "FAIRRING_CUDA_ENGINE=auto's routing (fairring-auto) on the same tensors, the order rotated every",
+        "iteration, every result checked; median of the slowest rank's times. One GPU shared by every process",
+        "(MPS as above), no NVLink, NICs emulated by tc: not a cluster.",
+    ]
+    if not layouts:
+        return [*head, "", "Not run."]
+    out = head
+    for layout, part in layouts.items():
+        body = [
+            [
+                format_size(int(row["bytes"])),
+                row["backend"],
+                f"{row['median_s'] * 1e3:.1f}",
+                f"{row['busbw_GBps']:.3f}",
+                f"{row['speedup_vs_baseline']:.2f}x",
+                percent(row.get("fraction_of_bound_speed")),
+                "yes" if row["correct"] else "NO",
+            ]
+            for row in part["rows"]
+        ]
+        out += ["", f"{layout} (machines x ranks):", ""]
+        out += table(["size", "backend", "ms", "busbw GB/s", "vs baseline", "of bound", "correct"], body)
+        wins = part["engine_at_least_as_fast_from"]
+        auto = part.get("auto") or {}
+        out += [
+            "",
+            "The engine is at least as fast as the baseline "
+            + (f"from {format_size(wins)} up." if wins else "at no size from which it stays so.")
+            + (f" auto chose: {auto['auto_reason']}" if auto else ""),
+        ]
+    if summary.get("left_out"):
+        out += ["", summary["left_out"]]
+    return out
