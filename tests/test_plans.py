@@ -265,7 +265,8 @@ def test_the_cuda_staging_must_fit_in_the_gpus_free_memory(monkeypatch: pytest.M
     )["staging_capacity"]
     free = {"bytes": staging - 1}
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free["bytes"], 80 * GiB))
-    with pytest.raises(ConfigError, match=r"does not fit in the .* free of cuda:0's 80GiB: lower FAIRRING_TOTAL_MEMORY"):
+    expected = r"does not fit in the .* free of cuda:0's 80GiB: lower FAIRRING_TOTAL_MEMORY"
+    with pytest.raises(ConfigError, match=expected):
         check_device_memory(config, topology, torch.device("cuda:0"))
     free["bytes"] = staging
     check_device_memory(config, topology, torch.device("cuda:0"))
