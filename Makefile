@@ -157,6 +157,12 @@ STRESS_OPS ?= 4000
 stress: build
 	FAIRRING_STRESS_OPS=$(STRESS_OPS) $(PY) -m pytest -rs tests/test_emulated_device.py -k stress
 
+# What the CUDA engine's launch order costs back-to-back buckets, on the emulated device: 8 x 25 MiB
+# with the launch order and without, 2x2 and 3x2, loopback and 1 Gbit/s (docs/benchmarks.md).
+.PHONY: launch-order-cost
+launch-order-cost: build
+	$(PY) benchmarks/launch_order_cost.py $(LAUNCH_ORDER_ARGS)
+
 lint: $(INSTALLED)
 	$(PY) -m ruff check setup.py fairring tests benchmarks
 	$(PY) -m ruff format --check setup.py fairring tests benchmarks

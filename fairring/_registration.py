@@ -289,8 +289,8 @@ class InnerGroups:
 
     def engine_made(self, device: str, rails: str, held: str) -> None:
         topology = self._topology
-        logger.info("rank %d: engine on %s made: %s", topology.rank, device, held)
-        logger.debug("rank %d: engine on %s: rails listen on %s", topology.rank, device, rails)
+        logger.info("rank %d: engine on %s holds %s", topology.rank, device, held)
+        logger.debug("rank %d: engine on %s made; rails listen on %s", topology.rank, device, rails)
 
     def notice_once(self, text: str) -> None:
         """A route or fallback the group took, said at INFO once per process for each text."""

@@ -273,7 +273,7 @@ def engine_made_before_the_first_all_reduce() -> dict[str, object]:
         "ops_after_broadcast": ops_after_broadcast,
         "footprint": footprint,
         "capacity": backend.staging_stats("cpu")["capacity_bytes"],
-        "lines": [line for line in lines if "engine on cpu made" in line],
+        "lines": [line for line in lines if "engine on cpu holds" in line],
     }
 
 
@@ -295,3 +295,45 @@ def test_the_engine_is_made_and_warmed_up_at_the_first_collective(eager: bool) -
         assert footprint["staging_bytes"] == outcome["capacity"] > 0, footprint
         assert footprint["added_threads"] > 0 and footprint["added_device_bytes"] == -1, footprint
         assert len(outcome["lines"]) == 1 and footprint["summary"] in outcome["lines"][0], outcome
+
+
+def delegated_behind_engine_ops(in_turn: bool) -> dict[str, float]:
+    """An engine all-reduce slowed by its receives, then a small one for the delegate, both async: how long
+    issuing the small one took, and the whole; each result checked."""
+    import time
+
+    from fairring import _C
+
+    _C._testing.set_launch_in_turn_enabled(in_turn)
+    rank = dist.get_rank()
+    dist.all_reduce(torch.ones(32_768))  # the engine, made
+    big = rank_tensor(rank, (32_768,), torch.float32, 1)
+    small = rank_tensor(rank, (1000,), torch.float32, 2)
+    start = time.monotonic()
+    works = [dist.all_reduce(big, async_op=True)]
+    before_small = time.monotonic()
+    works.append(dist.all_reduce(small, async_op=True))
+    issue_small_s = time.monotonic() - before_small
+    for work in works:
+        work.wait()
+    total_s = time.monotonic() - start
+    assert_matches(big, all_ranks_reduced((32_768,), torch.float32, seed=1))
+    assert_matches(small, all_ranks_reduced((1000,), torch.float32, seed=2))
+    return {"issue_small_s": issue_small_s, "total_s": total_s}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("in_turn", [True, False], ids=["in_turn", "negative_control"])
+def test_a_delegated_all_reduce_does_not_wait_for_the_engine_on_its_callers_thread(in_turn: bool) -> None:
+    """Behind an engine op of 8 slices whose receive copies take 100 ms each, a small all-reduce for the
+    delegate (below the threshold) takes its place in the launch order and its issue returns at once; the
+    negative control, which waits on the caller's thread for the engine's launches, takes most of the op."""
+    device = "seed=17,receive_delay_ms=100"
+    with RankPool(Layout(2, 2), emulated(device, FAIRRING_FLAT_THRESHOLD="64KiB")) as ranks:
+        outcomes = ranks.run(delegated_behind_engine_ops, in_turn)
+    for outcome in outcomes:
+        assert outcome["total_s"] > 0.8, outcome  # 16 receive copies of 100 ms, one after another
+        if in_turn:
+            assert outcome["issue_small_s"] < 0.25 * outcome["total_s"], outcome
+        else:
+            assert outcome["issue_small_s"] > 0.5 * outcome["total_s"], outcome

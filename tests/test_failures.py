@@ -233,3 +233,48 @@ def test_a_machine_whose_link_goes_down_is_named_by_every_rank(tmp_path: Path) -
             assert "stopped responding" in first, (rank, first)
         assert float(outcome["seconds"]) < limit, outcome
         assert float(outcome["destroy_seconds"]) < 5, outcome
+
+
+def frozen_after_set_timeout(scratch: str) -> str:
+    """The group made with a long timeout, then set_timeout(10 s) on every rank; rank 3 freezes: the error
+    of rank 0's next all-reduce (rank 0 then lets the frozen rank go)."""
+    rank = dist.get_rank()
+    tensor = torch.ones(1 << 16)
+    dist.all_reduce(tensor)  # the engine, made with the group's first timeout
+    dist.distributed_c10d.set_timeout(FAULT_TIMEOUT)
+    dist.barrier()
+    folder = Path(scratch)
+    if rank == 3:
+        (folder / "pid").write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)
+    while not (folder / "pid").exists():
+        time.sleep(0.05)
+    try:
+        dist.all_reduce(tensor)
+        error = "no error"
+    except RuntimeError as failure:
+        error = str(failure)
+    (folder / f"failed{rank}").write_text("")
+    if rank == 0:
+        deadline = time.monotonic() + 60
+        while len(list(folder.glob("failed*"))) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(int((folder / "pid").read_text()), signal.SIGKILL)
+    return error
+
+
+@pytest.mark.timeout(180)
+def test_set_timeout_moves_the_heartbeats_with_it(tmp_path: Path) -> None:
+    """The heartbeat interval is a tenth of the group's timeout: made at 120 s, it would beat every 5 s and
+    call a neighbour silent only after 15 s, past the 10 s timeout set later, whose error would then name
+    no silent rank. Following set_timeout, every survivor names the frozen rank."""
+    spec = InitSpec(timeout=timedelta(seconds=120))
+    ranks = RankPool(Layout(2, 2), spec).start()
+    try:
+        with pytest.raises(RankFailure) as failure:
+            ranks.run(frozen_after_set_timeout, str(tmp_path), timeout=90)
+    finally:
+        ranks.close()
+    for rank, error in failure.value.results.items():
+        assert "rank 3 (machine 1 of 2) stopped responding" in error, (rank, error)
+        assert "timed out after 10000 ms" in error, (rank, error)

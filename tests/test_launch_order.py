@@ -74,3 +74,32 @@ def test_a_later_op_waits_for_the_last_all_gather_of_the_one_before() -> None:
     assert not order.is_next("rs", 1, 0) and not order.drained()
     order.launched("ag")
     assert order.is_next("rs", 1, 0)
+
+
+def test_a_foreign_launch_takes_its_place_between_ops() -> None:
+    """A delegated all-reduce issued between two ops launches after every step of the first and
+    before any of the second, and stays next until it is launched."""
+    order = _C._testing.LaunchOrder()
+    order.issued(0, 1, 1)
+    order.issued_foreign()
+    order.issued(1, 1, 1)
+    assert not order.foreign_next()
+    order.launched("rs")
+    assert not order.foreign_next()
+    order.launched("ag")
+    assert order.foreign_next() and not order.is_next("rs", 1, 0) and not order.drained()
+    order.launched_foreign()
+    assert not order.foreign_next() and order.is_next("rs", 1, 0)
+    order.launched("rs")
+    order.launched("ag")
+    assert order.drained()
+
+
+def test_a_foreign_launch_with_nothing_before_it_is_next_at_once() -> None:
+    order = _C._testing.LaunchOrder()
+    order.issued_foreign()
+    assert order.foreign_next()
+    order.issued(0, 2, 1)
+    assert not order.is_next("rs", 0, 0)
+    order.launched_foreign()
+    assert order.is_next("rs", 0, 0)

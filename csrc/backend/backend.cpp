@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <limits>
+#include <stdexcept>
 
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
@@ -56,6 +59,9 @@ void unpackInto(
 c10::Device deviceOf(const Operation& op) {
   return op.touches.empty() ? c10::Device(c10::kCPU) : op.touches[0].device();
 }
+
+// Backend::setLaunchInTurnForTests.
+std::atomic<bool> launchInTurnEnabled{true};
 
 constexpr const char* kSameCollectives =
     "; every rank must issue the same collectives in the same order, "
@@ -169,10 +175,19 @@ c10::intrusive_ptr<c10d::Work> Backend::issue(Operation op, Launch&& launch) {
   if (ordered) {
     memoryOrder_.awaitOverlapping(op.touches, executor, timeout());
   }
-  // A NCCL launch follows the CUDA engine's local steps issued before it (a
-  // native block launches at its end).
+  // A delegated launch follows the engine's local steps issued before it (a
+  // native block launches at its end): the caller waits for them, unless the
+  // operation takes its turn in the engine's launch order instead, which a
+  // capture's launch cannot (it must be made on the capturing thread).
   if (runner.delegate != nullptr && membership != BlockMembership::kNative) {
-    followEngineLaunches(op.type);
+    Engine* engine = madeEngines()[indexOfType(op.type)];
+    if (op.launchesInTurn && !captured && launchInTurnEnabled &&
+        engine != nullptr && engine->ordersLaunches()) {
+      runner.inTurn = engine;
+    }
+    if (runner.inTurn == nullptr) {
+      followEngineLaunches(op.type);
+    }
   }
   auto work = launch(static_cast<const Runner&>(runner));
   if (runner.seq && onGloo) {
@@ -470,17 +485,59 @@ bool Backend::coalescingBlockOpen() {
 }
 
 void Backend::followEngineLaunches(c10::DeviceType type) {
-  if (type != c10::kCUDA) {
-    return;
-  }
-  Engine* engine = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(stateMutex_);
-    engine = engines_[indexOfType(c10::kCUDA)].get();
-  }
-  if (engine != nullptr) { // engines live until the destructor
+  // Engines live until the destructor.
+  if (Engine* engine = madeEngines()[indexOfType(type)]) {
     engine->awaitLaunchesOfIssuedOps();
   }
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::launchedInTurn(
+    Engine& engine,
+    std::function<c10::intrusive_ptr<c10d::Work>()> launch,
+    c10d::OpType opType,
+    const std::vector<at::Tensor>& tensors,
+    uint64_t seq) {
+  std::vector<c10::Device> devices;
+  std::optional<c10::Stream> stream;
+  if (!tensors.empty() && !tensors[0].is_cpu()) {
+    const c10::Device device = tensors[0].device();
+    devices.push_back(device);
+    stream = c10::impl::VirtualGuardImpl(device.type()).getStream(device);
+  }
+  auto work = c10::make_intrusive<InTurnWork>(opType, devices, seq);
+  // The future completes on the engine's completion workers, never on the
+  // stage thread that launches (its callbacks, DDP's hooks among them, may
+  // block or issue collectives).
+  auto settle = [&engine, work, devices](std::exception_ptr error) {
+    auto failed = c10::make_intrusive<c10::ivalue::Future>(
+        work->getFuture()->elementType(), devices);
+    failed->setError(error);
+    work->failed(std::move(error));
+    engine.completeOnWorkers(failed, work->getFuture());
+  };
+  engine.launchInTurn(
+      [&engine, work, settle, launch = std::move(launch), stream] {
+        // The caller's stream: the delegate orders itself after the caller's
+        // work there, as when the caller launches it (it may also follow
+        // what the caller queued since, which only delays it).
+        const c10::OptionalStreamGuard onCallersStream(stream);
+        try {
+          auto inner = launch();
+          auto theirs = inner->getFuture();
+          work->launched(std::move(inner));
+          engine.completeOnWorkers(theirs, work->getFuture());
+        } catch (...) {
+          settle(std::current_exception());
+        }
+      },
+      [settle](const std::string& why) {
+        settle(std::make_exception_ptr(std::runtime_error(why)));
+      });
+  return work;
+}
+
+void Backend::setLaunchInTurnForTests(bool enabled) {
+  launchInTurnEnabled = enabled;
 }
 
 uint64_t Backend::nextCollective(std::string signature) {
@@ -713,7 +770,10 @@ Operation Backend::allreduceOperation(
       .reduced = tensors,
       .engineDevice = route.path == AllreducePath::kEngine
           ? std::optional(args.device)
-          : std::nullopt};
+          : std::nullopt,
+      // Its launch copies what it needs: all_reduce's own (the coalesced
+      // form keeps its caller's arguments, and waits).
+      .launchesInTurn = std::string_view(name) == "allreduce"};
 }
 
 // One all-reduce, in the order it happens: its arguments checked into one
@@ -749,10 +809,24 @@ c10::intrusive_ptr<c10d::Work> Backend::launchAllreduce(
         *runner.seq,
         tensors);
   }
-  if (isCpu(*runner.delegate)) {
-    return glooAllreduce(*runner.delegate, aliases, own, *runner.seq);
+  auto onDelegate = [delegate = runner.delegate,
+                     gloo = isCpu(*runner.delegate),
+                     tensors,
+                     aliases,
+                     own,
+                     seq = *runner.seq]() mutable {
+    return gloo ? glooAllreduce(*delegate, aliases, own, seq)
+                : delegate->allreduce(tensors, own);
+  };
+  if (runner.inTurn == nullptr) {
+    return onDelegate();
   }
-  return runner.delegate->allreduce(tensors, own);
+  return launchedInTurn(
+      *runner.inTurn,
+      std::move(onDelegate),
+      c10d::OpType::ALLREDUCE,
+      tensors,
+      *runner.seq);
 }
 
 // all_reduce_coalesced: the same, its tensors packed into one on the engine.

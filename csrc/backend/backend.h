@@ -3,6 +3,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -113,6 +114,11 @@ class Backend final : public c10d::Backend {
   // communicator creation lines up.
   void eagerConnectSingleDevice(at::Device device) override;
   c10::intrusive_ptr<Options> getBackendOptions() override;
+
+  // A test's negative control: with false, delegated all-reduces wait on
+  // the caller's thread for the engine's launches again (followEngineLaunches)
+  // instead of taking their turn. Process-wide; never set outside tests.
+  static void setLaunchInTurnForTests(bool enabled);
 
   // split_group: a fairring backend over some of this group's ranks.
   bool supportsSplitting() const override {
@@ -276,6 +282,9 @@ class Backend final : public c10d::Backend {
     Engine* engine = nullptr; // the Herring engine, or else
     c10d::Backend* delegate = nullptr; // the delegate of its device type
     std::optional<uint64_t> seq;
+    // The engine in whose launch order the delegate's launch takes its turn
+    // (Operation::launchesInTurn); null: launched by the caller, now.
+    Engine* inTurn = nullptr;
   };
   // The funnel every operation goes through (backend.cpp lists its steps in
   // order): the ledger, the runner, refusal after a failure, Gloo's rules,
@@ -361,11 +370,21 @@ class Backend final : public c10d::Backend {
       const c10d::AllToAllOptions& opts,
       uint64_t seq);
 
-  // Before a NCCL operation is launched: the CUDA engine's local steps of
-  // every op issued so far are launched first, so that every rank launches
-  // them and the NCCL operation in one order (docs/design.md, "Launch
-  // order"). Nothing for CPU tensors, or before a CUDA engine exists.
+  // Before a delegated operation is launched: the local steps of every op
+  // issued so far to the engine of its device type are launched first, so
+  // that every rank launches them and the NCCL operation in one order
+  // (docs/design.md, "Launch order"). At once where that engine keeps no
+  // launch order (the CPU's), or before one exists.
   void followEngineLaunches(c10::DeviceType type);
+  // `launch` (the delegate's operation) made in its turn on `engine`
+  // (Engine::launchInTurn), on the caller's current stream; the Work that
+  // stands for it.
+  c10::intrusive_ptr<c10d::Work> launchedInTurn(
+      Engine& engine,
+      std::function<c10::intrusive_ptr<c10d::Work>()> launch,
+      c10d::OpType opType,
+      const std::vector<at::Tensor>& tensors,
+      uint64_t seq);
   // How long aborting or shutting the group down waits for the abort hooks
   // of a failure (the flight recorder's dump) still running.
   static constexpr std::chrono::seconds kDumpWait{30};

@@ -94,6 +94,10 @@ struct Operation {
   // Whether it joins an open coalescing block (a barrier does not: it runs
   // on the CPU group whatever the block holds).
   bool coalesces = true;
+  // A delegated launch that may wait for its turn in the engine's launch
+  // order rather than keep its caller waiting (Engine::launchInTurn): a
+  // delegated all-reduce, DDP's small buckets.
+  bool launchesInTurn = false;
 
   // A collective on `tensors` (each a tensor, a list or a list of lists):
   // its signature is its name and device type.

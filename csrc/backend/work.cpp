@@ -169,10 +169,109 @@ void AllOfWork::abort() {
   }
 }
 
-CapturedWork::CapturedWork(c10::intrusive_ptr<c10d::Work> inner)
-    : c10d::Work(-1, inner->retrieveOpType()), inner_(std::move(inner)) {}
+InTurnWork::InTurnWork(
+    c10d::OpType opType, std::vector<c10::Device> devices, uint64_t seq)
+    : c10d::Work(-1, opType),
+      future_(
+          c10::make_intrusive<c10::ivalue::Future>(
+              c10::ListType::create(c10::TensorType::get()),
+              std::move(devices))),
+      seq_(seq) {}
 
-ModelCapturedWork::ModelCapturedWork(c10::intrusive_ptr<c10d::Work> inner)
+void InTurnWork::launched(c10::intrusive_ptr<c10d::Work> inner) {
+  TORCH_CHECK(inner, "fairring: the delegate launched no Work");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    inner_ = std::move(inner);
+  }
+  settled_.notify_all();
+}
+
+void InTurnWork::failed(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (inner_ || error_) {
+      return;
+    }
+    error_ = std::move(error);
+  }
+  settled_.notify_all();
+}
+
+bool InTurnWork::isCompleted() {
+  c10::intrusive_ptr<c10d::Work> inner;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (error_) {
+      return true;
+    }
+    inner = inner_;
+  }
+  return inner && inner->isCompleted();
+}
+
+bool InTurnWork::isSuccess() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !error_ && inner_ && inner_->isSuccess();
+}
+
+std::exception_ptr InTurnWork::exception() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_ ? error_ : inner_ ? inner_->exception() : nullptr;
+}
+
+bool InTurnWork::wait(std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const auto started = Clock::now();
+  c10::intrusive_ptr<c10d::Work> inner;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const auto settled = [this] { return inner_ || error_; };
+    if (timeout == kNoTimeout) {
+      settled_.wait(lock, settled);
+    } else {
+      TORCH_CHECK(
+          settled_.wait_for(lock, timeout, settled),
+          c10d::opTypeToString(retrieveOpType()),
+          " was not launched within ",
+          timeout.count(),
+          " ms: it waits for the engine's launches of the ops issued before "
+          "it");
+    }
+    if (error_) {
+      std::rethrow_exception(error_);
+    }
+    inner = inner_;
+  }
+  if (timeout == kNoTimeout) {
+    return inner->wait(timeout);
+  }
+  return inner->wait(
+      std::max(
+          std::chrono::milliseconds(0),
+          timeout -
+              std::chrono::duration_cast<std::chrono::milliseconds>(
+                  Clock::now() - started)));
+}
+
+std::vector<at::Tensor> InTurnWork::result() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(inner_, "fairring: this operation has not been launched");
+  return inner_->result();
+}
+
+void InTurnWork::abort() {
+  c10::intrusive_ptr<c10d::Work> inner;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    inner = inner_;
+  }
+  if (inner) {
+    inner->abort();
+  }
+}
+
+ForwardingWork::ForwardingWork(c10::intrusive_ptr<c10d::Work> inner)
     : c10d::Work(-1, inner->retrieveOpType()), inner_(std::move(inner)) {}
 
 bool ModelCapturedWork::isCompleted() {

@@ -1,6 +1,8 @@
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -96,18 +98,56 @@ class AllOfWork final : public c10d::Work {
   const uint64_t seq_;
 };
 
-// A Work launched during graph capture, as fairring hands it out. Its
-// completion is an event recorded into the graph, which no thread may query
-// (device/capture.h), and torch's flight recorder asks every Work it sees
-// whether it is done: isCompleted() says false without asking. Everything
-// else is the launched Work's: wait() makes the current stream wait for it
-// within the capture; its future is the delegate's.
-class CapturedWork final : public c10d::Work {
+// A delegated collective whose launch waits for its turn in the engine's
+// launch order (Engine::launchInTurn), handed out before it is launched: it
+// stands for the delegate's Work once that exists. Its future is its own,
+// made now (DDP chains on it at once), which whoever launches it completes
+// as the delegate's completes (Engine::completeOnWorkers); wait() first
+// waits on the host for the launch, then as the delegate's Work does;
+// is_completed() is false until the launch.
+class InTurnWork final : public c10d::Work {
  public:
-  explicit CapturedWork(c10::intrusive_ptr<c10d::Work> inner);
+  InTurnWork(
+      c10d::OpType opType, std::vector<c10::Device> devices, uint64_t seq);
+
+  // Where its turn came (a stage thread, or the caller's): the delegate's
+  // launched Work, or the error that kept it from launching. Neither
+  // completes the future.
+  void launched(c10::intrusive_ptr<c10d::Work> inner);
+  void failed(std::exception_ptr error);
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  // Throws the error that kept it from launching, or a timeout error where
+  // it was not launched within `timeout`.
+  bool wait(std::chrono::milliseconds timeout) override;
+  std::vector<at::Tensor> result() override;
+  void abort() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    return future_;
+  }
+  uint64_t getSequencenumber() const override {
+    return seq_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable settled_;
+  c10::intrusive_ptr<c10d::Work> inner_; // once launched
+  std::exception_ptr error_; // never launched
+  const c10::intrusive_ptr<c10::ivalue::Future> future_;
+  const uint64_t seq_;
+};
+
+// A Work that is `inner` in every respect a subclass does not override, but
+// its future: Work's own (none) unless the subclass gives one.
+class ForwardingWork : public c10d::Work {
+ public:
+  explicit ForwardingWork(c10::intrusive_ptr<c10d::Work> inner);
 
   bool isCompleted() override {
-    return false; // the graph runs it later, when replayed
+    return inner_->isCompleted();
   }
   bool isSuccess() const override {
     return inner_->isSuccess();
@@ -124,15 +164,30 @@ class CapturedWork final : public c10d::Work {
   void synchronize() override {
     inner_->synchronize();
   }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
-    return inner_->getFuture();
-  }
   uint64_t getSequencenumber() const override {
     return inner_->getSequencenumber();
   }
 
- private:
+ protected:
   const c10::intrusive_ptr<c10d::Work> inner_;
+};
+
+// A Work launched during graph capture, as fairring hands it out. Its
+// completion is an event recorded into the graph, which no thread may query
+// (device/capture.h), and torch's flight recorder asks every Work it sees
+// whether it is done: isCompleted() says false without asking. Everything
+// else is the launched Work's: wait() makes the current stream wait for it
+// within the capture; its future is the delegate's.
+class CapturedWork final : public ForwardingWork {
+ public:
+  using ForwardingWork::ForwardingWork;
+
+  bool isCompleted() override {
+    return false; // the graph runs it later, when replayed
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    return inner_->getFuture();
+  }
 };
 
 // The tests' model of a Work that NCCL returns during graph capture
@@ -141,29 +196,11 @@ class CapturedWork final : public c10d::Work {
 // invalidate the capture) before it answers; and it has no host future, so
 // that a consumer that would poll it (the hooks' poller) polls it. wait() is
 // legal (on CUDA, the current stream waits for it within the capture).
-class ModelCapturedWork final : public c10d::Work {
+class ModelCapturedWork final : public ForwardingWork {
  public:
-  explicit ModelCapturedWork(c10::intrusive_ptr<c10d::Work> inner);
+  using ForwardingWork::ForwardingWork;
 
   bool isCompleted() override;
-  bool isSuccess() const override {
-    return inner_->isSuccess();
-  }
-  std::exception_ptr exception() const override {
-    return inner_->exception();
-  }
-  bool wait(std::chrono::milliseconds timeout) override {
-    return inner_->wait(timeout);
-  }
-  std::vector<at::Tensor> result() override {
-    return inner_->result();
-  }
-  uint64_t getSequencenumber() const override {
-    return inner_->getSequencenumber();
-  }
-
- private:
-  const c10::intrusive_ptr<c10d::Work> inner_;
 };
 
 } // namespace fairring

@@ -24,11 +24,19 @@ c10::intrusive_ptr<c10::ivalue::Future> Completions::relay(
     const c10::intrusive_ptr<c10::ivalue::Future>& inner) {
   auto outer = c10::make_intrusive<c10::ivalue::Future>(
       inner->elementType(), inner->devices());
-  inner->addCallback([this, outer](c10::ivalue::Future& done) {
+  relayInto(inner, outer);
+  return outer;
+}
+
+void Completions::relayInto(
+    const c10::intrusive_ptr<c10::ivalue::Future>& inner,
+    c10::intrusive_ptr<c10::ivalue::Future> outer) {
+  inner->addCallback([self = shared_from_this(),
+                      outer = std::move(outer)](c10::ivalue::Future& done) {
     auto completed =
         c10::intrusive_ptr<c10::ivalue::Future>::unsafe_reclaim_from_nonowning(
             &done);
-    post([device = device_, outer, completed] {
+    self->post([device = self->device_, outer, completed] {
       std::optional<c10::StreamGuard> onPoolStream;
       if (device.is_cuda()) {
         onPoolStream.emplace(
@@ -45,7 +53,6 @@ c10::intrusive_ptr<c10::ivalue::Future> Completions::relay(
       }
     });
   });
-  return outer;
 }
 
 size_t Completions::workers() const {

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -22,8 +23,9 @@ namespace fairring {
 // busy starts another (up to kMaxWorkers), so a blocked callback never holds
 // up the next completion. Workers beyond the first leave after kIdleExit
 // without work (the next post() joins them). The destructor runs what is
-// queued, then joins them all.
-class Completions {
+// queued, then joins them all. Owned by a shared_ptr: a relay holds it until
+// its inner future completes, which for a delegate's may be after the engine.
+class Completions : public std::enable_shared_from_this<Completions> {
  public:
   static constexpr size_t kMaxWorkers = 32;
   static constexpr std::chrono::seconds kIdleExit{2};
@@ -38,6 +40,11 @@ class Completions {
   // events follow `inner`'s, recorded on a stream from the pool.
   c10::intrusive_ptr<c10::ivalue::Future> relay(
       const c10::intrusive_ptr<c10::ivalue::Future>& inner);
+  // The same into `outer`, made beforehand (its consumers may have chained
+  // on it already), whose devices hold `inner`'s.
+  void relayInto(
+      const c10::intrusive_ptr<c10::ivalue::Future>& inner,
+      c10::intrusive_ptr<c10::ivalue::Future> outer);
 
   size_t workers() const;
 

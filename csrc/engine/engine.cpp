@@ -51,7 +51,7 @@ Engine::Engine(
           config.maxSlicesInFlight},
       sendOrder_(sendOrderOf(topology)),
       staging_(stagingCapacity(planSettings_), device_->memoryOptions()),
-      completions_(device_->device()),
+      completions_(std::make_shared<Completions>(device_->device())),
       mesh_(std::move(mesh)),
       // With one rank per machine no local step waits for another rank.
       launchOrder_(device_->mayRunInLaunchOrder() && topology.localSize() > 1) {
@@ -199,7 +199,7 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
   op->profiler = ProfilerContext::capture();
   op->future = c10::make_intrusive<c10::ivalue::Future>(
       c10::ListType::create(c10::TensorType::get()), device_->futureDevices());
-  auto result = completions_.relay(op->future);
+  auto result = completions_->relay(op->future);
 
   const auto shape = planShape(
       op->elements.numel(), op->elements.element_size(), planSettings_);
@@ -501,6 +501,58 @@ void Engine::launched(LaunchOrder::Step step) {
     launchOrder_.launched(step);
   }
   progress_.notify_all();
+  launchDueForeign();
+}
+
+void Engine::launchInTurn(
+    std::function<void()> launch,
+    std::function<void(const std::string&)> failed) {
+  if (!launchOrder_.enforced()) {
+    launch(); // launches need no order
+    return;
+  }
+  std::string stopped;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failed_) {
+      stopped =
+          error_.empty() ? std::string("its failure is being settled") : error_;
+    } else {
+      launchOrder_.issuedForeign();
+      foreign_.push_back(ForeignLaunch{std::move(launch), std::move(failed)});
+    }
+  }
+  if (!stopped.empty()) {
+    failed(
+        "fairring: rank " + std::to_string(topology_.rank()) +
+        ": not launched: the engine, which orders this group's launches, "
+        "stopped: " +
+        stopped);
+    return;
+  }
+  launchDueForeign(); // at once if its turn has come
+}
+
+void Engine::launchDueForeign() {
+  while (true) {
+    ForeignLaunch next;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (foreignRunning_ || failed() || !launchOrder_.foreignNext()) {
+        return;
+      }
+      foreignRunning_ = true;
+      next = std::move(foreign_.front());
+      foreign_.pop_front();
+    }
+    next.launch();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      foreignRunning_ = false;
+      launchOrder_.launchedForeign();
+    }
+    progress_.notify_all();
+  }
 }
 
 std::chrono::milliseconds Engine::heartbeatIntervalFor(

@@ -156,12 +156,40 @@ class Engine {
   // departure, after the device drained) or "aborted".
   std::string localStepsState() const;
 
-  // Blocks until the local steps of every op issued so far are launched on
-  // the device, or the engine has failed: a NCCL collective the caller
-  // launches next then follows them on every rank, as the launch order
-  // needs (docs/design.md, "Launch order"). At once where launches need no
-  // order (the CPU).
+  // Whether it launches its local steps in one order on every rank of a
+  // machine (engine/launch_order.h): a device with streams, 2+ ranks per
+  // machine.
+  bool ordersLaunches() const {
+    return launchOrder_.enforced();
+  }
+
+  // Blocks until the local steps of every op issued so far (and every
+  // launchInTurn before) are launched on the device, or the engine has
+  // failed: a NCCL collective the caller launches next then follows them on
+  // every rank, as the launch order needs (docs/design.md, "Launch order").
+  // At once where launches need no order (the CPU).
   void awaitLaunchesOfIssuedOps();
+
+  // Launches `launch`, a collective of another communicator's (the group's
+  // delegate) that the caller issues now, in its place in the launch order:
+  // after the local steps of every op issued so far, before those of the
+  // ops issued after it. Where that is now (nothing pending, or launches
+  // need no order), on the caller's thread before this returns; else on the
+  // stage thread that makes the launch before it, and this returns at once,
+  // so the caller does not wait a network round trip for the engine's last
+  // all-gathers. If the engine stops first, `failed` runs with its error
+  // instead (on the thread that stops it, or the caller's). Neither may
+  // throw or block.
+  void launchInTurn(
+      std::function<void()> launch,
+      std::function<void(const std::string&)> failed);
+  // `outer` completes as `inner` did, on this engine's completion workers,
+  // never on the calling thread (a stage thread, for launchInTurn's).
+  void completeOnWorkers(
+      const c10::intrusive_ptr<c10::ivalue::Future>& inner,
+      c10::intrusive_ptr<c10::ivalue::Future> outer) {
+    completions_->relayInto(inner, std::move(outer));
+  }
 
   // The group's timeout changed (set_timeout): ops take theirs when issued;
   // the local steps' groups, which time steps by it, get the new one, and
@@ -253,8 +281,11 @@ class Engine {
   // The window of an op of these slices (LaunchOrder::issued).
   int64_t launchWindow(
       const std::vector<Slice>& plan, int64_t elementSize) const;
-  // The launch of `step` that was next has been made.
+  // The launch of `step` that was next has been made; then any launchInTurn
+  // whose turn that brings is made, on this thread.
   void launched(LaunchOrder::Step step);
+  // Makes the launchInTurn launches whose turn has come, one at a time.
+  void launchDueForeign();
 
   // `work`, a stage's device work on `slice`, for DeviceContext::enqueue:
   // an error in it stops the engine with a cause that names the step.
@@ -325,7 +356,7 @@ class Engine {
   // shards go out: no machine is every sender's first destination.
   const std::vector<int> sendOrder_;
   StagingRing staging_;
-  Completions completions_;
+  const std::shared_ptr<Completions> completions_;
   // The destructor shuts the mesh down before anything else goes: the
   // callbacks of the rails and the watch use the members below.
   std::unique_ptr<rails::Mesh> mesh_;
@@ -347,6 +378,14 @@ class Engine {
   Queue toReduce_;
   Queue toAllGather_;
   LaunchOrder launchOrder_;
+  // launchInTurn's launches not yet made, in launch order, and whether one
+  // is being made (it stays next in launchOrder_ until it is made).
+  struct ForeignLaunch {
+    std::function<void()> launch;
+    std::function<void(const std::string&)> failed;
+  };
+  std::deque<ForeignLaunch> foreign_;
+  bool foreignRunning_ = false;
   // The all-gather stage's fence for the last slice that gave its staging
   // back: a new lease waits for it before the memory is reused.
   Fence lastReleased_;

@@ -172,6 +172,7 @@ bool Engine::drainDevice() {
 
 void Engine::stop(Cause cause) {
   std::deque<std::shared_ptr<Op>> ops;
+  std::deque<ForeignLaunch> foreign;
   bool first = false;
   bool settled = false;
   {
@@ -198,6 +199,7 @@ void Engine::stop(Cause cause) {
       error_ = cause.what;
       settled = true;
       ops.swap(liveOps_);
+      foreign.swap(foreign_);
     }
   }
   if (cause.departure) {
@@ -236,6 +238,9 @@ void Engine::stop(Cause cause) {
       "fairring: rank " + std::to_string(topology_.rank()) + ": ";
   for (const auto& op : ops) {
     op->fail(prefix + op->describe() + " failed: " + cause.what);
+  }
+  for (const auto& launch : foreign) {
+    launch.failed(prefix + "not launched: the engine stopped: " + cause.what);
   }
 }
 

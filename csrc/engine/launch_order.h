@@ -25,6 +25,11 @@ namespace fairring {
 // from stagingWindow, so a slice whose turn it is never waits for staging
 // that only a later all-gather gives back.
 //
+// A launch of another communicator's (a delegated all-reduce, which NCCL
+// runs; Engine::launchInTurn) takes its place between ops the same way:
+// after every step of the ops issued before it, before any of those issued
+// after it. It stays next until whoever launches it says it is done.
+//
 // Plain state: its owner's lock (the engine's mutex_) guards it.
 class LaunchOrder {
  public:
@@ -43,10 +48,17 @@ class LaunchOrder {
   // `window` (1 to `slices`) may be reduce-scattered before the first
   // all-gather.
   void issued(uint64_t op, int64_t slices, int64_t window);
+  // A launch of another communicator's was issued after the ops so far.
+  void issuedForeign();
   // Whether `step` of slice `index` of op `op` is the next launch.
   bool isNext(Step step, uint64_t op, int64_t index) const;
-  // The next launch was made.
+  // Whether the next launch is another communicator's.
+  bool foreignNext() const {
+    return !ops_.empty() && ops_.front().foreign;
+  }
+  // The next launch was made: a step of the front op's, or the foreign one.
   void launched(Step step);
+  void launchedForeign();
   // Every step of every op issued so far was launched.
   bool drained() const {
     return ops_.empty();
@@ -57,6 +69,7 @@ class LaunchOrder {
     uint64_t op;
     int64_t slices;
     int64_t window;
+    bool foreign = false; // another communicator's launch, not an op
   };
   // How many reduce-scatters of the front op may be launched now.
   int64_t reduceScattersAllowed() const;
@@ -79,11 +92,17 @@ inline int64_t LaunchOrder::reduceScattersAllowed() const {
   return std::min(front.slices, allGathersLaunched_ + front.window);
 }
 
+inline void LaunchOrder::issuedForeign() {
+  if (enforced_) {
+    ops_.push_back(Pending{0, 0, 0, /*foreign=*/true});
+  }
+}
+
 inline bool LaunchOrder::isNext(Step step, uint64_t op, int64_t index) const {
   if (!enforced_) {
     return true;
   }
-  if (ops_.empty() || ops_.front().op != op) {
+  if (ops_.empty() || ops_.front().foreign || ops_.front().op != op) {
     return false;
   }
   const int64_t allowed = reduceScattersAllowed();
@@ -93,11 +112,18 @@ inline bool LaunchOrder::isNext(Step step, uint64_t op, int64_t index) const {
   return index == allGathersLaunched_ && reduceScattersLaunched_ == allowed;
 }
 
+inline void LaunchOrder::launchedForeign() {
+  if (enforced_) {
+    TORCH_INTERNAL_ASSERT(foreignNext());
+    ops_.pop_front();
+  }
+}
+
 inline void LaunchOrder::launched(Step step) {
   if (!enforced_) {
     return;
   }
-  TORCH_INTERNAL_ASSERT(!ops_.empty());
+  TORCH_INTERNAL_ASSERT(!ops_.empty() && !ops_.front().foreign);
   if (step == Step::kReduceScatter) {
     ++reduceScattersLaunched_;
     return;

@@ -17,6 +17,7 @@
 #include <torch/extension.h>
 
 #include "backend/allreduce_path.h"
+#include "backend/backend.h"
 #include "backend/ledger.h"
 #include "backend/memory_order.h"
 #include "bindings_shared.h"
@@ -581,6 +582,9 @@ void bindTesting(py::module_& testing) {
             order.launched(stepNamed(step));
           },
           py::arg("step"))
+      .def("issued_foreign", &LaunchOrder::issuedForeign)
+      .def("foreign_next", &LaunchOrder::foreignNext)
+      .def("launched_foreign", &LaunchOrder::launchedForeign)
       .def("drained", &LaunchOrder::drained);
   testing.def(
       "slice_numel_for",
@@ -595,6 +599,14 @@ void bindTesting(py::module_& testing) {
       py::arg("enabled"),
       "The negative control's switch: with False, collectives in flight on "
       "the same memory are no longer ordered (process-wide).");
+
+  testing.def(
+      "set_launch_in_turn_enabled",
+      &fairring::Backend::setLaunchInTurnForTests,
+      py::arg("enabled"),
+      "The negative control's switch: with False, a delegated all-reduce "
+      "waits on its caller's thread for the engine's launches of the ops "
+      "issued before it (process-wide).");
 
   // The model of CUDA graph capture on the emulated device (device/capture.h).
   testing.def(
