@@ -12,8 +12,9 @@ Stages in order of value:
    on its socket transport through it; on 2 machines x 2 ranks, then x 4 where the time
    allows (not with --quick), the engine, NCCL's all-reduce and FAIRRING_CUDA_ENGINE=auto's
    routing at 4 to 256 MiB on the same tensors, the order rotated every iteration, every
-   result checked, with the fraction of the bound; skipped, saying why, where namespaces
-   cannot be made;
+   result checked, with the fraction of the bound; and, on 2 x 2, 8 buckets of 25 MiB
+   issued at once, the engine against NCCL (what the op boundary costs); skipped, saying
+   why, where namespaces cannot be made;
 3. tests: `python -m pytest tests/test_cuda.py -rs -s -p no:cacheprovider`;
 4. correctness on the layouts of --worlds with several ranks per machine (2x2, 3x2),
    whose local steps run on real NCCL groups (a distinct NCCL_HOSTID per process,
@@ -732,7 +733,11 @@ def run_versus(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[st
     (benchmarks/versus_nccl.py): 2x2, then 2x4 where the time allows (not with --quick)."""
     stage = Stage(versus_nccl.STAGE)
     available, reason = netns_available()
-    summary: dict[str, Any] = {"netns": "available" if available else f"unavailable: {reason}", "layouts": {}}
+    summary: dict[str, Any] = {
+        "device": args.device,
+        "netns": "available" if available else f"unavailable: {reason}",
+        "layouts": {},
+    }
     problems: list[str] = []
     started = time.monotonic()
     mps = versus_nccl.start_mps(args.device)
@@ -762,6 +767,9 @@ def run_versus(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[st
             if len(records) != 3 * len(sizes.split(",")):
                 problems.append(f"{layout}: {len(records)} records of {3 * len(sizes.split(','))}")
             summary["layouts"][layout] = versus_nccl.summarize(records, machines, local)
+            if layout == "2x2":
+                summary["overlap"], found = run_versus_overlap(args, stage, mps, timeout - (time.monotonic() - started))
+                problems += found
     finally:
         stopped = versus_nccl.stop_mps(mps)
         if stopped:
@@ -769,6 +777,24 @@ def run_versus(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[st
     stage.seconds = time.monotonic() - started
     stage.output_tail = tail(stage.output_tail)
     return conclude(stage, {**summary, "problems": []}, problems, "every result correct")
+
+
+def run_versus_overlap(
+    args: argparse.Namespace, stage: Stage, mps: versus_nccl.Mps, timeout: float
+) -> tuple[dict[str, Any], list[str]]:
+    """The versus stage's buckets back to back on 2 x 2: the engine against the baseline."""
+    part = Stage(stage.name)
+    arguments = versus_nccl.overlap_arguments(args.device, args.compare_iters, mps)
+    records, found = run_fairring_bench(part, arguments, timeout)
+    stage.commands += part.commands
+    stage.output_tail += part.output_tail
+    problems = [f"buckets: {problem}" for problem in found]
+    problems += [f"buckets: {r['backend']} gave wrong results" for r in records if not r["correct"]]
+    if len(records) != 2:
+        problems.append(f"buckets: {len(records)} records of 2")
+    keys = ("backend", "median_s", "speedup_vs_baseline", "fraction_of_bound_speed", "correct")
+    what = f"{versus_nccl.BUCKETS} all-reduces of {versus_nccl.BUCKET_SIZE[args.device]} issued at once"
+    return {"what": what, "rows": [{key: r.get(key) for key in keys} for r in records]}, problems
 
 
 def validate_agent(args: argparse.Namespace, node: int, port: int, out: Path) -> list[str]:

@@ -10,7 +10,10 @@ NCCL on its socket transport through that NIC, a distinct NCCL_HOSTID per
 process), and runs `python -m fairring.bench --study compare`: at each size the
 engine, NCCL's all-reduce and a group under FAIRRING_CUDA_ENGINE=auto's routing,
 on the same tensors in the same processes, the order rotated every iteration,
-every result checked exactly, with the fraction of the hierarchical bound.
+every result checked exactly, with the fraction of the hierarchical bound; and
+on 2 x 2, 8 buckets of 25 MiB issued at once (the bench's overlap study), the
+engine against NCCL, which pipelines buckets where the engine pays a fill and
+drain at each.
 
 What it is not: a cluster. The local steps run on one GPU without NVLink, and
 the NICs are veths shaped by tc.
@@ -33,6 +36,11 @@ from fairring.sizes import format_size
 LINK = "10gbit"
 # 2 machines x 2 ranks, then x 4 where the stage's time allows (about twice the first's).
 LAYOUTS = ((2, 2), (2, 4))
+# Between the two: DDP's buckets back to back (8 issued at once, then waited for) on 2 x 2, where the
+# engine pays a pipeline fill and drain at each op boundary and NCCL does not (docs/design.md, "What
+# the op boundary costs").
+BUCKETS = 8
+BUCKET_SIZE = {"cuda": "25MiB", "cpu": "1MiB"}
 SIZES = {"cuda": "4MiB,16MiB,64MiB,256MiB", "cpu": "256KiB,1MiB"}
 QUICK_SIZES = {"cuda": "4MiB,64MiB", "cpu": "256KiB"}
 STAGE = f"versus NCCL: 2 hosts x 2 and x 4 ranks, NICs shaped to {LINK}, MPS where it starts"
@@ -118,9 +126,22 @@ def bench_arguments(machines: int, local: int, sizes: str, iters: int, mps: Mps)
     """`python -m fairring.bench`'s arguments for one layout of the stage."""
     arguments = ["--hosts", str(machines), "--ranks-per-host", str(local), "--link", LINK, "--study", "compare"]
     arguments += ["--sizes", sizes, "-n", str(iters), "-w", "1"]
+    return arguments + rank_settings(mps)
+
+
+def overlap_arguments(device: str, iters: int, mps: Mps) -> list[str]:
+    """The buckets back to back on 2 x 2: the bench's overlap study at 4 slices in flight."""
+    arguments = ["--hosts", "2", "--ranks-per-host", "2", "--link", LINK, "--study", "overlap"]
+    arguments += ["--buckets", str(BUCKETS), "--bucket-size", BUCKET_SIZE[device], "--inflight", "4"]
+    arguments += ["-n", str(iters), "-w", "1"]
+    return arguments + rank_settings(mps)
+
+
+def rank_settings(mps: Mps) -> list[str]:
+    settings = []
     for name, value in {**RANK_ENV, **mps.env}.items():
-        arguments += ["--set", f"{name}={value}"]
-    return arguments
+        settings += ["--set", f"{name}={value}"]
+    return settings
 
 
 def summarize(records: list[dict[str, Any]], machines: int, local: int) -> dict[str, Any]:
@@ -153,11 +174,13 @@ def lines(summary: dict[str, Any], table: Any, percent: Any) -> list[str]:
     head = [
         f"MPS: {summary.get('mps', 'not probed')}. Network namespaces: {summary.get('netns', 'not probed')}.",
         "",
-        f"float32 all_reduce, each machine a network namespace whose NIC is shaped to {LINK}, NCCL on its socket",
-        "transport through that NIC (a distinct NCCL_HOSTID per process), the engine (fairring), the baseline and",
-        "FAIRRING_CUDA_ENGINE=auto's routing (fairring-auto) on the same tensors, the order rotated every",
-        "iteration, every result checked; median of the slowest rank's times. One GPU shared by every process",
-        "(MPS as above), no NVLink, NICs emulated by tc: not a cluster.",
+        f"float32 all_reduce, each machine a network namespace whose NIC is shaped to {LINK}, the engine",
+        "(fairring), the baseline and FAIRRING_CUDA_ENGINE=auto's routing (fairring-auto) on the same tensors,",
+        "the order rotated every iteration, every result checked; median of the slowest rank's times.",
+        "The baseline is NCCL on its socket transport through that NIC (a distinct NCCL_HOSTID per process);",
+        "one GPU shared by every process (MPS as above), no NVLink, NICs emulated by tc: not a cluster."
+        if summary.get("device") == "cuda"
+        else "CPU tensors (the check's CPU mode): the baseline is Gloo, and no GPU is involved.",
     ]
     if not layouts:
         return [*head, "", "Not run."]
@@ -185,6 +208,20 @@ def lines(summary: dict[str, Any], table: Any, percent: Any) -> list[str]:
             + (f"from {format_size(wins)} up." if wins else "at no size from which it stays so.")
             + (f" auto chose: {auto['auto_reason']}" if auto else ""),
         ]
+    overlap = summary.get("overlap")
+    if overlap:
+        body = [
+            [
+                row["backend"],
+                f"{row['median_s'] * 1e3:.1f}",
+                f"{row['speedup_vs_baseline']:.2f}x",
+                percent(row.get("fraction_of_bound_speed")),
+                "yes" if row["correct"] else "NO",
+            ]
+            for row in overlap["rows"]
+        ]
+        out += ["", f"{overlap['what']}, 2 x 2:", ""]
+        out += table(["backend", "ms for all", "vs baseline", "of bound", "correct"], body)
     if summary.get("left_out"):
         out += ["", summary["left_out"]]
     return out

@@ -125,6 +125,10 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
         ], rows
         assert all(row["correct"] and row["median_s"] > 0 for row in rows), rows
         assert versus["layouts"]["2x2"]["auto"]["auto_reason"], versus
+        # 8 buckets back to back on 2x2, the engine against the baseline, both right.
+        overlap = versus["overlap"]["rows"]
+        assert sorted(row["backend"] for row in overlap) == ["fairring", "gloo"], overlap
+        assert all(row["correct"] and row["median_s"] > 0 for row in overlap), overlap
         assert "## Versus NCCL, the network the bottleneck" in text
 
     # fairring.validate under torchrun: both CPU paths at 64 KiB and 1 MiB, every element right, a verdict.
