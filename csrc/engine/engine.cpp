@@ -564,7 +564,7 @@ std::chrono::milliseconds Engine::heartbeatIntervalFor(
 }
 
 rails::RailFailover::Settings Engine::failoverSettings(
-    std::chrono::milliseconds timeout) const {
+    std::chrono::milliseconds timeout) {
   const auto interval = heartbeatIntervalFor(timeout);
   return {timeout, 3 * interval, interval, std::chrono::milliseconds(100)};
 }

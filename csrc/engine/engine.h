@@ -348,8 +348,8 @@ class Engine {
   // it (setTimeout), and the failover's timings with it.
   static std::chrono::milliseconds heartbeatIntervalFor(
       std::chrono::milliseconds timeout);
-  rails::RailFailover::Settings failoverSettings(
-      std::chrono::milliseconds timeout) const;
+  static rails::RailFailover::Settings failoverSettings(
+      std::chrono::milliseconds timeout);
   std::atomic<std::chrono::milliseconds> heartbeatInterval_;
   const PlanSettings planSettings_;
   // The other machines, starting with the next one, in the order a slice's
