@@ -184,22 +184,22 @@ def lines(summary: dict[str, Any], table: Any, percent: Any) -> list[str]:
     ]
     if not layouts:
         return [*head, "", "Not run."]
+
+    def cells(row: dict[str, Any]) -> list[str]:
+        """A row's backend, time, speed against the baseline, fraction of the bound and check."""
+        return [
+            row["backend"],
+            f"{row['median_s'] * 1e3:.1f}",
+            f"{row['speedup_vs_baseline']:.2f}x",
+            percent(row.get("fraction_of_bound_speed")),
+            "yes" if row["correct"] else "NO",
+        ]
+
     out = head
     for layout, part in layouts.items():
-        body = [
-            [
-                format_size(int(row["bytes"])),
-                row["backend"],
-                f"{row['median_s'] * 1e3:.1f}",
-                f"{row['busbw_GBps']:.3f}",
-                f"{row['speedup_vs_baseline']:.2f}x",
-                percent(row.get("fraction_of_bound_speed")),
-                "yes" if row["correct"] else "NO",
-            ]
-            for row in part["rows"]
-        ]
+        body = [[format_size(int(row["bytes"])), *cells(row), f"{row['busbw_GBps']:.3f}"] for row in part["rows"]]
         out += ["", f"{layout} (machines x ranks):", ""]
-        out += table(["size", "backend", "ms", "busbw GB/s", "vs baseline", "of bound", "correct"], body)
+        out += table(["size", "backend", "ms", "vs baseline", "of bound", "correct", "busbw GB/s"], body)
         wins = part["engine_at_least_as_fast_from"]
         auto = part.get("auto") or {}
         out += [
@@ -210,18 +210,9 @@ def lines(summary: dict[str, Any], table: Any, percent: Any) -> list[str]:
         ]
     overlap = summary.get("overlap")
     if overlap:
-        body = [
-            [
-                row["backend"],
-                f"{row['median_s'] * 1e3:.1f}",
-                f"{row['speedup_vs_baseline']:.2f}x",
-                percent(row.get("fraction_of_bound_speed")),
-                "yes" if row["correct"] else "NO",
-            ]
-            for row in overlap["rows"]
-        ]
         out += ["", f"{overlap['what']}, 2 x 2:", ""]
-        out += table(["backend", "ms for all", "vs baseline", "of bound", "correct"], body)
+        header = ["backend", "ms for all", "vs baseline", "of bound", "correct"]
+        out += table(header, [cells(row) for row in overlap["rows"]])
     if summary.get("left_out"):
         out += ["", summary["left_out"]]
     return out

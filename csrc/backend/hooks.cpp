@@ -8,6 +8,7 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 
+#include "backend/work.h"
 #include "device/capture.h"
 
 namespace fairring {
@@ -161,14 +162,12 @@ namespace {
 
 // A Work that is `inner` in every respect but its completion key, and that
 // settles its report when a wait on it fails.
-class ReportedWork final : public c10d::Work {
+class ReportedWork final : public ForwardingWork {
  public:
   ReportedWork(
       c10::intrusive_ptr<c10d::Work> inner,
       std::shared_ptr<BackendHooks::Pending> pending)
-      : c10d::Work(-1, inner->retrieveOpType()),
-        inner_(std::move(inner)),
-        pending_(std::move(pending)) {}
+      : ForwardingWork(std::move(inner)), pending_(std::move(pending)) {}
 
   uint64_t getCompletionKey() const override {
     return pending_->key;
@@ -189,29 +188,9 @@ class ReportedWork final : public c10d::Work {
     return duration;
   }
 
-  bool isCompleted() override {
-    return inner_->isCompleted();
-  }
-  bool isSuccess() const override {
-    return inner_->isSuccess();
-  }
-  std::exception_ptr exception() const override {
-    return inner_->exception();
-  }
-  int sourceRank() const override {
-    return inner_->sourceRank();
-  }
-  std::vector<at::Tensor> result() override {
-    return inner_->result();
-  }
-  void synchronize() override {
-    inner_->synchronize();
-  }
+  // What torch with these hooks has besides ForwardingWork's.
   void blockCurrentStream() override {
     inner_->blockCurrentStream();
-  }
-  void abort() override {
-    inner_->abort();
   }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
     return inner_->getFuture();
@@ -219,15 +198,11 @@ class ReportedWork final : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override {
     return inner_->getFutureResult();
   }
-  uint64_t getSequencenumber() const override {
-    return inner_->getSequencenumber();
-  }
   std::chrono::milliseconds getTimeout() const override {
     return inner_->getTimeout();
   }
 
  private:
-  const c10::intrusive_ptr<c10d::Work> inner_;
   const std::shared_ptr<BackendHooks::Pending> pending_;
 };
 

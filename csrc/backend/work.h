@@ -164,6 +164,12 @@ class ForwardingWork : public c10d::Work {
   void synchronize() override {
     inner_->synchronize();
   }
+  void abort() override {
+    inner_->abort();
+  }
+  int sourceRank() const override {
+    return inner_->sourceRank();
+  }
   uint64_t getSequencenumber() const override {
     return inner_->getSequencenumber();
   }
