@@ -751,25 +751,21 @@ def run_versus(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[st
             if first_s is not None and left < 2.2 * first_s:
                 summary["left_out"] = f"{layout} left out: {left:.0f} s of the stage left, {first_s:.0f} s for 2x2"
                 break
-            part = Stage(stage.name)
             sizes = (versus_nccl.QUICK_SIZES if args.quick else versus_nccl.SIZES)[args.device]
             arguments = versus_nccl.bench_arguments(machines, local, sizes, args.compare_iters, mps)
-            records, found = run_fairring_bench(part, arguments, left)
-            first_s = first_s or part.seconds
-            stage.commands += part.commands
-            stage.output_tail += part.output_tail
-            problems += [f"{layout}: {problem}" for problem in found]
-            problems += [
-                f"{layout}: {r['backend']} at {format_size(int(r['bytes']))} gave wrong results"
-                for r in records
-                if not r["correct"]
-            ]
-            if len(records) != 3 * len(sizes.split(",")):
-                problems.append(f"{layout}: {len(records)} records of {3 * len(sizes.split(','))}")
+            records, found, seconds = run_versus_part(stage, arguments, left, layout, 3 * len(sizes.split(",")))
+            first_s = first_s or seconds
+            problems += found
             summary["layouts"][layout] = versus_nccl.summarize(records, machines, local)
             if layout == "2x2":
-                summary["overlap"], found = run_versus_overlap(args, stage, mps, timeout - (time.monotonic() - started))
+                # DDP's buckets back to back: the engine against the baseline.
+                arguments = versus_nccl.overlap_arguments(args.device, args.compare_iters, mps)
+                left = timeout - (time.monotonic() - started)
+                records, found, _ = run_versus_part(stage, arguments, left, "buckets", 2)
                 problems += found
+                keys = ("backend", "median_s", "speedup_vs_baseline", "fraction_of_bound_speed", "correct")
+                what = f"{versus_nccl.BUCKETS} all-reduces of {versus_nccl.BUCKET_SIZE[args.device]} issued at once"
+                summary["overlap"] = {"what": what, "rows": [{key: r.get(key) for key in keys} for r in records]}
     finally:
         stopped = versus_nccl.stop_mps(mps)
         if stopped:
@@ -779,22 +775,24 @@ def run_versus(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[st
     return conclude(stage, {**summary, "problems": []}, problems, "every result correct")
 
 
-def run_versus_overlap(
-    args: argparse.Namespace, stage: Stage, mps: versus_nccl.Mps, timeout: float
-) -> tuple[dict[str, Any], list[str]]:
-    """The versus stage's buckets back to back on 2 x 2: the engine against the baseline."""
+def run_versus_part(
+    stage: Stage, arguments: list[str], timeout: float, label: str, expected: int
+) -> tuple[list[dict[str, Any]], list[str], float]:
+    """One bench run of the versus stage, its commands and output added to the stage's: its records,
+    what went wrong (labelled), and its seconds."""
     part = Stage(stage.name)
-    arguments = versus_nccl.overlap_arguments(args.device, args.compare_iters, mps)
     records, found = run_fairring_bench(part, arguments, timeout)
     stage.commands += part.commands
     stage.output_tail += part.output_tail
-    problems = [f"buckets: {problem}" for problem in found]
-    problems += [f"buckets: {r['backend']} gave wrong results" for r in records if not r["correct"]]
-    if len(records) != 2:
-        problems.append(f"buckets: {len(records)} records of 2")
-    keys = ("backend", "median_s", "speedup_vs_baseline", "fraction_of_bound_speed", "correct")
-    what = f"{versus_nccl.BUCKETS} all-reduces of {versus_nccl.BUCKET_SIZE[args.device]} issued at once"
-    return {"what": what, "rows": [{key: r.get(key) for key in keys} for r in records]}, problems
+    problems = [f"{label}: {problem}" for problem in found]
+    problems += [
+        f"{label}: {r['backend']} at {format_size(int(r['bytes']))} gave wrong results"
+        for r in records
+        if not r["correct"]
+    ]
+    if len(records) != expected:
+        problems.append(f"{label}: {len(records)} records of {expected}")
+    return records, problems, part.seconds
 
 
 def validate_agent(args: argparse.Namespace, node: int, port: int, out: Path) -> list[str]:

@@ -149,8 +149,7 @@ c10::intrusive_ptr<c10d::Work> Backend::issue(Operation op, Launch&& launch) {
   // ops, as a failed Work, the way its other failures reach them.
   if (op.engineDevice) {
     runner.engine = ensureEngine(*op.engineDevice);
-  } else if (
-      runner.seq && !captured && (op.type == c10::kCUDA || emulatedEager_)) {
+  } else if (runner.seq && !captured) {
     prepareEngine(deviceOf(op)); // before the first step needs it
   }
   if (runner.engine == nullptr) {

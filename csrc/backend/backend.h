@@ -110,7 +110,7 @@ class Backend final : public c10d::Backend {
   // init_process_group(device_id=...): the NCCL delegate is made and
   // connected on that device now, as "nccl" would be, instead of at the first
   // CUDA collective, and so is the CUDA engine where it will serve this
-  // group (prepareCudaEngine). Every rank calls it at init, so the collective
+  // group (prepareEngine). Every rank calls it at init, so the collective
   // communicator creation lines up.
   void eagerConnectSingleDevice(at::Device device) override;
   c10::intrusive_ptr<Options> getBackendOptions() override;
