@@ -3,11 +3,16 @@
 Every expected value is computed from the known per-rank inputs with plain torch.
 The negative control turns the ordering off and shows that the first test then
 sees wrong results: without it, the second all-reduce reads its input before
-the first has written its result back.
+the first has written its result back. A second one hands out Gloo's
+reduce-scatter Work as Gloo made it, and shows the stale copy and the leak
+that fairring's wrapper of it prevents.
 """
 
 from __future__ import annotations
 
+import gc
+import time
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -144,3 +149,70 @@ def test_negative_control_without_ordering_results_are_wrong(ordered_pool: RankP
     """The check above can fail: with the ordering off, the second op reads the input unreduced."""
     matched = ordered_pool.run(unordered_twice_in_flight, 1 << 16, 11)
     assert not all(matched), "two unordered all-reduces of one tensor gave the ordered result on every rank"
+
+
+def rewritten_after_reduce_scatter(numel: int, seed: int) -> list[bool]:
+    """reduce_scatter_tensor(out, t) waited, out rewritten, then all_reduce(out): it reduces what was written.
+
+    Gloo's reduce_scatter_tensor copies the result into `out` inside wait(), on every call,
+    and its Work never says it is complete: a second wait (the memory order's, before the
+    all-reduce) would copy the stale result over what the caller wrote. Whether the
+    reduce-scatter and then the all-reduce matched.
+    """
+    world, rank = dist.get_world_size(), dist.get_rank()
+    tensor = rank_tensor(rank, (world * numel,), torch.float32, seed)
+    out = torch.empty(numel)
+    dist.reduce_scatter_tensor(out, tensor)
+    expected = all_ranks_reduced((world * numel,), torch.float32, seed=seed).chunk(world)[rank]
+    scattered = torch.allclose(out, expected.float(), rtol=1e-4, atol=1e-4)
+    out.fill_(rank + 1)
+    dist.all_reduce(out)
+    return [scattered, torch.equal(out, torch.full((numel,), float(world * (world + 1) // 2)))]
+
+
+@pytest.mark.timeout(300)
+def test_reduce_scatter_output_rewritten_then_reduced(ordered_pool: RankPool) -> None:
+    results = ordered_pool.run(rewritten_after_reduce_scatter, 1 << 12, 12)
+    assert all(scattered for scattered, _ in results), "the reduce-scatter itself was wrong"
+    assert all(reduced for _, reduced in results), "the all-reduce saw the reduce-scatter's stale result"
+
+
+def reduce_scatter_output_released(numel: int) -> bool:
+    """Once waited and dropped, a reduce-scatter's output is freed: fairring holds its Work no longer."""
+    world = dist.get_world_size()
+    out = torch.empty(numel)
+    released = weakref.ref(out)
+    dist.reduce_scatter_tensor(out, torch.ones(world * numel), async_op=True).wait()
+    del out
+    # As many collectives on every rank: the memory order lets go of completed Works as the
+    # next one is issued, the hooks' poller within its interval.
+    for _ in range(5):
+        dist.all_reduce(torch.ones(numel))
+        time.sleep(0.05)
+    gc.collect()
+    return released() is None
+
+
+@pytest.mark.timeout(300)
+def test_waited_reduce_scatter_is_released(ordered_pool: RankPool) -> None:
+    assert all(ordered_pool.run(reduce_scatter_output_released, 1 << 12))
+
+
+def without_completed_by_wait(numel: int, seed: int) -> list[bool]:
+    from fairring import _C
+
+    _C._testing.set_completed_by_wait_enabled(False)
+    try:
+        return [*rewritten_after_reduce_scatter(numel, seed), reduce_scatter_output_released(numel)]
+    finally:
+        _C._testing.set_completed_by_wait_enabled(True)
+
+
+@pytest.mark.timeout(300)
+def test_negative_control_gloo_work_as_gloo_made_it(ordered_pool: RankPool) -> None:
+    """The checks of Gloo's reduce-scatter Work can fail: as Gloo made it, it is waited again
+    (copying the stale result again) and held for ever."""
+    results = ordered_pool.run(without_completed_by_wait, 1 << 12, 13)
+    assert all(scattered for scattered, _, _ in results)
+    assert not any(reduced for _, reduced, _ in results), "the stale copy did not happen: the control shows nothing"
+    assert not any(released for _, _, released in results), "the Work was let go: the control shows nothing"

@@ -11,6 +11,16 @@
 
 namespace fairring {
 
+namespace {
+
+std::atomic<bool> completedByWaitEnabled{true};
+
+} // namespace
+
+void DelegatedWorks::setCompletedByWaitForTests(bool enabled) {
+  completedByWaitEnabled = enabled;
+}
+
 struct DelegatedWorks::Watched {
   c10d::OpType opType;
   c10::intrusive_ptr<c10::ivalue::Future> outer;
@@ -63,7 +73,12 @@ c10::intrusive_ptr<c10d::Work> DelegatedWorks::watch(
   try {
     innerFuture = inner->getFuture();
   } catch (const c10::Error&) {
-    return inner; // some of Gloo's Works have none: left to Gloo's timeout
+    // Some of Gloo's Works have none: left to Gloo's timeout. Those of its
+    // collectives end in wait() (CompletedByWaitWork says why).
+    if (!completedByWaitEnabled) {
+      return inner;
+    }
+    return c10::make_intrusive<CompletedByWaitWork>(inner);
   }
   auto watched = std::make_shared<Watched>();
   watched->opType = opType;

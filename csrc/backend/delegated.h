@@ -48,6 +48,11 @@ class DelegatedWorks {
   // transport thread). Later calls do nothing.
   void fail(const std::string& cause);
 
+  // A test's negative control: with false, a Gloo collective's Work that
+  // has no future is handed out as Gloo made it, never completed and run
+  // again by every wait. Process-wide; never set outside tests.
+  static void setCompletedByWaitForTests(bool enabled);
+
   // The cause, once failed; else empty.
   std::string failure() const;
 

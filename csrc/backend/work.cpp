@@ -274,6 +274,18 @@ void InTurnWork::abort() {
 ForwardingWork::ForwardingWork(c10::intrusive_ptr<c10d::Work> inner)
     : c10d::Work(-1, inner->retrieveOpType()), inner_(std::move(inner)) {}
 
+bool CompletedByWaitWork::wait(std::chrono::milliseconds timeout) {
+  if (waited_) {
+    return true;
+  }
+  std::lock_guard<std::mutex> lock(waiting_);
+  if (!waited_) {
+    inner_->wait(timeout);
+    waited_ = true;
+  }
+  return true;
+}
+
 bool ModelCapturedWork::isCompleted() {
   CaptureModel::violated(
       std::string("a Work issued during graph capture was queried (") +

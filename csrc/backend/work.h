@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -176,6 +177,32 @@ class ForwardingWork : public c10d::Work {
 
  protected:
   const c10::intrusive_ptr<c10d::Work> inner_;
+};
+
+// A delegate's Work whose operation ends inside wait() and that has no
+// future to say when: Gloo's reduce_scatter_tensor all-reduces a copy of the
+// input, and its wait() copies this rank's chunk into the output, again on
+// every call, while is_completed() never says true. This one is completed
+// once a wait has succeeded, and later waits return at once: fairring's
+// memory order and its hooks' poller ask every Work they hold whether it is
+// done, and a second wait would copy a stale result over what the caller
+// wrote into the output since.
+class CompletedByWaitWork final : public ForwardingWork {
+ public:
+  using ForwardingWork::ForwardingWork;
+
+  bool isCompleted() override {
+    return waited_ || inner_->isCompleted();
+  }
+  bool isSuccess() const override {
+    return waited_ || inner_->isSuccess();
+  }
+  // One wait at a time runs the inner one; it throws as that one does.
+  bool wait(std::chrono::milliseconds timeout) override;
+
+ private:
+  std::mutex waiting_;
+  std::atomic<bool> waited_{false};
 };
 
 // A Work launched during graph capture, as fairring hands it out. Its

@@ -18,6 +18,7 @@
 
 #include "backend/allreduce_path.h"
 #include "backend/backend.h"
+#include "backend/delegated.h"
 #include "backend/ledger.h"
 #include "backend/memory_order.h"
 #include "bindings_shared.h"
@@ -599,6 +600,14 @@ void bindTesting(py::module_& testing) {
       py::arg("enabled"),
       "The negative control's switch: with False, collectives in flight on "
       "the same memory are no longer ordered (process-wide).");
+
+  testing.def(
+      "set_completed_by_wait_enabled",
+      &fairring::DelegatedWorks::setCompletedByWaitForTests,
+      py::arg("enabled"),
+      "The negative control's switch: with False, a Gloo collective's Work "
+      "that has no future (reduce_scatter_tensor's) is handed out as Gloo "
+      "made it (process-wide).");
 
   testing.def(
       "set_launch_in_turn_enabled",
