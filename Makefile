@@ -163,6 +163,12 @@ stress: build
 launch-order-cost: build
 	$(PY) benchmarks/launch_order_cost.py $(LAUNCH_ORDER_ARGS)
 
+# What a delegated collective costs through fairring against its delegate called directly, issued as
+# FSDP2, ZeRO and DDP issue them (benchmarks/delegated_cost.py; DELEGATED_COST_ARGS=--device cuda on a GPU).
+.PHONY: delegated-cost
+delegated-cost: build
+	$(PY) benchmarks/delegated_cost.py $(DELEGATED_COST_ARGS)
+
 lint: $(INSTALLED)
 	$(PY) -m ruff check setup.py fairring tests benchmarks
 	$(PY) -m ruff format --check setup.py fairring tests benchmarks
