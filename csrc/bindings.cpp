@@ -109,6 +109,12 @@ class PyInnerGroupFactory final : public fairring::InnerGroupFactory {
     call([&] { factory_.attr("engine_made")(device.str(), rails, held); });
   }
 
+  std::vector<std::vector<int>> layout() override {
+    return call([&] {
+      return factory_.attr("layout")().cast<std::vector<std::vector<int>>>();
+    });
+  }
+
   void noticeOnce(const std::string& text) override {
     call([&] { factory_.attr("notice_once")(text); });
   }

@@ -66,7 +66,25 @@ Topology::View Topology::viewOf(
 }
 
 Topology::Topology(int rank, std::vector<std::vector<int>> machines)
-    : Topology(rank, viewOf(rank, machines)) {}
+    : Topology(rank, viewOf(rank, machines)) {
+  layout_ = std::move(machines);
+}
+
+Topology Topology::withLayout(std::vector<std::vector<int>> machines) const {
+  const View view = viewOf(rank_, machines);
+  TORCH_CHECK(
+      view.worldSize == worldSize_ && view.machine == machine_ &&
+          view.localRanks == localRanks_ && view.railPeers == railPeers_ &&
+          view.machineSizes == machineSizes_,
+      "fairring: rank ",
+      rank_,
+      " was given a layout of the group that disagrees with its own view (",
+      describe(),
+      ")");
+  Topology whole = *this;
+  whole.layout_ = std::move(machines);
+  return whole;
+}
 
 Topology::Topology(int rank, View view)
     : Topology(

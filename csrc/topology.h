@@ -85,6 +85,16 @@ class Topology {
   int machineOf(int rank) const;
   int localIndexOf(int rank) const;
 
+  // The whole layout (machines[m] lists machine m's ranks in local order)
+  // where this rank was given it (withLayout; the Topology made from a whole
+  // layout has it); else empty. A rank's view does not need it; the
+  // engine's reduce-scatter and all-gather do.
+  const std::vector<std::vector<int>>& layout() const {
+    return layout_;
+  }
+  // This view with the whole layout, which must agree with it.
+  Topology withLayout(std::vector<std::vector<int>> machines) const;
+
   std::string describe() const;
   // "rank 3 (machine 1 of 2)", as errors name a rank.
   std::string describeRank(int rank) const;
@@ -108,6 +118,7 @@ class Topology {
   std::vector<int> railPeers_;
   std::vector<int> machineSizes_;
   std::unordered_map<int, Place> known_; // local ranks and rail peers
+  std::vector<std::vector<int>> layout_;
 };
 
 } // namespace fairring

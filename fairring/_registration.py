@@ -287,6 +287,23 @@ class InnerGroups:
             torch.device(device), run, self._cpu_backend, self._store, topology, self._config, self._network
         )
 
+    def layout(self) -> list[list[int]]:
+        """The group's ranks by machine and local index, gathered over the CPU group.
+
+        A rank's view holds only its machine and its rail (fairring/rendezvous.py); the
+        engine's reduce-scatter and all-gather place every rank's chunk, so their first
+        use gathers the rest: one small all-gather, not a read of every rank's record
+        from the store.
+        """
+        topology = self._topology
+        mine = torch.tensor([topology.machine, topology.local_rank], dtype=torch.int64)
+        places = [torch.empty(2, dtype=torch.int64) for _ in range(topology.world_size)]
+        self._cpu_backend.allgather([places], [mine]).wait()
+        machines = [[-1] * topology.local_size for _ in range(topology.num_machines)]
+        for rank, (machine, local) in enumerate(place.tolist() for place in places):
+            machines[machine][local] = rank
+        return machines
+
     def engine_made(self, device: str, rails: str, held: str) -> None:
         topology = self._topology
         logger.info("rank %d: engine on %s holds %s", topology.rank, device, held)

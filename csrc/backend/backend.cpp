@@ -15,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "backend/allreduce_args.h"
+#include "backend/chunked_path.h"
 #include "backend/delegated.h"
 #include "backend/engine_factory.h"
 #include "backend/pending_report.h"
@@ -886,11 +887,78 @@ c10::intrusive_ptr<c10d::Work> Backend::allgather(
 
 c10::intrusive_ptr<c10d::Work> Backend::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
-  return issue(
+  return chunked(
+      Collective::kAllGather,
       Operation::collective("all_gather_single", output, input),
+      input,
+      output,
+      c10d::ReduceOp::SUM,
+      timeoutOf(opts.timeout),
       [&](const Runner& runner) {
         return runner.delegate->_allgather_base(output, input, opts);
       });
+}
+
+// A reduce-scatter or an all-gather of whole tensors: on the engine where
+// chunkedOnEngine says so (the group's layout adopted first), else on the
+// delegate through `onDelegate`.
+template <typename OnDelegate>
+c10::intrusive_ptr<c10d::Work> Backend::chunked(
+    Collective kind,
+    Operation op,
+    const at::Tensor& input,
+    const at::Tensor& output,
+    c10d::ReduceOp::RedOpType reduceOp,
+    std::chrono::milliseconds timeout,
+    OnDelegate&& onDelegate) {
+  ChunkedArgs args =
+      chunkedArgs(kind, input, output, topology_.worldSize(), reduceOp);
+  args.captured = graphCaptureUnderway(input.device());
+  args.inCoalescingBlock = coalescingBlockOpen();
+  const size_t index = indexOfType(args.deviceType);
+  const int64_t threshold = flatThresholds_[index].load();
+  // Until auto has measured the all-reduce's sizes, the delegate's.
+  const EngineSizes sizes = threshold == kMeasuredThreshold
+      ? EngineSizes{std::numeric_limits<int64_t>::max()}
+      : EngineSizes{threshold, engineCeilings_[index].load()};
+  if (chunkedOnEngine(args, topology_.servesEngine(), config_, sizes)) {
+    op.engineDevice = input.device();
+  }
+  return issue(std::move(op), [&](const Runner& runner) {
+    if (runner.engine == nullptr) {
+      return onDelegate(runner);
+    }
+    if (!runner.engine->knowsLayout()) {
+      runner.engine->adoptLayout(groupLayout());
+    }
+    const at::Tensor in = input.detach();
+    const at::Tensor out = output.detach();
+    const bool scatters = kind == Collective::kReduceScatter;
+    auto future = scatters
+        ? runner.engine->reduceScatter(in, out, reduceOp, timeout, *runner.seq)
+        : runner.engine->allGather(in, out, timeout, *runner.seq);
+    return futureWork(
+        std::move(future),
+        scatters ? c10d::OpType::_REDUCE_SCATTER_BASE
+                 : c10d::OpType::_ALLGATHER_BASE,
+        scatters ? "fairring:reduce_scatter_tensor"
+                 : "fairring:all_gather_into_tensor",
+        *runner.seq,
+        {output});
+  });
+}
+
+std::vector<std::vector<int>> Backend::groupLayout() {
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    if (layout_) {
+      return *layout_;
+    }
+  }
+  auto layout = innerGroups_->layout(); // collective: outside the lock
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  layout_ = layout;
+  return layout;
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::allgather_coalesced(
@@ -954,9 +1022,14 @@ c10::intrusive_ptr<c10d::Work> Backend::_reduce_scatter_base(
     at::Tensor& output,
     at::Tensor& input,
     const c10d::ReduceScatterOptions& opts) {
-  return issue(
+  return chunked(
+      Collective::kReduceScatter,
       Operation::collective("reduce_scatter_single", output, input)
           .reducing(opts.reduceOp, {output}),
+      input,
+      output,
+      opts.reduceOp,
+      timeoutOf(opts.timeout),
       [&](const Runner& runner) {
         return runner.delegate->_reduce_scatter_base(output, input, opts);
       });

@@ -335,6 +335,21 @@ class Backend final : public c10d::Backend {
   // The measurement's all-reduces: one SUM on the path named, through the
   // funnel like any other all-reduce, waited for.
   void allreduceOnPath(at::Tensor& tensor, bool onEngine);
+  // A reduce-scatter or all-gather of whole tensors, on the engine or the
+  // delegate (backend/chunked_path.h).
+  template <typename OnDelegate>
+  c10::intrusive_ptr<c10d::Work> chunked(
+      Collective kind,
+      Operation op,
+      const at::Tensor& input,
+      const at::Tensor& output,
+      c10d::ReduceOp::RedOpType reduceOp,
+      std::chrono::milliseconds timeout,
+      OnDelegate&& onDelegate);
+  // The group's whole layout, gathered once (InnerGroupFactory::layout) by
+  // the first engine reduce-scatter or all-gather, which every rank issues
+  // alike.
+  std::vector<std::vector<int>> groupLayout();
   // The launch of an all-reduce on the runner the funnel chose.
   c10::intrusive_ptr<c10d::Work> launchAllreduce(
       const Runner& runner,
@@ -442,6 +457,7 @@ class Backend final : public c10d::Backend {
   // aborts or shuts the group down (the failures are then its own doing).
   std::atomic<c10d::ErrorType> failureKind_{c10d::ErrorType::SUCCESS};
   std::atomic<bool> leaving_{false};
+  std::optional<std::vector<std::vector<int>>> layout_; // under stateMutex_
   CollectiveLedger ledger_;
   DelegatedWorks delegated_; // the CPU delegate's collectives
   // The tests' emulated device makes CPU engines as CUDA ones are made.

@@ -27,6 +27,10 @@ class InnerGroupFactory {
   // after the other, in the same order on every rank of the machine; null
   // with one rank per machine.
   virtual LocalGroups localGroups(c10::Device device) = 0;
+  // The group's whole layout: machines[m] lists machine m's ranks by local
+  // index. Collective over every rank of the group (each calls it at the
+  // same point): the engine's first reduce-scatter or all-gather.
+  virtual std::vector<std::vector<int>> layout() = 0;
   // Told once the engine on `device` exists: where its rails listen, and
   // what it holds (EngineFootprint::describe()), logged.
   virtual void engineMade(

@@ -58,6 +58,9 @@ Engine::Engine(
   TORCH_CHECK(
       topology_.servesEngine(),
       "fairring: the engine needs 2+ machines with equally many ranks");
+  if (!topology_.layout().empty()) {
+    adoptLayout(topology_.layout());
+  }
   device_->adoptStaging(staging_.memory());
   const at::Tensor& staging = staging_.memory();
   mesh_->registerStaging(
@@ -184,27 +187,125 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
     c10d::ReduceOp::RedOpType reduceOp,
     std::chrono::milliseconds timeout,
     uint64_t collective) {
+  auto op = makeOp(
+      Collective::kAllReduce, tensor, tensor, reduceOp, timeout, collective);
+  const auto shape = planShape(
+      op->elements.numel(), op->elements.element_size(), planSettings_);
+  return issue(
+      op, makePlan(op->elements.numel(), shape.sliceNumel, shape.unit));
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> Engine::reduceScatter(
+    const at::Tensor& input,
+    const at::Tensor& output,
+    c10d::ReduceOp::RedOpType reduceOp,
+    std::chrono::milliseconds timeout,
+    uint64_t collective) {
+  auto op = makeOp(
+      Collective::kReduceScatter, input, output, reduceOp, timeout, collective);
+  return issue(op, chunkPlan(op->chunkNumel, input.element_size()));
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> Engine::allGather(
+    const at::Tensor& input,
+    const at::Tensor& output,
+    std::chrono::milliseconds timeout,
+    uint64_t collective) {
+  auto op = makeOp(
+      Collective::kAllGather,
+      input,
+      output,
+      c10d::ReduceOp::SUM,
+      timeout,
+      collective);
+  return issue(op, chunkPlan(op->chunkNumel, input.element_size()));
+}
+
+bool Engine::knowsLayout() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return rowRanks_.defined();
+}
+
+void Engine::adoptLayout(const std::vector<std::vector<int>>& machines) {
+  const Topology whole = topology_.withLayout(machines); // checks it
+  const int count = topology_.numMachines();
+  std::vector<int64_t> rows(topology_.worldSize());
+  for (int m = 0; m < count; ++m) {
+    for (int l = 0; l < topology_.localSize(); ++l) {
+      rows[l * count + m] = whole.layout()[m][l];
+    }
+  }
+  at::Tensor onDevice = at::tensor(rows, at::kLong).to(device_->device());
+  std::lock_guard<std::mutex> lock(mutex_);
+  rowRanks_ = std::move(onDevice);
+}
+
+std::shared_ptr<Engine::Op> Engine::makeOp(
+    Collective kind,
+    const at::Tensor& input,
+    const at::Tensor& tensor,
+    c10d::ReduceOp::RedOpType reduceOp,
+    std::chrono::milliseconds timeout,
+    uint64_t collective) {
   TORCH_CHECK(
-      !tensor.requires_grad(),
+      !input.requires_grad() && !tensor.requires_grad(),
       "fairring: the engine got a tensor that requires grad; pass "
       "tensor.detach()");
   auto op = std::make_shared<Op>();
+  op->kind = kind;
   op->collective = collective;
   op->tensor = tensor;
-  op->copyBack = !tensor.is_contiguous();
-  op->elements = tensor.contiguous().view({-1});
+  if (kind == Collective::kAllReduce) {
+    op->copyBack = !tensor.is_contiguous();
+    op->elements = tensor.contiguous().view({-1});
+  } else {
+    TORCH_CHECK(
+        knowsLayout(),
+        "fairring: the engine was not given the group's layout, which a ",
+        collectiveName(kind),
+        " needs");
+    TORCH_CHECK(
+        input.is_contiguous() && tensor.is_contiguous(),
+        "fairring: the engine's ",
+        collectiveName(kind),
+        " needs contiguous tensors");
+    const int64_t world = topology_.worldSize();
+    const auto& chunked = kind == Collective::kReduceScatter ? input : tensor;
+    const auto& chunk = kind == Collective::kReduceScatter ? tensor : input;
+    TORCH_CHECK(
+        chunked.numel() == chunk.numel() * world,
+        "fairring: the engine's ",
+        collectiveName(kind),
+        " needs a tensor of ",
+        world,
+        " x ",
+        chunk.numel(),
+        " elements, got ",
+        chunked.numel());
+    op->elements = input.view({-1});
+    op->chunkNumel = chunk.numel();
+  }
   op->reduceOp = reduceOp;
   op->timeout = timeout;
   op->deadline = Clock::now() + timeout;
   op->profiler = ProfilerContext::capture();
   op->future = c10::make_intrusive<c10::ivalue::Future>(
       c10::ListType::create(c10::TensorType::get()), device_->futureDevices());
-  auto result = completions_->relay(op->future);
+  return op;
+}
 
-  const auto shape = planShape(
-      op->elements.numel(), op->elements.element_size(), planSettings_);
-  const auto plan =
-      makePlan(op->elements.numel(), shape.sliceNumel, shape.unit);
+std::vector<Slice> Engine::chunkPlan(
+    int64_t chunkNumel, int64_t elementSize) const {
+  // An all-reduce of every rank's chunk, cut so that each slice holds the
+  // same columns of every chunk: its unit and slice length in columns.
+  const int64_t world = topology_.worldSize();
+  const auto shape = planShape(chunkNumel * world, elementSize, planSettings_);
+  return makePlan(chunkNumel, shape.sliceNumel / world, shape.unit / world);
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> Engine::issue(
+    const std::shared_ptr<Op>& op, const std::vector<Slice>& plan) {
+  auto result = completions_->relay(op->future);
   op->slicesLeft = static_cast<int64_t>(plan.size());
   if (plan.empty()) {
     op->seq = nextSeq_++;
@@ -213,19 +314,30 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
     return result;
   }
   op->inputReady = device_->adoptInput(op->elements, op->tensor);
+  const int64_t rows =
+      op->kind == Collective::kAllReduce ? 1 : topology_.worldSize();
   const int64_t window = launchOrder_.enforced()
-      ? launchWindow(plan, op->elements.element_size())
+      ? launchWindow(plan, rows, op->elements.element_size())
       : 1;
 
+  const int peers = topology_.numMachines() - 1;
   std::vector<std::shared_ptr<SliceWork>> slices;
   for (size_t i = 0; i < plan.size(); ++i) {
     auto slice = std::make_shared<SliceWork>();
     slice->op = op;
     slice->index = static_cast<int64_t>(i);
     slice->plan = plan[i];
-    slice->input = op->elements.narrow(0, plan[i].offset, plan[i].numel);
-    slice->shardFrom.assign(topology_.numMachines(), 0);
-    slice->reducedFrom.assign(topology_.numMachines(), 0);
+    slice->rows = rows;
+    if (op->kind == Collective::kAllReduce) {
+      slice->input = op->elements.narrow(0, plan[i].offset, plan[i].numel);
+    }
+    // A lane the collective does not use counts as arrived.
+    const bool noShards = op->kind == Collective::kAllGather;
+    const bool noReduced = op->kind == Collective::kReduceScatter;
+    slice->shardFrom.assign(topology_.numMachines(), noShards ? 1 : 0);
+    slice->reducedFrom.assign(topology_.numMachines(), noReduced ? 1 : 0);
+    slice->shardsReceived = noShards ? peers : 0;
+    slice->reducedReceived = noReduced ? peers : 0;
     slice->sendsTo.assign(topology_.numMachines(), 0);
     op->slices.push_back(slice);
     slices.push_back(std::move(slice));
@@ -254,6 +366,17 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
   progress_.notify_all();
   watchdogWake_.notify_all(); // its deadline may be the nearest
   return result;
+}
+
+at::Tensor Engine::stagedRows(const SliceWork& slice) const {
+  return slice.padded.view({slice.rows, slice.plan.paddedNumel})
+      .narrow(1, 0, slice.plan.numel);
+}
+
+at::Tensor Engine::chunkColumns(
+    const SliceWork& slice, const at::Tensor& flat) const {
+  return flat.view({slice.rows, slice.op->chunkNumel})
+      .narrow(1, slice.plan.offset, slice.plan.numel);
 }
 
 // The reduce-scatter thread: start, steps 1 and 2, in issue order, each
@@ -322,12 +445,12 @@ void Engine::allGatherLoop() {
 // Staging for the slice, and the messages it will receive on both lanes.
 bool Engine::start(const std::shared_ptr<SliceWork>& slice) {
   const auto cancelled = [this] { return failed(); };
-  const int64_t elementSize = slice->input.element_size();
+  const int64_t elementSize = slice->op->elements.element_size();
   const auto layout = stagingLayoutFor(
-      slice->plan.paddedNumel * elementSize,
+      slice->stagedNumel() * elementSize,
       topology_.localSize(),
       topology_.numMachines(),
-      slice->plan.padded());
+      slice->staged());
   // Under the launch order, an op's window (launchWindow) replays its leases
   // from an empty ring; leases kept for resends may outlive the previous
   // op's last all-gather, so its first slice waits until they are back.
@@ -356,9 +479,9 @@ bool Engine::start(const std::shared_ptr<SliceWork>& slice) {
 void Engine::attachStaging(
     SliceWork& slice, StagingRing::Lease lease, const StagingLayout& layout) {
   const int localSize = topology_.localSize();
-  const auto dtype = slice.input.scalar_type();
-  const int64_t elementSize = slice.input.element_size();
-  const int64_t paddedNumel = slice.plan.paddedNumel;
+  const auto dtype = slice.op->elements.scalar_type();
+  const int64_t elementSize = slice.op->elements.element_size();
+  const int64_t paddedNumel = slice.stagedNumel();
   const int64_t slotNumel = paddedNumel / localSize;
   at::Tensor bytes = lease.bytes();
   auto view = [&](int64_t offset, int64_t numel) {
@@ -368,14 +491,16 @@ void Engine::attachStaging(
   slice.slot = slice.parts[0];
   slice.shards =
       view(layout.shardsOffset, slotNumel).view({topology_.numMachines(), -1});
-  if (slice.plan.padded()) {
+  if (slice.staged()) {
     slice.padded = view(layout.paddedOffset, paddedNumel);
   }
   slice.lease.emplace(std::move(lease));
 }
 
-// Steps 1 and 2.
+// Steps 1 and 2. An all-gather has neither: its own chunk becomes its
+// slot's shard, as if reduced.
 bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
+  const Collective kind = slice->op->kind;
   slice->step = SliceStep::kLocalReduceScatter;
   if (slice->index == 0) {
     device_->waitOnDevice(
@@ -383,8 +508,26 @@ bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
   }
   device_->enqueue(
       queueOf(Stage::kReduceScatter),
-      deviceWork(slice, Stage::kReduceScatter, [this, slice] {
-        if (slice->padded.defined()) {
+      deviceWork(slice, Stage::kReduceScatter, [this, slice, kind] {
+        const int me = topology_.machine();
+        if (kind == Collective::kAllGather) {
+          at::Tensor mine = shardOf(*slice, me);
+          const int64_t numel = slice->plan.numel;
+          mine.narrow(0, 0, numel)
+              .copy_(slice->op->elements.narrow(0, slice->plan.offset, numel));
+          mine.narrow(0, numel, mine.numel() - numel).zero_();
+          return;
+        }
+        if (kind == Collective::kReduceScatter) {
+          // Row l x M + m: the chunk of the rank with local index l on
+          // machine m, so that local rank l's part is its rail's chunks.
+          if (slice->plan.padded()) {
+            slice->padded.zero_();
+          }
+          at::Tensor rows = stagedRows(*slice);
+          rows.copy_(chunkColumns(*slice, slice->op->elements)
+                         .index_select(0, rowRanks_));
+        } else if (slice->padded.defined()) {
           const int64_t numel = slice->plan.numel;
           slice->padded.narrow(0, 0, numel).copy_(slice->input);
           slice->padded.narrow(0, numel, slice->plan.paddedNumel - numel)
@@ -398,11 +541,13 @@ bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
             localReduceOp(slice->op->reduceOp),
             slice->localStepKey(),
             slice->op->deadline);
-        const int me = topology_.machine();
         slice->shards[me].copy_(shardOf(*slice, me));
       }));
   slice->reduceScattered = device_->record(queueOf(Stage::kReduceScatter));
   launched(LaunchOrder::Step::kReduceScatter);
+  if (kind == Collective::kAllGather) {
+    return true; // its chunk goes out from the reduce stage, as a result
+  }
   // The rails read the slot from the host's side: it must be ready.
   if (!device_->waitOnHost(
           slice->reduceScattered, [this] { return failed(); })) {
@@ -414,19 +559,26 @@ bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
   return true;
 }
 
-// Steps 3 and 4.
+// Steps 3 and 4. A reduce-scatter's result is this rank's shard: it sends
+// none back. An all-gather reduces nothing: it sends its own chunk.
 bool Engine::reduce(const std::shared_ptr<SliceWork>& slice) {
   const int me = topology_.machine();
+  const Collective kind = slice->op->kind;
   device_->waitOnDevice(queueOf(Stage::kReduce), slice->reduceScattered);
-  device_->waitOnDevice(queueOf(Stage::kReduce), slice->shardsArrived);
-  device_->enqueue(
-      queueOf(Stage::kReduce),
-      deviceWork(slice, Stage::kReduce, [this, slice, me] {
-        at::Tensor out = shardOf(*slice, me);
-        reduceRows(
-            out, slice->shards, slice->op->reduceOp, topology_.worldSize());
-      }));
+  if (kind != Collective::kAllGather) {
+    device_->waitOnDevice(queueOf(Stage::kReduce), slice->shardsArrived);
+    device_->enqueue(
+        queueOf(Stage::kReduce),
+        deviceWork(slice, Stage::kReduce, [this, slice, me] {
+          at::Tensor out = shardOf(*slice, me);
+          reduceRows(
+              out, slice->shards, slice->op->reduceOp, topology_.worldSize());
+        }));
+  }
   slice->reduced = device_->record(queueOf(Stage::kReduce));
+  if (kind == Collective::kReduceScatter) {
+    return true;
+  }
   if (!device_->waitOnHost(slice->reduced, [this] { return failed(); })) {
     return false;
   }
@@ -436,18 +588,39 @@ bool Engine::reduce(const std::shared_ptr<SliceWork>& slice) {
   return true;
 }
 
-// Step 5; then the staging goes back.
+// Step 5; then the staging goes back. A reduce-scatter copies its shard out
+// instead.
 bool Engine::allGather(const std::shared_ptr<SliceWork>& slice) {
   device_->waitOnDevice(queueOf(Stage::kAllGather), slice->reduced);
   device_->waitOnDevice(queueOf(Stage::kAllGather), slice->reducedArrived);
   device_->enqueue(
       queueOf(Stage::kAllGather),
       deviceWork(slice, Stage::kAllGather, [this, slice] {
-        at::Tensor output = slice->io();
-        localSteps_->allGather(
-            output, slice->slot, slice->localStepKey(), slice->op->deadline);
-        if (slice->padded.defined()) {
-          slice->input.copy_(slice->padded.narrow(0, 0, slice->plan.numel));
+        const SliceWork& s = *slice;
+        switch (s.op->kind) {
+          case Collective::kReduceScatter:
+            s.op->tensor.view({-1})
+                .narrow(0, s.plan.offset, s.plan.numel)
+                .copy_(
+                    shardOf(s, topology_.machine()).narrow(0, 0, s.plan.numel));
+            return;
+          case Collective::kAllGather: {
+            at::Tensor gathered = s.padded;
+            localSteps_->allGather(
+                gathered, s.slot, s.localStepKey(), s.op->deadline);
+            chunkColumns(s, s.op->tensor)
+                .index_copy_(0, rowRanks_, stagedRows(s));
+            return;
+          }
+          case Collective::kAllReduce: {
+            at::Tensor output = s.io();
+            localSteps_->allGather(
+                output, s.slot, s.localStepKey(), s.op->deadline);
+            if (s.padded.defined()) {
+              s.input.copy_(s.padded.narrow(0, 0, s.plan.numel));
+            }
+            return;
+          }
         }
       }));
   if (failed()) {
@@ -478,15 +651,15 @@ bool Engine::allGather(const std::shared_ptr<SliceWork>& slice) {
 }
 
 int64_t Engine::launchWindow(
-    const std::vector<Slice>& plan, int64_t elementSize) const {
+    const std::vector<Slice>& plan, int64_t rows, int64_t elementSize) const {
   std::vector<int64_t> leaseBytes;
   leaseBytes.reserve(plan.size());
   for (const Slice& slice : plan) {
     leaseBytes.push_back(stagingLayoutFor(
-                             slice.paddedNumel * elementSize,
+                             slice.paddedNumel * rows * elementSize,
                              topology_.localSize(),
                              topology_.numMachines(),
-                             slice.padded())
+                             slice.padded() || rows > 1)
                              .bytes);
   }
   return stagingWindow(staging_.capacity(), leaseBytes);
@@ -621,7 +794,7 @@ bool Engine::traced(Stage stage, const SliceWork& slice, Step&& step) {
       stage,
       slice.op->seq,
       slice.index,
-      slice.plan.numel * slice.input.element_size());
+      slice.numel() * slice.op->elements.element_size());
   return step();
 }
 
@@ -657,24 +830,37 @@ void Engine::expectMessages(const std::shared_ptr<SliceWork>& slice) {
     if (machine == topology_.machine()) {
       continue;
     }
-    const rails::Buffer shards = device_->receiveBuffer(slice->shards[machine]);
-    lanes_->expect(
-        machine,
-        rails::kShards,
-        {slice->tag(rails::kShards),
-         shards,
-         "shards of " + slice->describe(),
-         arrival(machine, rails::kShards, shards)});
-    const rails::Buffer reduced =
-        device_->receiveBuffer(shardOf(*slice, machine));
-    lanes_->expect(
-        machine,
-        rails::kReduced,
-        {slice->tag(rails::kReduced),
-         reduced,
-         "reduced shards of " + slice->describe(),
-         arrival(machine, rails::kReduced, reduced)});
+    // An all-gather sends no shards, a reduce-scatter none reduced.
+    if (slice->op->kind != Collective::kAllGather) {
+      const rails::Buffer shards =
+          device_->receiveBuffer(slice->shards[machine]);
+      lanes_->expect(
+          machine,
+          rails::kShards,
+          {slice->tag(rails::kShards),
+           shards,
+           laneContent(*slice, rails::kShards),
+           arrival(machine, rails::kShards, shards)});
+    }
+    if (slice->op->kind != Collective::kReduceScatter) {
+      const rails::Buffer reduced =
+          device_->receiveBuffer(shardOf(*slice, machine));
+      lanes_->expect(
+          machine,
+          rails::kReduced,
+          {slice->tag(rails::kReduced),
+           reduced,
+           laneContent(*slice, rails::kReduced),
+           arrival(machine, rails::kReduced, reduced)});
+    }
   }
+}
+
+std::string Engine::laneContent(const SliceWork& slice, rails::Lane lane) {
+  const char* what = lane == rails::kShards      ? "shards of "
+      : slice.op->kind == Collective::kAllGather ? "chunks of "
+                                                 : "reduced shards of ";
+  return what + slice.describe();
 }
 
 void Engine::send(
@@ -693,8 +879,7 @@ void Engine::send(
       lane,
       slice->tag(lane),
       device_->sendBuffer(shard),
-      (lane == rails::kShards ? "shards of " : "reduced shards of ") +
-          slice->describe(),
+      laneContent(*slice, lane),
       // On the transport's thread, once the rails are done with the memory.
       [this, slice, machine] {
         {

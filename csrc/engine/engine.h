@@ -34,6 +34,24 @@
 
 namespace fairring {
 
+// The collectives the engine runs. A reduce-scatter runs an all-reduce's
+// steps 1 to 3 (its input's chunks reordered so that the local step leaves
+// each rank its machine's partials of its rail's chunks), an all-gather its
+// steps 4 and 5 (docs/design.md, "Reduce-scatter and all-gather").
+enum class Collective { kAllReduce, kReduceScatter, kAllGather };
+
+constexpr const char* collectiveName(Collective kind) {
+  switch (kind) {
+    case Collective::kAllReduce:
+      return "all_reduce";
+    case Collective::kReduceScatter:
+      return "reduce_scatter";
+    case Collective::kAllGather:
+      return "all_gather";
+  }
+  return "?";
+}
+
 struct EngineStats {
   int64_t ops;
   int64_t slices;
@@ -142,6 +160,30 @@ class Engine {
       c10d::ReduceOp::RedOpType op,
       std::chrono::milliseconds timeout,
       uint64_t collective);
+
+  // Starts a reduce-scatter: `output` (C elements) = `op` over every rank's
+  // chunk number rank() of its `input` (N x C elements, chunks in group-rank
+  // order). Both contiguous, on device(), without grad, and not overlapping.
+  // As allreduce() otherwise; the future holds [output].
+  c10::intrusive_ptr<c10::ivalue::Future> reduceScatter(
+      const at::Tensor& input,
+      const at::Tensor& output,
+      c10d::ReduceOp::RedOpType op,
+      std::chrono::milliseconds timeout,
+      uint64_t collective);
+  // Starts an all-gather: `output` (N x C elements) = every rank's `input`
+  // (C), in group-rank order. As reduceScatter() otherwise.
+  c10::intrusive_ptr<c10::ivalue::Future> allGather(
+      const at::Tensor& input,
+      const at::Tensor& output,
+      std::chrono::milliseconds timeout,
+      uint64_t collective);
+
+  // Whether it was given the group's whole layout, which reduceScatter()
+  // and allGather() need; and giving it (Topology::layout()), on the thread
+  // that issues ops, before the first of them.
+  bool knowsLayout() const;
+  void adoptLayout(const std::vector<std::vector<int>>& machines);
 
   // Fails all pending and later ops because this rank `did` something
   // ("shut down its process group"), tells the neighbours (a goodbye where
@@ -254,6 +296,27 @@ class Engine {
     }
   };
 
+  // An op of `kind` on `input` into `tensor`, before its plan; and its
+  // slices queued, or the op settled at once (nothing to move, or the
+  // engine stopped). Returns what the caller's Work follows.
+  std::shared_ptr<Op> makeOp(
+      Collective kind,
+      const at::Tensor& input,
+      const at::Tensor& tensor,
+      c10d::ReduceOp::RedOpType reduceOp,
+      std::chrono::milliseconds timeout,
+      uint64_t collective);
+  c10::intrusive_ptr<c10::ivalue::Future> issue(
+      const std::shared_ptr<Op>& op, const std::vector<Slice>& plan);
+  // A reduce-scatter's or an all-gather's plan: slices of its chunks'
+  // columns.
+  std::vector<Slice> chunkPlan(int64_t chunkNumel, int64_t elementSize) const;
+  // The rows of a staged reduce-scatter or all-gather slice ([L x M, slice
+  // columns]) and the chunks of the caller's tensor ([N, C]) they hold: row
+  // l x M + m is the chunk of the rank with local index l on machine m.
+  at::Tensor stagedRows(const SliceWork& slice) const;
+  at::Tensor chunkColumns(const SliceWork& slice, const at::Tensor& flat) const;
+
   // The stage threads' loops, and one slice's steps in order.
   void reduceScatterLoop();
   void reduceLoop();
@@ -272,6 +335,8 @@ class Engine {
       int machine,
       const at::Tensor& shard);
   at::Tensor shardOf(const SliceWork& slice, int machine) const;
+  // What `lane` carries for `slice`, as errors name it ("shards of ...").
+  static std::string laneContent(const SliceWork& slice, rails::Lane lane);
 
   // Waits until the front of `queue` satisfies `ready`, then pops it; null
   // once the engine has failed.
@@ -280,7 +345,7 @@ class Engine {
   void push(Queue& queue, std::shared_ptr<SliceWork> slice);
   // The window of an op of these slices (LaunchOrder::issued).
   int64_t launchWindow(
-      const std::vector<Slice>& plan, int64_t elementSize) const;
+      const std::vector<Slice>& plan, int64_t rows, int64_t elementSize) const;
   // The launch of `step` that was next has been made; then any launchInTurn
   // whose turn that brings is made, on this thread.
   void launched(LaunchOrder::Step step);
@@ -338,6 +403,11 @@ class Engine {
 
   const Topology topology_;
   const Config config_;
+  // The ranks by local index, then machine (l x M + m), on device(): which
+  // chunk each staged row of a reduce-scatter or all-gather holds. Undefined
+  // until adoptLayout(); set under mutex_ before the first slice that reads
+  // it is queued.
+  at::Tensor rowRanks_;
   // Before the device: the work queued there calls the local steps, and the
   // device's queues go first.
   const std::shared_ptr<LocalSteps> localSteps_;

@@ -4,6 +4,7 @@
 // (engine/engine.cpp) moves them along, the failure handling
 // (engine/failures.cpp) reads where they are stuck. Internal to the engine.
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <optional>
@@ -28,11 +29,19 @@ enum class SliceStep : int {
 };
 
 struct Engine::Op {
+  Collective kind = Collective::kAllReduce;
   uint64_t seq; // the engine's: rails tags carry it
   uint64_t collective; // the group's number, as errors name the op
-  at::Tensor tensor; // the caller's
-  at::Tensor elements; // 1-D and contiguous; aliases `tensor` unless copyBack
-  bool copyBack;
+  // The caller's result: the all-reduce's tensor, or the output of a
+  // reduce-scatter or an all-gather (contiguous).
+  at::Tensor tensor;
+  // The input, 1-D and contiguous; aliases `tensor` for an all-reduce unless
+  // copyBack.
+  at::Tensor elements;
+  bool copyBack = false;
+  // A reduce-scatter's or all-gather's elements per rank (its chunk), which
+  // its slices cut into columns; 0 for an all-reduce.
+  int64_t chunkNumel = 0;
   c10d::ReduceOp::RedOpType reduceOp;
   std::chrono::milliseconds timeout;
   Clock::time_point deadline;
@@ -45,9 +54,13 @@ struct Engine::Op {
   c10::intrusive_ptr<c10::ivalue::Future> future;
 
   std::string describe() const {
-    return "all_reduce #" + std::to_string(collective) + " (" +
-        std::to_string(elements.numel()) + " x " +
-        c10::toString(elements.scalar_type()) + ", " + reduceOpName(reduceOp) +
+    return std::string(collectiveName(kind)) + " #" +
+        std::to_string(collective) + " (" +
+        std::to_string(std::max(elements.numel(), tensor.numel())) + " x " +
+        c10::toString(elements.scalar_type()) +
+        (kind == Collective::kAllGather
+             ? std::string()
+             : ", " + std::string(reduceOpName(reduceOp))) +
         ")";
   }
 
@@ -85,8 +98,12 @@ struct Engine::Op {
 struct Engine::SliceWork {
   std::shared_ptr<Op> op;
   int64_t index;
+  // An all-reduce's slice of its elements; a reduce-scatter's or an
+  // all-gather's, of the columns of its chunks (every rank's chunk is cut
+  // alike, so the slice is `rows` of them).
   Slice plan;
-  at::Tensor input; // the slice of op->elements
+  int64_t rows = 1; // 1 for an all-reduce; else the group's size
+  at::Tensor input; // an all-reduce's slice of op->elements; else undefined
   std::optional<StagingRing::Lease> lease;
   at::Tensor padded; // staging copy of a padded slice; else undefined
   at::Tensor parts; // [L, slot]: every local rank's part of my slot
@@ -114,24 +131,36 @@ struct Engine::SliceWork {
   at::Tensor io() const {
     return padded.defined() ? padded : input;
   }
+  // Elements of the op in this slice, and as staged (padded).
+  int64_t numel() const {
+    return plan.numel * rows;
+  }
+  int64_t stagedNumel() const {
+    return plan.paddedNumel * rows;
+  }
+  // Staged in a copy of its own: padded, or its rows reordered.
+  bool staged() const {
+    return plan.padded() || rows > 1;
+  }
   std::string describe() const {
-    return "all_reduce #" + std::to_string(op->collective) + " slice " +
-        std::to_string(index);
+    return std::string(collectiveName(op->kind)) + " #" +
+        std::to_string(op->collective) + " slice " + std::to_string(index);
   }
   LocalStepKey localStepKey() const {
     return LocalStepKey{
         op->seq,
         op->collective,
         static_cast<uint64_t>(index),
-        input.scalar_type(),
+        op->elements.scalar_type(),
         op->reduceOp};
   }
   // Names everything both ends must agree on, so that ranks that issued
-  // different all-reduces fail instead of reducing mismatched data.
+  // different collectives fail instead of reducing mismatched data.
   std::string tag(rails::Lane lane) const {
     return std::to_string(static_cast<int>(lane)) + ":" +
+        std::to_string(static_cast<int>(op->kind)) + ":" +
         std::to_string(op->seq) + ":" + std::to_string(index) + ":" +
-        c10::toString(input.scalar_type()) + ":" +
+        c10::toString(op->elements.scalar_type()) + ":" +
         std::to_string(static_cast<int>(op->reduceOp));
   }
 };
