@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import Layout, RankPool
+from harness import InitSpec, Layout, RankPool
 from reference import all_ranks_reduced, assert_matches, rank_tensor
 
 # 64 Ki floats travel as one slice, 1 Mi + 3 as several with a padded last one.
@@ -151,6 +151,13 @@ def test_negative_control_without_ordering_results_are_wrong(ordered_pool: RankP
     assert not all(matched), "two unordered all-reduces of one tensor gave the ordered result on every rank"
 
 
+@pytest.fixture(scope="module")
+def delegated_pool() -> Iterator[RankPool]:
+    """Every collective on Gloo, whose reduce_scatter_tensor the next tests are about."""
+    with RankPool(Layout(2, 2), InitSpec(extra_env={"FAIRRING_FLAT_THRESHOLD": "1TiB"})) as ranks:
+        yield ranks
+
+
 def rewritten_after_reduce_scatter(numel: int, seed: int) -> list[bool]:
     """reduce_scatter_tensor(out, t) waited, out rewritten, then all_reduce(out): it reduces what was written.
 
@@ -171,8 +178,8 @@ def rewritten_after_reduce_scatter(numel: int, seed: int) -> list[bool]:
 
 
 @pytest.mark.timeout(300)
-def test_reduce_scatter_output_rewritten_then_reduced(ordered_pool: RankPool) -> None:
-    results = ordered_pool.run(rewritten_after_reduce_scatter, 1 << 12, 12)
+def test_reduce_scatter_output_rewritten_then_reduced(delegated_pool: RankPool) -> None:
+    results = delegated_pool.run(rewritten_after_reduce_scatter, 1 << 12, 12)
     assert all(scattered for scattered, _ in results), "the reduce-scatter itself was wrong"
     assert all(reduced for _, reduced in results), "the all-reduce saw the reduce-scatter's stale result"
 
@@ -194,8 +201,8 @@ def reduce_scatter_output_released(numel: int) -> bool:
 
 
 @pytest.mark.timeout(300)
-def test_waited_reduce_scatter_is_released(ordered_pool: RankPool) -> None:
-    assert all(ordered_pool.run(reduce_scatter_output_released, 1 << 12))
+def test_waited_reduce_scatter_is_released(delegated_pool: RankPool) -> None:
+    assert all(delegated_pool.run(reduce_scatter_output_released, 1 << 12))
 
 
 def without_completed_by_wait(numel: int, seed: int) -> list[bool]:
@@ -209,10 +216,10 @@ def without_completed_by_wait(numel: int, seed: int) -> list[bool]:
 
 
 @pytest.mark.timeout(300)
-def test_negative_control_gloo_work_as_gloo_made_it(ordered_pool: RankPool) -> None:
+def test_negative_control_gloo_work_as_gloo_made_it(delegated_pool: RankPool) -> None:
     """The checks of Gloo's reduce-scatter Work can fail: as Gloo made it, it is waited again
     (copying the stale result again) and held for ever."""
-    results = ordered_pool.run(without_completed_by_wait, 1 << 12, 13)
+    results = delegated_pool.run(without_completed_by_wait, 1 << 12, 13)
     assert all(scattered for scattered, _, _ in results)
     assert not any(reduced for _, reduced, _ in results), "the stale copy did not happen: the control shows nothing"
     assert not any(released for _, _, released in results), "the Work was let go: the control shows nothing"
