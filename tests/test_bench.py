@@ -57,6 +57,21 @@ def test_bench_runs_and_checks_results(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
+def test_bench_times_the_other_collectives(tmp_path: Path, collective: str) -> None:
+    """--collective: every result checked, sizes of the N-chunk buffer, (N-1)/N bus bandwidth."""
+    arguments = ["--loopback", "--sizes", "64KiB", "-n", "2", "-w", "1", "--collective", collective]
+    run, records = run_bench([*arguments, "--plots", str(tmp_path)], tmp_path / "r.json")
+    assert {(r["backend"], r["bytes"], r["collective"]) for r in records} == {
+        (backend, 65536, collective) for backend in ("gloo", FAIRRING)
+    }
+    for record in records:
+        assert record["correct"] is True
+        assert record["busbw_GBps"] == pytest.approx(record["algbw_GBps"] * 3 / 4)
+    assert f"{collective} of 64 KiB took" in run.stdout.splitlines()[-1]
+
+
+@pytest.mark.timeout(300)
 def test_training_study_quick_losses_agree_with_gloo(tmp_path: Path) -> None:
     """CI's share of the training study: tiny real models, DDP over fairring's engine and Gloo."""
     run, records = run_bench(["--study", "training", "--quick", "--plots", str(tmp_path)], tmp_path / "t.json")

@@ -1,4 +1,4 @@
-"""fairring's all_reduce microbenchmark, against Gloo (CPU) or NCCL (CUDA) in the same run.
+"""fairring's collectives microbenchmark, against Gloo (CPU) or NCCL (CUDA) in the same run.
 
 Ranks run on local processes that emulate machines: each machine is its own
 torchrun agent (`--nnodes M --node-rank i`), so ranks learn their machine from
@@ -18,6 +18,7 @@ bottleneck: that measures fairring's overhead, not what it is for.
     python -m fairring.bench --study training # real and emulated-compute DDP training, against Gloo
     python -m fairring.bench --study dispatch # 2x2, 4x2, 8x1 (--layouts): both paths, and what auto chose
     python -m fairring.bench --link 10gbit --study compare --sizes 4MiB,64MiB   # engine, baseline, auto; alternated
+    python -m fairring.bench --link 1gbit --collective reduce_scatter --sizes 4MiB,64MiB   # FSDP's gradients
 
 Studies: single (one all-reduce per size), overlap (many buckets back to back,
 with staging sized for 1, 2, 4, 8 slices in flight), scaling (the same
@@ -123,6 +124,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default="single",
         choices=("single", "overlap", "scaling", "transports", "dispatch", "compare", "all", "training"),
         help="what to measure (default single; see below)",
+    )
+    parser.add_argument(
+        "--collective",
+        default="all_reduce",
+        choices=("all_reduce", "reduce_scatter", "all_gather"),
+        help="what the single and compare studies time (default all_reduce); sizes are the N-chunk buffer's, "
+        "bus bandwidth and bound as nccl-tests and docs/design.md count them",
     )
     parser.add_argument("--buckets", type=int, default=64, help="overlap: buckets per measurement (default 64)")
     parser.add_argument("--bucket-size", default="25MiB", help="overlap: bucket size (default 25MiB)")
@@ -307,7 +315,8 @@ def reading(records: list[dict], args: argparse.Namespace) -> list[str]:
         record = max(ours, key=lambda r: r[key] or 0)
         baseline = {"gloo": "Gloo", "nccl": "NCCL"}.get(record["baseline"], record["baseline"])
         size = format_bytes(record["bytes"])
-        what = f"{record['buckets']} all_reduces of {size}" if record["buckets"] > 1 else f"all_reduce of {size}"
+        name = record.get("collective", "all_reduce")
+        what = f"{record['buckets']} {name}s of {size}" if record["buckets"] > 1 else f"{name} of {size}"
         setting = {
             "single": "",
             "overlap": f" with {record['inflight']} slice(s) in flight",

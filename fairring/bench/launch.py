@@ -55,7 +55,7 @@ def agent_command(args: argparse.Namespace, run: Run, node: int, master: str, po
         worker = [*run.worker, "--json", str(output)]
     else:
         worker = ["fairring.bench.worker", "--sizes", ",".join(str(s) for s in run.sizes), "--study", run.study]
-        worker += ["--buckets", str(run.buckets), "--inflight", str(run.inflight)]
+        worker += ["--buckets", str(run.buckets), "--inflight", str(run.inflight), "--collective", args.collective]
         worker += ["--iters", str(args.iters), "--warmup", str(args.warmup), "--json", str(output)]
         if args.link:
             worker += ["--link", args.link, "--link-bytes-per-s", str(parse_rate(args.link))]

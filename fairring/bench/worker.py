@@ -1,9 +1,10 @@
 """One rank of a benchmark run, started by torchrun (see fairring.bench.__main__).
 
-For each size, times all_reduce on the baseline group (Gloo for CPU tensors,
-NCCL for CUDA) and on fairring over the same ranks, checks each result against
-the closed-form sum of known inputs, and has rank 0 print a progress line and
-write one JSON record per measurement.
+For each size, times the collective (--collective: all_reduce, reduce_scatter or
+all_gather; fairring.bench.collectives) on the baseline group (Gloo for CPU
+tensors, NCCL for CUDA) and on fairring over the same ranks, checks each result
+against the closed-form value of known inputs, and has rank 0 print a progress
+line and write one JSON record per measurement.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import torch.distributed as dist
 import fairring
 from fairring.config import FLAT_THRESHOLD, SLICES_IN_FLIGHT, Config, load_config
 from fairring.sizes import format_size, parse_size
+
+from .collectives import COLLECTIVES, Buffers, Collective
 
 COLUMNS = (
     ("size", 10),
@@ -53,7 +56,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--study", default="single", choices=("single", "overlap", "scaling", "transports", "dispatch", "compare")
     )
-    parser.add_argument("--buckets", type=int, default=1, help="all-reduces issued back to back per measurement")
+    parser.add_argument("--collective", default="all_reduce", choices=sorted(COLLECTIVES))
+    parser.add_argument("--buckets", type=int, default=1, help="ops issued back to back per measurement")
     parser.add_argument(
         "--inflight", type=int, default=0, help="slices the staging memory allows in flight, for records"
     )
@@ -84,18 +88,23 @@ def nic_mtu(shaped: bool) -> int | None:
     return int(json.loads(shown.stdout)[0]["mtu"])
 
 
-def time_all_reduces(
-    tensors: list[torch.Tensor], group: dist.ProcessGroup, barrier_group: dist.ProcessGroup, iters: int, warmup: int
+def time_ops(
+    collective: Collective,
+    every: list[Buffers],
+    group: dist.ProcessGroup,
+    barrier_group: dist.ProcessGroup,
+    iters: int,
+    warmup: int,
 ) -> list[float]:
-    """Seconds to all-reduce every tensor, issued back to back like DDP's buckets, per iteration."""
+    """Seconds to run the collective on every buffer, issued back to back like DDP's buckets, per iteration."""
     seconds = []
     for iteration in range(warmup + iters):
         dist.barrier(group=barrier_group)
         start = time.perf_counter()
-        works = [dist.all_reduce(tensor, group=group, async_op=True) for tensor in tensors]
+        works = [collective.issue(buffers, group) for buffers in every]
         for work in works:
             work.wait()
-        if tensors[0].is_cuda:
+        if every[0][0].is_cuda:
             torch.cuda.synchronize()
         if iteration >= warmup:
             seconds.append(time.perf_counter() - start)
@@ -132,17 +141,18 @@ def passes(names: list[str], iters: int, warmup: int, alternate: bool) -> list[t
 
 def time_groups(
     groups: dict[str, dist.ProcessGroup],
-    tensors: list[torch.Tensor],
+    every: list[Buffers],
     gloo: dist.ProcessGroup,
     args: argparse.Namespace,
     shaped: bool,
 ) -> dict[str, Timed]:
-    """Every group's timed all-reduces of `tensors`, in passes()'s order."""
+    """Every group's timed ops on `every` buffer, in passes()'s order."""
+    collective = COLLECTIVES[args.collective]
     timed = {name: Timed() for name in groups}
     for order, iters, warmup in passes(list(groups), args.iters, args.warmup, args.study == "compare"):
         for name in order:
             sent_before, cpu_before, wall_before = shaper_bytes(shaped), time.process_time(), time.perf_counter()
-            timed[name].seconds += time_all_reduces(tensors, groups[name], gloo, iters, warmup)
+            timed[name].seconds += time_ops(collective, every, groups[name], gloo, iters, warmup)
             timed[name].cpu_s += time.process_time() - cpu_before
             timed[name].wall_s += time.perf_counter() - wall_before
             timed[name].sent += shaper_bytes(shaped) - sent_before
@@ -166,24 +176,6 @@ def first_auto_use(groups: dict[str, dist.ProcessGroup], device: torch.device | 
         "auto_sizes": decided["sizes"],
         "auto_measure_s": measure_s,
     }
-
-
-def is_exact_sum(tensors: list[torch.Tensor], group: dist.ProcessGroup) -> bool:
-    """Rank r contributes r + 1 everywhere: the sum is n(n + 1)/2, exact in float32."""
-    size = dist.get_world_size()
-    for tensor in tensors:
-        tensor.fill_(dist.get_rank() + 1)
-    works = [dist.all_reduce(tensor, group=group, async_op=True) for tensor in tensors]
-    for work in works:
-        work.wait()
-    return all(bool(torch.all(tensor == size * (size + 1) / 2)) for tensor in tensors)
-
-
-def hierarchical_bound_s(nbytes: int, machines: int, link_bytes_per_s: float) -> float | None:
-    """Time to push 2(M-1)/M x S bytes through one host's NIC: no all-reduce can beat it."""
-    if link_bytes_per_s <= 0 or machines < 2:
-        return None
-    return 2 * (machines - 1) / machines * nbytes / link_bytes_per_s
 
 
 def environment(device_type: str) -> dict[str, object]:
@@ -256,7 +248,9 @@ def main(argv: list[str]) -> None:
     # Named by transport where it is not the default, so one table can hold both.
     fairring_name = "fairring" if config.rails_transport == "tensorpipe" else f"fairring-{config.rails_transport}"
     groups = {baseline_name: dist.new_group(backend=baseline_name) if device else gloo, fairring_name: dist.group.WORLD}
-    auto = first_auto_use(groups, device) if args.study in ("dispatch", "compare") else {}
+    collective = COLLECTIVES[args.collective]
+    measures = args.study in ("dispatch", "compare") and args.collective == "all_reduce"
+    auto = first_auto_use(groups, device) if measures else {}
     topology = dist.group.WORLD._get_backend(torch.device("cpu")).topology
     # The cores the ranks share: one machine's for emulated hosts (one kernel, one hostname),
     # every machine's on a real cluster.
@@ -269,17 +263,17 @@ def main(argv: list[str]) -> None:
     if rank == 0:
         where = f"CUDA ({torch.cuda.get_device_name(device)})" if device is not None else "CPU"
         link = f", NICs shaped to {args.link} (MTU {mtu})" if args.link else ""
-        print(f"{topology.num_machines} machines x {topology.local_size} ranks, {where} float32 all_reduce{link}")
+        what = f"{where} float32 {args.collective}"
+        print(f"{topology.num_machines} machines x {topology.local_size} ranks, {what}{link}")
         print(" ".join(f"{name:>{width}}" for name, width in COLUMNS), flush=True)
     for size_text in args.sizes.split(","):
-        elements = max(1, parse_size("--sizes", size_text) // 4)
-        nbytes = elements * 4
-        tensors = [torch.empty(elements, device=device) for _ in range(args.buckets)]
+        every = [collective.buffers(parse_size("--sizes", size_text), size, device) for _ in range(args.buckets)]
+        nbytes = max(every[0][0].nbytes, every[0][1].nbytes)
         total_bytes = nbytes * args.buckets
-        bound = hierarchical_bound_s(total_bytes, topology.num_machines, args.link_bytes_per_s)
+        bound = collective.bound_s(total_bytes, topology.num_machines, args.link_bytes_per_s)
         medians: dict[str, float] = {}
-        correct = {name: is_exact_sum(tensors, group) for name, group in groups.items()}
-        timed = time_groups(groups, tensors, gloo, args, shaped)
+        correct = {name: collective.check(every, group) for name, group in groups.items()}
+        timed = time_groups(groups, every, gloo, args, shaped)
         for name in groups:
             seconds, cpu_s, wall_s, sent = timed[name].seconds, timed[name].cpu_s, timed[name].wall_s, timed[name].sent
             # An op is as slow as its slowest rank.
@@ -299,6 +293,7 @@ def main(argv: list[str]) -> None:
             algbw = total_bytes / median / 1e9
             record = {
                 "study": args.study,
+                "collective": args.collective,
                 "backend": name,
                 "rails": rails_description(config) if name == fairring_name else None,
                 "baseline": baseline_name,
@@ -318,7 +313,7 @@ def main(argv: list[str]) -> None:
                 "min_s": min(per_iter),
                 "max_s": max(per_iter),
                 "algbw_GBps": algbw,
-                "busbw_GBps": algbw * 2 * (size - 1) / size,
+                "busbw_GBps": algbw * collective.bus_factor(size),
                 "speedup_vs_baseline": medians[baseline_name] / median,
                 "bound_s": bound,
                 "fraction_of_bound_speed": bound / median if bound else None,
@@ -338,7 +333,7 @@ def main(argv: list[str]) -> None:
         args.json.write_text(json.dumps(document, indent=1))
     dist.destroy_process_group()
     if not all(record["correct"] for record in records):
-        sys.exit("fairring.bench: some all_reduce results were wrong")
+        sys.exit(f"fairring.bench: some {args.collective} results were wrong")
 
 
 def print_row(record: dict[str, object]) -> None:

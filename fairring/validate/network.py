@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import fairring
-from fairring.bench.worker import hierarchical_bound_s
+from fairring.bench.collectives import COLLECTIVES
 
 SYSFS_NET = Path("/sys/class/net")
 # Fields that differ between ranks of one setup; ranks are grouped on the rest.
@@ -91,7 +91,7 @@ class Bound:
         """2(M-1)/M x S over the slowest machine's NICs: no all-reduce can be faster."""
         if self.bytes_per_s is None:
             return None
-        return hierarchical_bound_s(nbytes, num_machines, self.bytes_per_s)
+        return COLLECTIVES["all_reduce"].bound_s(nbytes, num_machines, self.bytes_per_s)
 
 
 def machine_rates(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
