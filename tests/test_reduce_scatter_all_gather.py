@@ -116,6 +116,24 @@ def many_in_flight(seed: int) -> None:
         assert torch.equal(params.narrow(0, i * world * chunk, world * chunk), torch.cat(every))
 
 
+def in_place(seed: int) -> None:
+    """FSDP2's all-gather into the buffer its input is a view of, and a reduce-scatter into its own input."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    chunk = 30_001
+    shards = [rank_tensor(r, (chunk,), torch.float32, seed) for r in range(world)]
+    gathered = torch.zeros(world * chunk)
+    gathered.narrow(0, rank * chunk, chunk).copy_(shards[rank])
+    before = engine_ops()
+    dist.all_gather_into_tensor(gathered, gathered.narrow(0, rank * chunk, chunk))
+    assert torch.equal(gathered, torch.cat(shards))
+    inputs = [rank_tensor(r, (world * chunk,), torch.float32, seed + 1) for r in range(world)]
+    buffer = inputs[rank].clone()
+    dist.reduce_scatter_tensor(buffer.narrow(0, rank * chunk, chunk), buffer)
+    expected = reduce_reference(inputs, "sum").view(world, chunk)[rank].float()
+    torch.testing.assert_close(buffer.narrow(0, rank * chunk, chunk), expected, rtol=1e-5, atol=1e-5)
+    assert engine_ops() == before + 2
+
+
 def outcome(call) -> object:  # type: ignore[no-untyped-def]
     """What `call` returns, or the class of what it raises."""
     try:
@@ -177,6 +195,11 @@ def test_every_size_dtype_and_op(pool: RankPool) -> None:
 @pytest.mark.timeout(300)
 def test_many_in_flight_on_views(pool: RankPool) -> None:
     pool.run(many_in_flight, 22)
+
+
+@pytest.mark.timeout(300)
+def test_in_place(pool: RankPool) -> None:
+    pool.run(in_place, 27)
 
 
 @pytest.mark.timeout(300)

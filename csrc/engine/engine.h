@@ -163,7 +163,9 @@ class Engine {
 
   // Starts a reduce-scatter: `output` (C elements) = `op` over every rank's
   // chunk number rank() of its `input` (N x C elements, chunks in group-rank
-  // order). Both contiguous, on device(), without grad, and not overlapping.
+  // order). Both contiguous, on device(), without grad. `output` may be
+  // this rank's chunk of `input` (in place, as FSDP has it): a slice reads
+  // and writes only its own columns, reading before it writes.
   // As allreduce() otherwise; the future holds [output].
   c10::intrusive_ptr<c10::ivalue::Future> reduceScatter(
       const at::Tensor& input,
