@@ -142,7 +142,8 @@ c10::intrusive_ptr<c10d::Work> Backend::issue(Operation op, Launch&& launch) {
   // Captured into a CUDA graph (device/capture.h): what it launches is
   // recorded, not run, and nothing of fairring's may query it or wait for
   // work from outside the capture. NCCL orders its own launches.
-  const bool captured = graphCaptureUnderway(deviceOf(op));
+  const bool captured =
+      op.captured ? *op.captured : graphCaptureUnderway(deviceOf(op));
   // Where it runs: the engine the path decision chose, made on first use (a
   // collective step), else the delegate of its device type. A delegated
   // collective is refused once the group has failed, before its delegate is
@@ -298,13 +299,17 @@ AllreduceRoute Backend::choosePath(const AllreduceArgs& args) {
   return route;
 }
 
+EngineSizes Backend::engineSizesInForce(c10::DeviceType type) const {
+  const size_t index = indexOfType(type);
+  // The threshold first: auto stores the ceiling before it.
+  const int64_t from = flatThresholds_[index].load();
+  return EngineSizes{from, engineCeilings_[index].load()};
+}
+
 EngineSizes Backend::engineSizesFor(const AllreduceArgs& args) {
   const size_t index = indexOfType(args.deviceType);
   auto& threshold = flatThresholds_[index];
-  const auto current = [&] {
-    const int64_t from = threshold.load();
-    return EngineSizes{from, engineCeilings_[index].load()};
-  };
+  const auto current = [&] { return engineSizesInForce(args.deviceType); };
   const EngineSizes known = current();
   // Still to be measured, the sizes route as a threshold of 0 would: an
   // all-reduce the engine would not take then needs no measurement.
@@ -773,7 +778,8 @@ Operation Backend::allreduceOperation(
           : std::nullopt,
       // Its launch copies what it needs: all_reduce's own (the coalesced
       // form keeps its caller's arguments, and waits).
-      .launchesInTurn = std::string_view(name) == "allreduce"};
+      .launchesInTurn = std::string_view(name) == "allreduce",
+      .captured = args.captured};
 }
 
 // One all-reduce, in the order it happens: its arguments checked into one
@@ -913,14 +919,15 @@ c10::intrusive_ptr<c10d::Work> Backend::chunked(
     OnDelegate&& onDelegate) {
   ChunkedArgs args =
       chunkedArgs(kind, input, output, topology_.worldSize(), reduceOp);
-  args.captured = graphCaptureUnderway(input.device());
+  // Asked once, of the device the funnel would ask about.
+  op.captured = graphCaptureUnderway(deviceOf(op));
+  args.captured = *op.captured;
   args.inCoalescingBlock = coalescingBlockOpen();
-  const size_t index = indexOfType(args.deviceType);
-  const int64_t threshold = flatThresholds_[index].load();
-  // Until auto has measured the all-reduce's sizes, the delegate's.
-  const EngineSizes sizes = threshold == kMeasuredThreshold
-      ? EngineSizes{std::numeric_limits<int64_t>::max()}
-      : EngineSizes{threshold, engineCeilings_[index].load()};
+  EngineSizes sizes = engineSizesInForce(args.deviceType);
+  if (sizes.fromBytes == kMeasuredThreshold) {
+    // Until auto has measured the all-reduce's sizes, the delegate's.
+    sizes = EngineSizes{std::numeric_limits<int64_t>::max()};
+  }
   if (chunkedOnEngine(args, topology_.servesEngine(), config_, sizes)) {
     op.engineDevice = input.device();
   }

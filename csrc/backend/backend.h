@@ -332,6 +332,9 @@ class Backend final : public c10d::Backend {
   // coalescing block, where the measurement's own collectives cannot run:
   // that one goes to the delegate. (The engine takes no captured one.)
   EngineSizes engineSizesFor(const AllreduceArgs& args);
+  // The engine's sizes for tensors of `type` as they stand (the threshold
+  // kMeasuredThreshold while auto has not measured), measuring nothing.
+  EngineSizes engineSizesInForce(c10::DeviceType type) const;
   // The measurement's all-reduces: one SUM on the path named, through the
   // funnel like any other all-reduce, waited for.
   void allreduceOnPath(at::Tensor& tensor, bool onEngine);

@@ -98,6 +98,9 @@ struct Operation {
   // order rather than keep its caller waiting (Engine::launchInTurn): a
   // delegated all-reduce, DDP's small buckets.
   bool launchesInTurn = false;
+  // Whether it is issued during CUDA graph capture (graphCaptureUnderway),
+  // where the door already asked to choose its path; else the funnel asks.
+  std::optional<bool> captured;
 
   // A collective on `tensors` (each a tensor, a list or a list of lists):
   // its signature is its name and device type.
