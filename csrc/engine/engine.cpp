@@ -445,12 +445,8 @@ void Engine::allGatherLoop() {
 // Staging for the slice, and the messages it will receive on both lanes.
 bool Engine::start(const std::shared_ptr<SliceWork>& slice) {
   const auto cancelled = [this] { return failed(); };
-  const int64_t elementSize = slice->op->elements.element_size();
-  const auto layout = stagingLayoutFor(
-      slice->stagedNumel() * elementSize,
-      topology_.localSize(),
-      topology_.numMachines(),
-      slice->staged());
+  const auto layout =
+      leaseLayout(slice->plan, slice->rows, slice->op->elements.element_size());
   // Under the launch order, an op's window (launchWindow) replays its leases
   // from an empty ring; leases kept for resends may outlive the previous
   // op's last all-gather, so its first slice waits until they are back.
@@ -521,8 +517,11 @@ bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
         if (kind == Collective::kReduceScatter) {
           // Row l x M + m: the chunk of the rank with local index l on
           // machine m, so that local rank l's part is its rail's chunks.
-          if (slice->plan.padded()) {
-            slice->padded.zero_();
+          const Slice& plan = slice->plan;
+          if (plan.padded()) {
+            slice->padded.view({slice->rows, plan.paddedNumel})
+                .narrow(1, plan.numel, plan.paddedNumel - plan.numel)
+                .zero_();
           }
           at::Tensor rows = stagedRows(*slice);
           rows.copy_(chunkColumns(*slice, slice->op->elements)
@@ -655,14 +654,18 @@ int64_t Engine::launchWindow(
   std::vector<int64_t> leaseBytes;
   leaseBytes.reserve(plan.size());
   for (const Slice& slice : plan) {
-    leaseBytes.push_back(stagingLayoutFor(
-                             slice.paddedNumel * rows * elementSize,
-                             topology_.localSize(),
-                             topology_.numMachines(),
-                             slice.padded() || rows > 1)
-                             .bytes);
+    leaseBytes.push_back(leaseLayout(slice, rows, elementSize).bytes);
   }
   return stagingWindow(staging_.capacity(), leaseBytes);
+}
+
+StagingLayout Engine::leaseLayout(
+    const Slice& plan, int64_t rows, int64_t elementSize) const {
+  return stagingLayoutFor(
+      plan.paddedNumel * rows * elementSize,
+      topology_.localSize(),
+      topology_.numMachines(),
+      stagedInCopy(plan, rows));
 }
 
 void Engine::launched(LaunchOrder::Step step) {

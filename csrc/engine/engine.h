@@ -345,6 +345,10 @@ class Engine {
   std::shared_ptr<SliceWork> popWhenReady(
       Queue& queue, const std::function<bool(const SliceWork&)>& ready);
   void push(Queue& queue, std::shared_ptr<SliceWork> slice);
+  // Where the staging of a slice of `plan`, `rows` rows of it, lies in its
+  // lease: what start() leases and launchWindow() replays.
+  StagingLayout leaseLayout(
+      const Slice& plan, int64_t rows, int64_t elementSize) const;
   // The window of an op of these slices (LaunchOrder::issued).
   int64_t launchWindow(
       const std::vector<Slice>& plan, int64_t rows, int64_t elementSize) const;

@@ -95,6 +95,12 @@ struct Engine::Op {
   }
 };
 
+// Whether a slice of `plan`, `rows` rows of it, is staged in a copy of its
+// own: padded, or its rows reordered (a reduce-scatter's, an all-gather's).
+inline bool stagedInCopy(const Slice& plan, int64_t rows) {
+  return plan.padded() || rows > 1;
+}
+
 struct Engine::SliceWork {
   std::shared_ptr<Op> op;
   int64_t index;
@@ -138,9 +144,8 @@ struct Engine::SliceWork {
   int64_t stagedNumel() const {
     return plan.paddedNumel * rows;
   }
-  // Staged in a copy of its own: padded, or its rows reordered.
   bool staged() const {
-    return plan.padded() || rows > 1;
+    return stagedInCopy(plan, rows);
   }
   std::string describe() const {
     return std::string(collectiveName(op->kind)) + " #" +
