@@ -126,6 +126,41 @@ def engine_premul_sum_and_non_contiguous(device_of_rank: str) -> None:
     assert_matches(tensor.cpu(), torch.stack(inputs).sum(0).to(torch.float32).t())
 
 
+def engine_reduce_scatters_and_all_gathers(device_of_rank: str) -> None:
+    """reduce_scatter_tensor and all_gather_into_tensor on the engine, against torch on the CPU:
+    several in flight, in place, and an input the caller's side stream writes late."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    device = torch.device(device_of_rank.format(rank=rank))
+    torch.cuda.set_device(device)
+    before = cuda_backend().engine_stats("cuda")["ops"]
+    issued = 0
+    for chunk in (1, 1001, 40_003):
+        for seed, (dtype_name, op) in enumerate((("float32", "sum"), ("bfloat16", "max"), ("int32", "sum"))):
+            dtype = getattr(torch, dtype_name)
+            inputs = [rank_tensor(r, (world * chunk,), dtype, seed, op) for r in range(world)]
+            shards = [rank_tensor(r, (chunk,), dtype, seed + 7) for r in range(world)]
+            scattered = torch.empty(chunk, dtype=dtype, device=device)
+            gathered = torch.empty(world * chunk, dtype=dtype, device=device)
+            gathered.narrow(0, rank * chunk, chunk).copy_(shards[rank])
+            side = torch.cuda.Stream()
+            with torch.cuda.stream(side):
+                source = torch.zeros(world * chunk, dtype=dtype, device=device)
+                torch.cuda._sleep(20_000_000)  # the input is late: the engine must wait for it
+                source.copy_(inputs[rank])
+                works = [
+                    dist.reduce_scatter_tensor(scattered, source, op=REDUCE_OPS[op], async_op=True),
+                    dist.all_gather_into_tensor(gathered, gathered.narrow(0, rank * chunk, chunk), async_op=True),
+                ]
+                for work in works:
+                    work.wait()
+            side.synchronize()
+            issued += 2
+            expected = reduce_reference(inputs, op).view(world, chunk)[rank]
+            assert_matches(scattered.cpu(), expected)
+            assert torch.equal(gathered.cpu(), torch.cat(shards))
+    assert cuda_backend().engine_stats("cuda")["ops"] == before + issued, "not all ran on the engine"
+
+
 def engine_orders_ops_on_one_tensor(device_of_rank: str, broadcast: bool) -> None:
     device = torch.device(device_of_rank.format(rank=dist.get_rank()))
     torch.cuda.set_device(device)
@@ -206,6 +241,7 @@ def run_engine_checks(
         ranks.run(engine_orders_streams, device_of_rank)
         ranks.run(engine_premul_sum_and_non_contiguous, device_of_rank)
         ranks.run(engine_orders_ops_on_one_tensor, device_of_rank, broadcast)
+        ranks.run(engine_reduce_scatters_and_all_gathers, device_of_rank)
     return results
 
 
