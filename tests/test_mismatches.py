@@ -92,6 +92,12 @@ def issue_differently(case: str) -> dict[str, object]:
             dist.all_reduce(torch.ones(16 if odd else LARGE))
         elif case == "dtype":  # the engine does not reduce bool
             dist.all_reduce(torch.ones(LARGE, dtype=torch.bool if odd else torch.float32), op=dist.ReduceOp.MAX)
+        elif case == "kind":  # both on the engine: a reduce-scatter against an all-gather
+            world = dist.get_world_size()
+            if odd:
+                dist.all_gather_into_tensor(torch.empty(LARGE * world), torch.ones(LARGE))
+            else:
+                dist.reduce_scatter_tensor(torch.empty(LARGE), torch.ones(LARGE * world))
         elif case == "order":
             steps = [lambda: dist.broadcast(torch.ones(4), src=0), lambda: dist.all_reduce(torch.ones(LARGE))]
             for step in reversed(steps) if odd else steps:
@@ -119,7 +125,7 @@ def run_case(backend: str, case: str) -> dict[int, dict[str, object]]:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("case", ["size", "dtype", "order"])
+@pytest.mark.parametrize("case", ["size", "dtype", "kind", "order"])
 def test_ranks_on_different_paths_all_fail_at_once_naming_both(case: str) -> None:
     outcomes = {"fairring": run_case("fairring", case)}
     if case == "size":
