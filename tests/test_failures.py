@@ -31,8 +31,19 @@ Engine_SETTLE_GRACE_S = 2.0
 FAULT_TIMEOUT = timedelta(seconds=10)
 
 
-def stream_until_failure(victim: int, fault: str, scratch: str) -> dict[str, object]:
-    """Every rank all-reduces 1 Mi floats in a stream until one fails; the victim injects `fault` on itself.
+def fsdp_step(tensor: torch.Tensor) -> None:
+    """FSDP's traffic on `tensor`: its reduce-scatter, then the all-gather of the shard back."""
+    shard = torch.empty(tensor.numel() // dist.get_world_size())
+    dist.reduce_scatter_tensor(shard, tensor)
+    dist.all_gather_into_tensor(tensor, shard)
+
+
+STEPS = {"all_reduce": dist.all_reduce, "fsdp": fsdp_step}
+
+
+def stream_until_failure(victim: int, fault: str, scratch: str, step: str = "all_reduce") -> dict[str, object]:
+    """Every rank all-reduces 1 Mi floats (or runs `step`) in a stream until one fails; the victim injects
+    `fault` on itself.
 
     "kill": SIGKILL; "stop": SIGSTOP (alive, sockets open, silent); "link": its
     host's link goes down (it runs inside that host's network namespace). The
@@ -41,8 +52,9 @@ def stream_until_failure(victim: int, fault: str, scratch: str) -> dict[str, obj
     """
     rank = dist.get_rank()
     tensor = torch.ones(1 << 20)
+    run_step = STEPS[step]
     for _ in range(3):  # the engine is made, and every path warm
-        dist.all_reduce(tensor)
+        run_step(tensor)
     folder = Path(scratch)
     if rank == victim:
         if fault == "link":
@@ -56,13 +68,13 @@ def stream_until_failure(victim: int, fault: str, scratch: str) -> dict[str, obj
     started = time.monotonic()
     try:
         while time.monotonic() - started < 120:
-            dist.all_reduce(tensor)
+            run_step(tensor)
         outcome["first"] = "no error in 120 s"
     except RuntimeError as error:
         outcome["first"] = str(error)
     failed_at = time.time()
     try:
-        dist.all_reduce(tensor)
+        run_step(tensor)
         outcome["later"] = "completed"
     except RuntimeError as error:
         outcome["later"] = str(error)
@@ -84,7 +96,12 @@ def stream_until_failure(victim: int, fault: str, scratch: str) -> dict[str, obj
 
 
 def inject(
-    backend: str, fault: str, tmp_path: Path, hosts: list[Host] | None = None, transport: str = "tensorpipe"
+    backend: str,
+    fault: str,
+    tmp_path: Path,
+    hosts: list[Host] | None = None,
+    transport: str = "tensorpipe",
+    step: str = "all_reduce",
 ) -> dict[int, dict[str, object]]:
     """Runs stream_until_failure on 2 machines x 2 ranks with the last rank as the victim."""
     layout = Layout(2, 2)
@@ -100,9 +117,9 @@ def inject(
     ranks = RankPool(layout, spec, hosts=hosts).start()
     try:
         if fault == "link":
-            return dict(enumerate(ranks.run(stream_until_failure, victim, fault, str(scratch), timeout=90)))
+            return dict(enumerate(ranks.run(stream_until_failure, victim, fault, str(scratch), step, timeout=90)))
         with pytest.raises(RankFailure) as failure:
-            ranks.run(stream_until_failure, victim, fault, str(scratch), timeout=90)
+            ranks.run(stream_until_failure, victim, fault, str(scratch), step, timeout=90)
     finally:
         ranks.close()
     assert set(failure.value.results) == set(range(victim)), failure.value
@@ -138,6 +155,19 @@ def test_a_killed_rank_is_named_by_every_survivor(tmp_path: Path, transport: str
         assert "rank 3 (machine 1 of 2)" in str(outcome["later"]), outcome
         assert float(outcome["later_seconds"]) < 1, outcome
         assert float(outcome["destroy_seconds"]) < 5, outcome
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_rank_is_named_during_fsdp_collectives(tmp_path: Path) -> None:
+    """The engine's reduce-scatters and all-gathers fail as its all-reduces do, naming the rank."""
+    outcomes = {"fairring": inject("fairring", "kill", tmp_path, step="fsdp")}
+    report("rank 3 of 2x2 is killed mid-stream of reduce-scatters and all-gathers:", outcomes)
+    for rank, outcome in outcomes["fairring"].items():
+        first = str(outcome["first"])
+        assert "rank 3 (machine 1 of 2) exited, crashed or lost its network" in first, (rank, first)
+        assert float(outcome["seconds"]) < FAULT_TIMEOUT.total_seconds(), outcome
+        assert "rank 3 (machine 1 of 2)" in str(outcome["later"]), outcome
+        assert float(outcome["later_seconds"]) < 1, outcome
 
 
 @pytest.mark.timeout(300)
