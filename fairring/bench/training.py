@@ -1,4 +1,4 @@
-"""The training study: DDP training end to end, fairring against Gloo (NCCL with --cuda) in the same run.
+"""The training study: DDP and FSDP2 training end to end, fairring against Gloo (NCCL with --cuda) in the same run.
 
     python -m fairring.bench --study training               # both parts (below), about 25 minutes
     python -m fairring.bench --study training --part real   # real compute only
@@ -6,7 +6,8 @@
 
 Real compute: a ResNet-18-like CNN (11M parameters, fp32, 4 images of 32x32
 per rank) and a GPT-shaped transformer (29M, bf16 autocast, 2 sequences of 64
-tokens) really trained by DDP on synthetic data, on
+tokens) really trained by DDP on synthetic data, the transformer also by FSDP2
+(fully_shard per block: its reduce-scatters and all-gathers), on
 2 hosts x 2 ranks at 1 Gbit/s and on loopback. Both backends start from the
 same weights and see the same data, so their losses must agree.
 
@@ -33,12 +34,14 @@ from fairring.sizes import parse_rate
 
 from .launch import Run, hosts_for, run_agents
 from .netns import netns_available
+from .training_plots import model_name
 
 # --json's default in the microbenchmark, which the study replaces with its own file.
 MICROBENCHMARK_JSON = Path("bench-results/allreduce.json")
 STUDY_LINK = "1gbit"
-REAL_RUNS = (("cnn", False), ("gpt", True))  # model, bf16 autocast
-QUICK_RUNS = (("cnn-tiny", False), ("gpt-tiny", True))
+# Model, bf16 autocast, parallelism: DDP, or FSDP2's fully_shard per block.
+REAL_RUNS = (("cnn", False, "ddp"), ("gpt", True, "ddp"), ("gpt", True, "fsdp2"))
+QUICK_RUNS = (("cnn-tiny", False, "ddp"), ("gpt-tiny", True, "ddp"), ("gpt-tiny", True, "fsdp2"))
 SHAPED = ("resnet50", "bert-base", "gpt2-small")
 LAYOUTS = ((2, 2), (4, 2), (8, 1))
 
@@ -83,13 +86,14 @@ def plan(args: argparse.Namespace, hosts_possible: bool) -> list[tuple[str, Run,
         steps, warmup = (4, 1) if args.quick else (18, 2)
         links: list[str | None] = [None] if args.quick or not hosts_possible else [args.link or STUDY_LINK, None]
         for link in links:
-            for model, autocast in QUICK_RUNS if args.quick else REAL_RUNS:
+            for model, autocast, parallel in QUICK_RUNS if args.quick else REAL_RUNS:
                 worker = ["fairring.bench.training_worker", "--part", "real", "--model", model]
                 worker += ["--steps", str(steps), "--warmup", str(warmup), "--link", link or ""]
                 worker += ["--autocast"] if autocast else []
+                worker += ["--parallel", parallel]
                 where = f"{link} hosts" if link else "loopback"
                 run = Run("training", 2, [], environment=user_env, worker=tuple(worker), ranks_per_machine=2)
-                runs.append((f"real compute: {model} on 2x2, {where}", run, link))
+                runs.append((f"real compute: {model} ({parallel}) on 2x2, {where}", run, link))
     if args.part in ("emulated", "both") and not args.quick and hosts_possible:
         link = args.link or STUDY_LINK
         scale = parse_rate(args.real_link) / parse_rate(link)
@@ -154,7 +158,9 @@ def reading(records: list[dict], args: argparse.Namespace) -> str:
     real = [r for r in ours if r["part"] == "real"]
     if real:
         gap = max(r["loss_gap"] for r in real)
-        speedups = ", ".join(f"{r['model']} {r['speedup_vs_baseline']:.2f}x ({r['link'] or 'loopback'})" for r in real)
+        speedups = ", ".join(
+            f"{model_name(r)} {r['speedup_vs_baseline']:.2f}x ({r['link'] or 'loopback'})" for r in real
+        )
         parts.append(f"with real compute fairring trained at {speedups} Gloo's speed, losses within {gap:.1e}")
     emulated = [r for r in ours if r["part"] == "emulated"]
     if emulated:

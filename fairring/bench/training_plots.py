@@ -5,9 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def model_name(record: dict) -> str:
+    """The model, and how it was parallelised where not DDP: "gpt fsdp2"."""
+    parallel = record.get("parallel", "ddp")
+    return record["model"] if parallel == "ddp" else f"{record['model']} {parallel}"
+
+
 def _label(record: dict) -> str:
     network = record["link"] or "loopback"
-    return f"{record['model']}\n{record['machines']}x{record['ranks_per_machine']}, {network}"
+    return f"{model_name(record)}\n{record['machines']}x{record['ranks_per_machine']}, {network}"
 
 
 def plot_training(records: list[dict], folder: Path) -> list[Path]:
@@ -36,7 +42,7 @@ def plot_training(records: list[dict], folder: Path) -> list[Path]:
             axes.bar(xs, medians, width, yerr=[low, high], capsize=3, label=backend)
         axes.set_xticks([i + 0.4 - width / 2 for i in range(len(labels))], labels, fontsize=7)
         axes.set_ylabel("time per training step (s)")
-        axes.set_title(f"DDP training, {part} compute: median step, min-max bars")
+        axes.set_title(f"training, {part} compute: median step, min-max bars")
         axes.legend()
         figure.tight_layout()
         written += _save(figure, folder / f"training-steps-{part}", plt)
@@ -45,7 +51,7 @@ def plot_training(records: list[dict], folder: Path) -> list[Path]:
         figure, axes = plt.subplots(figsize=(6.4, 4.2))
         for record in real:
             style = "-" if record["backend"] == "fairring" else ":"
-            label = f"{record['model']} {record['link'] or 'loopback'} {record['backend']}"
+            label = f"{model_name(record)} {record['link'] or 'loopback'} {record['backend']}"
             axes.plot(range(len(record["losses"])), record["losses"], style, label=label)
         axes.set_xlabel("step")
         axes.set_ylabel("rank 0's loss")

@@ -1,8 +1,9 @@
 """One rank of the training study (fairring.bench.training), started by torchrun.
 
-Trains one model with DDP over fairring and then over the baseline (Gloo for CPU
-tensors, NCCL for CUDA) from the same initial weights on the same data, and has
-rank 0 print a row per backend and write the records.
+Trains one model with DDP (or FSDP2's fully_shard, --parallel fsdp2) over
+fairring and then over the baseline (Gloo for CPU tensors, NCCL for CUDA) from the
+same initial weights on the same data, and has rank 0 print a row per backend and
+write the records.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, required=True, help="timed steps")
     parser.add_argument("--warmup", type=int, required=True)
     parser.add_argument("--autocast", action="store_true", help="bf16 autocast (real compute)")
+    parser.add_argument(
+        "--parallel", choices=("ddp", "fsdp2"), default="ddp", help="real compute: DDP, or fully_shard per block"
+    )
     parser.add_argument("--flops-per-s", type=float, default=0.0, help="emulated: the GPU's achieved FLOP/s")
     parser.add_argument("--scale", type=float, default=1.0, help="emulated: how much slower the emulated network is")
     parser.add_argument("--link", default="", help="the NIC rate as given, for the records")
@@ -87,12 +91,26 @@ def train(
     return seconds, losses
 
 
+def fully_sharded(model: torch.nn.Module, group: dist.ProcessGroup, device: torch.device) -> torch.nn.Module:
+    """FSDP2 as torchtitan applies it: fully_shard on every transformer block, then on the root."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = DeviceMesh.from_group(group, device.type)
+    for block in model.blocks.layers:
+        fully_shard(block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
 def measure(args: argparse.Namespace, group: dist.ProcessGroup, device: torch.device) -> dict[str, object]:
     """One backend's figures for the model in `args`."""
     rank = dist.get_rank()
+    compute: list[float] | None = None
     if args.part == "real":
         spec = REAL_MODELS[args.model]
-        model = DDP(spec.build().to(device), process_group=group)
+        built = spec.build().to(device)
+        sharded = args.parallel == "fsdp2"
+        model = fully_sharded(built, group, device) if sharded else DDP(built, process_group=group)
 
         def step_fn(net: torch.nn.Module, step: int) -> torch.Tensor:
             inputs, targets = (t.to(device) for t in spec.data(step, rank))
@@ -102,8 +120,10 @@ def measure(args: argparse.Namespace, group: dist.ProcessGroup, device: torch.de
             return loss.detach().float()
 
         seconds, losses = train(model, group, step_fn, args.warmup + args.steps)
-        # The same steps again without the all-reduces: what the step costs without communication.
-        compute, _ = train(model, group, step_fn, 3, sync=False)
+        if not sharded:
+            # The same steps again without the all-reduces: what the step costs without communication.
+            # FSDP2 has no such step: it gathers the parameters it computes with.
+            compute, _ = train(model, group, step_fn, 3, sync=False)
         samples = spec.batch
         comm = None
     else:
@@ -124,17 +144,17 @@ def measure(args: argparse.Namespace, group: dist.ProcessGroup, device: torch.de
         samples = shaped.samples
     timed = seconds[args.warmup :]
     median = statistics.median(timed)
-    compute_s = statistics.median(compute)
     record: dict[str, object] = {
         "median_s": median,
         "min_s": min(timed),
         "max_s": max(timed),
         "step_s": timed,
         "samples_per_s": samples * dist.get_world_size() / median,
-        "compute_s": compute_s,
-        "exposed_comm_s": max(0.0, median - compute_s),
         "losses": losses[:PARITY_STEPS],
     }
+    if compute is not None:
+        compute_s = statistics.median(compute)
+        record |= {"compute_s": compute_s, "exposed_comm_s": max(0.0, median - compute_s)}
     if comm is not None:
         record["comm_s"] = statistics.median(comm)
     del model
@@ -150,6 +170,8 @@ def settle_overlap(records: list[dict[str, object]]) -> None:
     2 cores shared by up to 8 ranks). Hidden: what a step would take with no communication hidden
     (compute + communication alone), less what it took, as a share of the communication.
     """
+    if any("compute_s" not in record for record in records):
+        return  # FSDP2: no step without communication to compare with
     compute_s = min(float(record["compute_s"]) for record in records)
     for record in records:
         record["compute_s"] = compute_s
@@ -175,7 +197,11 @@ def print_row(record: dict[str, object]) -> None:
         f"{record['min_s']:.3f}-{record['max_s']:.3f}",
         f"{record['samples_per_s']:.1f}",
         f"{record['speedup_vs_baseline']:.2f}x" if record.get("speedup_vs_baseline") else "",
-        f"{hidden:.0%}" if hidden is not None else f"{record['exposed_comm_s']:.3f}s exp",
+        f"{hidden:.0%}"
+        if hidden is not None
+        else f"{record['exposed_comm_s']:.3f}s exp"
+        if "exposed_comm_s" in record
+        else "",
         f"{record['loss_gap']:.1e}" if record.get("loss_gap") is not None else "",
     )
     print("  ".join(f"{value:>{width}}" for value, (_, width) in zip(values, COLUMNS, strict=True)), flush=True)
@@ -199,6 +225,7 @@ def main(argv: list[str] | None = None) -> None:
         "ranks_per_machine": dist.get_world_size() // machines,
         "link": args.link,
         "autocast": args.autocast,
+        "parallel": args.parallel if args.part == "real" else "ddp",
         "device": device.type,
         "baseline": baseline_name,
         "steps": args.steps,
@@ -214,7 +241,8 @@ def main(argv: list[str] | None = None) -> None:
         spec = REAL_MODELS[args.model]
         common |= {"parameters": sum(p.numel() for p in spec.build().parameters()), "batch": spec.batch}
     ours = {**common, "backend": "fairring", **measure(args, dist.group.WORLD, device)}
-    # How many of the buckets fairring's engine served (the rest went to its delegate, below the flat threshold).
+    # How many of the buckets fairring's engine served (the rest went to its delegate, below the flat threshold);
+    # with FSDP2, its reduce-scatters and all-gathers (the key keeps the name earlier records have).
     ours["engine_all_reduces"] = (fairring.backend_of(device=device).engine_stats(device.type) or {}).get("ops", 0)
     theirs = {**common, "backend": baseline_name, **measure(args, baseline, device)}
     ours["speedup_vs_baseline"] = theirs["median_s"] / ours["median_s"]
