@@ -39,7 +39,7 @@ Stages in order of value:
 6. bench: two processes on one GPU as two machines (benchmarks/cuda_bench.py):
    engine all-reduce throughput against fairring._C._testing.RailsEndpoint moving the same
    bytes between the same two processes, then every dtype and op checked;
-6b. training: `python -m fairring.bench --study training --quick --loopback --cuda`
+6b. training: `python -m fairring.bench --study training --quick --loopback --cuda` (DDP, and FSDP2)
    (without --cuda on the CPU): tiny models trained by DDP on 2x2, fairring's losses
    against NCCL's (Gloo's) from the same weights on the same data;
 7. correctness on the layouts of --worlds of one rank per machine (none by default: on one
@@ -99,8 +99,9 @@ import fairring
 from benchmarks import versus_nccl
 from benchmarks.cuda_bench import MAX_WORLD, check_cases, dtype_name
 from fairring import _C
-from fairring.bench import free_port
+from fairring.bench import free_port, training
 from fairring.bench.netns import netns_available
+from fairring.bench.training_plots import model_name
 from fairring.config import (
     CHANNELS,
     CUDA_ENGINE,
@@ -706,23 +707,30 @@ def run_fairring_bench(stage: Stage, arguments: list[str], timeout: float) -> tu
 
 
 def run_training(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
-    """The training study's quick part: tiny models trained by DDP on 2x2, fairring against the
-    baseline (NCCL on a GPU, Gloo on the CPU) from the same weights on the same data."""
+    """The training study's quick part: tiny models trained by DDP (and the transformer by FSDP2) on 2x2,
+    fairring against the baseline (NCCL on a GPU, Gloo on the CPU) from the same weights on the same data."""
     stage = Stage(TRAINING_STAGE)
     arguments = ["--study", "training", "--quick", "--loopback", *(["--cuda"] if args.device == "cuda" else [])]
     records, problems = run_fairring_bench(stage, arguments, timeout)
     fairring_records = [record for record in records if record["backend"] == "fairring"]
-    if len(fairring_records) != 2 or len(records) != 4:
-        problems.append(f"{len(records)} records, {len(fairring_records)} of them fairring's (expected 4, 2)")
+    runs = len(training.QUICK_RUNS)
+    if len(fairring_records) != runs or len(records) != 2 * runs:
+        problems.append(
+            f"{len(records)} records, {len(fairring_records)} of them fairring's (expected {2 * runs}, {runs})"
+        )
     for record in fairring_records:
         # fp32 to 1e-5 relative, bf16 autocast to 1e-2, as the study's own reading.
         tolerance = 1e-2 if record["autocast"] else 1e-5
+        name = model_name(record)
         if record.get("loss_gap") is None or record["loss_gap"] >= tolerance:
-            problems.append(f"{record['model']}: loss gap {record.get('loss_gap')} against {record.get('baseline')}")
+            problems.append(f"{name}: loss gap {record.get('loss_gap')} against {record.get('baseline')}")
         if not record.get("engine_all_reduces"):
-            problems.append(f"{record['model']}: no bucket went to the engine")
+            problems.append(f"{name}: no collective went to the engine")
     rows = [
-        {key: record.get(key) for key in ("model", "backend", "median_s", "speedup_vs_baseline", "loss_gap")}
+        {
+            "model": model_name(record),
+            **{key: record.get(key) for key in ("backend", "median_s", "speedup_vs_baseline", "loss_gap")},
+        }
         for record in records
     ]
     return conclude(stage, {"rows": rows, "problems": []}, problems, "losses agree with the baseline's")

@@ -102,13 +102,16 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
         # The failed group refuses later work, with the cause, instead of running it.
         assert outcome["later_broadcast_seconds"] < 5 and "rank 3" in outcome["later_broadcast"], outcome
 
-    # The training study's quick part: both tiny models on both backends, losses in agreement.
+    # The training study's quick part: both tiny models (the transformer under DDP and FSDP2) on both
+    # backends, losses in agreement.
     rows = data["training"]["rows"]
     assert sorted((row["model"], row["backend"]) for row in rows) == [
         ("cnn-tiny", "fairring"),
         ("cnn-tiny", "gloo"),
         ("gpt-tiny", "fairring"),
         ("gpt-tiny", "gloo"),
+        ("gpt-tiny fsdp2", "fairring"),
+        ("gpt-tiny fsdp2", "gloo"),
     ], rows
 
     # Against the baseline (Gloo on CPU tensors) on shaped hosts: the engine, the baseline and auto's routing,
