@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import time
@@ -36,6 +35,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fairring.bench import free_port
 from fairring.sizes import format_bytes, parse_size
 
 # Issued: the Works to wait for. Checked: whether every output holds what a plain torch computation says.
@@ -236,12 +236,6 @@ def rank_main(rank: int, args: argparse.Namespace, port: int) -> None:
                 flush=True,
             )
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main() -> None:
