@@ -149,6 +149,11 @@ soak: build
 failover-episode: build
 	$(PY) benchmarks/failover_episode.py $(FAILOVER_ARGS)
 
+# The engine's reduce-scatter and all-gather on every layout, 4x2 included (CI runs the others).
+.PHONY: test-collective-layouts
+test-collective-layouts: build
+	FAIRRING_TEST_ALL_LAYOUTS=1 $(PY) -m pytest -rs tests/test_reduce_scatter_all_gather.py
+
 # The emulated device's long run, outside CI (tests/test_emulated_device.py runs ~300 ops
 # per layout in CI): STRESS_OPS all-reduces per layout, half on each of two groups, on 2x3
 # and 4x2, every result checked.
