@@ -5,6 +5,9 @@
 #include <ATen/ops/add.h>
 #include <ATen/ops/amax.h>
 #include <ATen/ops/amin.h>
+#include <ATen/ops/bitwise_and.h>
+#include <ATen/ops/bitwise_or.h>
+#include <ATen/ops/bitwise_xor.h>
 #include <ATen/ops/maximum.h>
 #include <ATen/ops/minimum.h>
 #include <ATen/ops/mul.h>
@@ -56,7 +59,10 @@ bool reducibleDtype(at::ScalarType dtype) {
   }
 }
 
-bool reductionSupported(at::ScalarType dtype, c10d::ReduceOp::RedOpType op) {
+bool reductionSupported(
+    at::ScalarType dtype,
+    c10d::ReduceOp::RedOpType op,
+    c10::DeviceType deviceType) {
   switch (op) {
     case c10d::ReduceOp::SUM:
     case c10d::ReduceOp::MAX:
@@ -65,6 +71,14 @@ bool reductionSupported(at::ScalarType dtype, c10d::ReduceOp::RedOpType op) {
       break;
     case c10d::ReduceOp::AVG:
       if (!at::isFloatingType(dtype)) {
+        return false;
+      }
+      break;
+    case c10d::ReduceOp::BAND:
+    case c10d::ReduceOp::BOR:
+    case c10d::ReduceOp::BXOR:
+      if (!at::isIntegralType(dtype, /*includeBool=*/false) ||
+          deviceType != c10::kCPU) {
         return false;
       }
       break;
@@ -93,6 +107,15 @@ void combineInto(
     case c10d::ReduceOp::PRODUCT:
       into.mul_(other);
       break;
+    case c10d::ReduceOp::BAND:
+      into.bitwise_and_(other);
+      break;
+    case c10d::ReduceOp::BOR:
+      into.bitwise_or_(other);
+      break;
+    case c10d::ReduceOp::BXOR:
+      into.bitwise_xor_(other);
+      break;
     default:
       TORCH_CHECK(false, "unexpected local reduce op ", op);
   }
@@ -115,6 +138,15 @@ void combineOut(
       break;
     case c10d::ReduceOp::PRODUCT:
       at::mul_out(out, a, b);
+      break;
+    case c10d::ReduceOp::BAND:
+      at::bitwise_and_out(out, a, b);
+      break;
+    case c10d::ReduceOp::BOR:
+      at::bitwise_or_out(out, a, b);
+      break;
+    case c10d::ReduceOp::BXOR:
+      at::bitwise_xor_out(out, a, b);
       break;
     default:
       TORCH_CHECK(false, "unexpected local reduce op ", op);
@@ -142,6 +174,15 @@ void reduceRows(
       break;
     case c10d::ReduceOp::PRODUCT:
       at::prod_out(out, rows, 0);
+      break;
+    case c10d::ReduceOp::BAND:
+    case c10d::ReduceOp::BOR:
+    case c10d::ReduceOp::BXOR:
+      // ATen has no bitwise reduction over a dimension: fold the rows.
+      out.copy_(rows[0]);
+      for (int64_t row = 1; row < rows.size(0); ++row) {
+        combineInto(out, rows[row], op);
+      }
       break;
     default:
       TORCH_CHECK(false, "unexpected reduce op ", op);

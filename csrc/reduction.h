@@ -13,10 +13,15 @@ namespace fairring {
 // int32, int64.
 bool reducibleDtype(at::ScalarType dtype);
 
-// Whether the engine reduces `dtype` with `op`: SUM, MAX, MIN, PRODUCT on the
-// reducible dtypes; AVG on the floating-point ones. (PREMUL_SUM arrives as
-// SUM: see premultiplied() in backend/backend.cpp.)
-bool reductionSupported(at::ScalarType dtype, c10d::ReduceOp::RedOpType op);
+// Whether the engine reduces `dtype` with `op` on tensors of `deviceType`:
+// SUM, MAX, MIN, PRODUCT on the reducible dtypes; AVG on the floating-point
+// ones; BAND, BOR, BXOR on the integer ones, on CPU only (NCCL, the CUDA
+// delegate, refuses them, and the engine refuses what its delegate does at
+// some size). PREMUL_SUM arrives as SUM: see backend/premul.h.
+bool reductionSupported(
+    at::ScalarType dtype,
+    c10d::ReduceOp::RedOpType op,
+    c10::DeviceType deviceType);
 
 // The op's name as Python spells it, lower case ("sum", "premul_sum").
 const char* reduceOpName(c10d::ReduceOp::RedOpType op);

@@ -4,8 +4,8 @@ The expectation is docs/design.md's rule restated here: the engine takes an
 all-reduce when the group serves it (2+ machines of equally many ranks), the
 tensors are one dense tensor (or all_reduce_coalesced's, packed) of one dtype
 and device, at least the flat threshold of their device type, the op is SUM,
-AVG (floating point), MAX, MIN, PRODUCT or PREMUL_SUM (premultiplied, then a
-SUM), the dtype float32/64, float16, bfloat16, int8, uint8, int32 or int64,
+AVG (floating point), MAX, MIN, PRODUCT, PREMUL_SUM (premultiplied, then a
+SUM) or, on CPU, BAND/BOR/BXOR of integers, the dtype float32/64, float16, bfloat16, int8, uint8, int32 or int64,
 and, for CUDA tensors, the CUDA engine is on; never while the caller's stream
 is captured into a CUDA graph (NCCL then runs it, whatever its size). What the engine could take but
 is below the threshold goes to the delegate counted as such. A PREMUL_SUM of
@@ -29,6 +29,7 @@ ENGINE_DTYPES = {torch.float32, torch.float64, torch.float16, torch.bfloat16, to
 ENGINE_DTYPES |= {torch.int64}
 FLOATING = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
 ENGINE_OPS = {"sum", "max", "min", "product"}
+BITWISE_OPS = {"band", "bor", "bxor"}
 
 
 def config(cuda_engine: bool) -> _C.Config:
@@ -45,6 +46,7 @@ def expected(case: dict[str, object]) -> tuple[str, bool]:
     premul = op == "premul_sum"
     reduced = "sum" if premul and not case["coalesced"] else op
     op_ok = reduced in ENGINE_OPS or (reduced == "avg" and dtype in FLOATING)
+    op_ok = op_ok or (reduced in BITWISE_OPS and device == "cpu" and dtype in ENGINE_DTYPES - FLOATING)
     engine_can = case["serves_engine"] and case["uniform"] and not case["captured"] and dtype in ENGINE_DTYPES and op_ok
     if engine_can and case["bytes"] < THRESHOLDS[device]:
         path = "delegate below threshold"

@@ -44,7 +44,7 @@ def engine_ops() -> int:
 
 
 def reduce_scatter_matches(chunk_numel: int, dtype_name: str, op: str, seed: int) -> None:
-    """One reduce-scatter against plain torch; on the engine unless a bitwise op (Gloo's, for now)."""
+    """One reduce-scatter against plain torch, on the engine (bitwise ops too: CPU tensors)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     dtype = getattr(torch, dtype_name)
     shape = (world * chunk_numel,)
@@ -52,8 +52,7 @@ def reduce_scatter_matches(chunk_numel: int, dtype_name: str, op: str, seed: int
     output = torch.full((chunk_numel,), 77, dtype=dtype)
     before = engine_ops()
     dist.reduce_scatter_tensor(output, inputs[rank].clone(), op=REDUCE_OPS[op])
-    on_engine = op not in BITWISE_OPS
-    assert engine_ops() == before + on_engine, f"the reduce-scatter ({op}) ran on the wrong path"
+    assert engine_ops() == before + 1, f"the reduce-scatter ({op}) did not run on the engine"
     expected = reduce_reference(inputs, op).view(world, chunk_numel)[rank]
     assert_matches(output, expected)
 
@@ -135,6 +134,82 @@ def in_place(seed: int) -> None:
     assert engine_ops() == before + 2
 
 
+def every_form(seed: int) -> None:
+    """The list and coalesced forms, each one engine op, against plain torch; chunk sizes of no common factor."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    shapes = [(3, 7), (1,), (40_003,)]
+    # reduce_scatter: a list of N inputs shaped as the output.
+    for i, shape in enumerate(shapes):
+        lists = [
+            [rank_tensor(r, shape, torch.float32, seed + i * world + c) for c in range(world)] for r in range(world)
+        ]
+        output = torch.full(shape, 77.0)
+        before = engine_ops()
+        dist.reduce_scatter(output, [t.clone() for t in lists[rank]])
+        assert engine_ops() == before + 1, "the list reduce-scatter did not run on the engine"
+        expected = reduce_reference([lists[r][rank] for r in range(world)], "sum")
+        torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+    # all_gather: a list of N outputs shaped as the input.
+    for i, shape in enumerate(shapes):
+        chunks = [rank_tensor(r, shape, torch.int32, seed + i) for r in range(world)]
+        outputs = [torch.full(shape, 77, dtype=torch.int32) for _ in range(world)]
+        before = engine_ops()
+        dist.all_gather(outputs, chunks[rank].clone())
+        assert engine_ops() == before + 1, "the list all-gather did not run on the engine"
+        for got, want in zip(outputs, chunks, strict=True):
+            assert torch.equal(got, want)
+    # Coalesced: the coalescing manager's fast path, several pairs as one op, in place for the all-gathers.
+    numels = [1, 5, 40_003]
+    inputs = [
+        [rank_tensor(r, (world * n,), torch.bfloat16, seed + j) for j, n in enumerate(numels)] for r in range(world)
+    ]
+    outputs = [torch.full((n,), 77.0, dtype=torch.bfloat16) for n in numels]
+    gathered = [torch.zeros(world * n, dtype=torch.bfloat16) for n in numels]
+    shards = [rank_tensor(rank, (n,), torch.bfloat16, seed + 9 + j) for j, n in enumerate(numels)]
+    for buffer, shard in zip(gathered, shards, strict=True):
+        buffer.view(world, -1)[rank].copy_(shard)
+    before = engine_ops()
+    with dist._coalescing_manager(async_ops=True) as manager:
+        for output, tensor in zip(outputs, inputs[rank], strict=True):
+            dist.reduce_scatter_tensor(output, tensor.clone(), op=dist.ReduceOp.MAX)
+    manager.wait()
+    with dist._coalescing_manager(async_ops=True) as manager:
+        for buffer in gathered:
+            dist.all_gather_into_tensor(buffer, buffer.view(world, -1)[rank])
+    manager.wait()
+    assert engine_ops() == before + 2, "each coalesced block was not one engine op"
+    for j, n in enumerate(numels):
+        expected = reduce_reference([inputs[r][j] for r in range(world)], "max").view(world, n)[rank]
+        assert torch.equal(outputs[j], expected)
+        every = [rank_tensor(r, (n,), torch.bfloat16, seed + 9 + j) for r in range(world)]
+        assert torch.equal(gathered[j], torch.cat(every))
+
+
+def premultiplied_sums(seed: int) -> None:
+    """PREMUL_SUM, each rank its own factor (a number, then a tensor): on the engine, and on Gloo (a strided input)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    chunk = 1001
+    inputs = [rank_tensor(r, (world * chunk,), torch.float32, seed) for r in range(world)]
+    expected = sum((r + 2) * inputs[r].double() for r in range(world)).view(world, chunk)[rank].float()
+    factors = [float(rank + 2), torch.tensor([float(rank + 2)])]
+    for factor in factors:
+        premul = dist._make_nccl_premul_sum(factor)
+        output = torch.empty(chunk)
+        before = engine_ops()
+        dist.reduce_scatter_tensor(output, inputs[rank].clone(), op=premul)
+        assert engine_ops() == before + 1, "the PREMUL_SUM did not run on the engine"
+        torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+        strided = torch.zeros(2 * world * chunk)
+        strided[::2] = inputs[rank]
+        output = torch.empty(chunk)
+        dist.reduce_scatter_tensor(output, strided[::2], op=premul)
+        assert engine_ops() == before + 1, "a strided input ran on the engine"
+        torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+    integers = torch.ones(world, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="PREMUL_SUM needs a floating-point tensor"):
+        dist.reduce_scatter_tensor(torch.empty(1, dtype=torch.int32), integers, op=dist._make_nccl_premul_sum(2.0))
+
+
 def outcome(call) -> object:  # type: ignore[no-untyped-def]
     """What `call` returns, or the class of what it raises."""
     try:
@@ -144,24 +219,23 @@ def outcome(call) -> object:  # type: ignore[no-untyped-def]
 
 
 def delegated_where_the_engine_cannot(seed: int) -> None:
-    """Non-contiguous tensors and PREMUL_SUM go to Gloo: fairring gives what Gloo itself gives."""
+    """Non-contiguous tensors go to Gloo: fairring gives what Gloo itself gives."""
     world, rank = dist.get_world_size(), dist.get_rank()
     gloo = dist.new_group(backend="gloo")
     strided = rank_tensor(rank, (2 * world * 8,), torch.float32, seed)[::2]
-    premul = dist._make_nccl_premul_sum(2.0)
 
     def gather(group: dist.ProcessGroup | None) -> object:
         output = torch.zeros(world * 8)
         dist.all_gather_into_tensor(output, strided[:8], group=group)
         return output
 
-    def scatter(group: dist.ProcessGroup | None, op: dist.ReduceOp = dist.ReduceOp.SUM) -> object:
+    def scatter(group: dist.ProcessGroup | None) -> object:
         output = torch.zeros(world * 8)[::world]
-        dist.reduce_scatter_tensor(output, strided, op=op, group=group)
+        dist.reduce_scatter_tensor(output, strided, group=group)
         return output
 
     before = engine_ops()
-    for call in (gather, scatter, lambda group: scatter(group, premul)):
+    for call in (gather, scatter):
         ours, theirs = outcome(lambda call=call: call(None)), outcome(lambda call=call: call(gloo))
         if isinstance(theirs, torch.Tensor):
             assert isinstance(ours, torch.Tensor) and torch.equal(ours, theirs), (ours, theirs)
@@ -205,6 +279,16 @@ def test_many_in_flight_on_views(pool: RankPool) -> None:
 @pytest.mark.timeout(300)
 def test_in_place(pool: RankPool) -> None:
     pool.run(in_place, 27)
+
+
+@pytest.mark.timeout(300)
+def test_list_and_coalesced_forms(pool: RankPool) -> None:
+    pool.run(every_form, 28)
+
+
+@pytest.mark.timeout(300)
+def test_premultiplied_sums(pool: RankPool) -> None:
+    pool.run(premultiplied_sums, 29)
 
 
 @pytest.mark.timeout(300)

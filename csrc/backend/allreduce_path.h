@@ -87,7 +87,7 @@ inline AllreduceRoute chooseAllreducePath(
   const auto reduced =
       premul && args.canPremultiply ? c10d::ReduceOp::SUM : args.op;
   const bool engineCan = servesEngine && args.uniform && !args.captured &&
-      reductionSupported(args.dtype, reduced);
+      reductionSupported(args.dtype, reduced, args.deviceType);
   AllreducePath path = AllreducePath::kDelegate;
   if (engineCan &&
       (args.bytes < sizes.fromBytes || args.bytes >= sizes.belowBytes)) {

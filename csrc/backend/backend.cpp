@@ -19,6 +19,7 @@
 #include "backend/delegated.h"
 #include "backend/engine_factory.h"
 #include "backend/pending_report.h"
+#include "backend/premul.h"
 #include "backend/work.h"
 #include "device/capture.h"
 #include "device/emulated.h"
@@ -54,11 +55,6 @@ void unpackInto(
     tensor.copy_(packed.narrow(0, offset, tensor.numel()).view(tensor.sizes()));
     offset += tensor.numel();
   }
-}
-
-// The device an operation's tensors are on (the CPU where it has none).
-c10::Device deviceOf(const Operation& op) {
-  return op.touches.empty() ? c10::Device(c10::kCPU) : op.touches[0].device();
 }
 
 // Backend::setLaunchInTurnForTests.
@@ -132,8 +128,7 @@ c10d::Backend& Backend::delegate(c10::DeviceType type) {
 
 // The funnel: every operation, in this order. Its own part, `launch`, gets
 // where it runs and its number, and returns its Work.
-template <typename Launch>
-c10::intrusive_ptr<c10d::Work> Backend::issue(Operation op, Launch&& launch) {
+c10::intrusive_ptr<c10d::Work> Backend::issue(Operation op, Launch launch) {
   Runner runner;
   // The ledger numbers a collective, and compares it with the neighbours'.
   if (op.signature) {
@@ -663,30 +658,13 @@ c10::intrusive_ptr<c10d::Work> futureWork(
       std::move(future), opType, profilingName, seq, tensors);
 }
 
-// PREMUL_SUM is the sum of factor x input over ranks: scaling this rank's
-// input by its own factor first, in place (the all-reduce overwrites it
-// anyway), turns it into a plain SUM that any path can run. Returns the
-// options of that SUM.
+// A PREMUL_SUM all-reduce scaled here, in place (the all-reduce overwrites
+// its tensors anyway): returns the options of the SUM it becomes.
 c10d::AllreduceOptions premultiplied(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
-  // NCCLPreMulSumSupplement: the name torch 2.11 and 2.15 both have.
-  const auto* supplement = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(
-      opts.reduceOp.supplement_.get());
-  TORCH_CHECK(
-      supplement != nullptr,
-      "fairring: all_reduce with ReduceOp.PREMUL_SUM needs a factor; build it "
-      "with torch.distributed._make_nccl_premul_sum(factor)");
   for (auto& tensor : tensors) {
-    TORCH_CHECK(
-        at::isFloatingType(tensor.scalar_type()),
-        "fairring: all_reduce with ReduceOp.PREMUL_SUM needs a floating-point "
-        "tensor, got ",
-        tensor.scalar_type());
-    if (supplement->tensor_factor.defined()) {
-      tensor.mul_(supplement->tensor_factor.to(tensor.device()));
-    } else {
-      tensor.mul_(supplement->double_factor);
-    }
+    PremulFactor::of(opts.reduceOp, "all_reduce", tensor.scalar_type())
+        .scale(tensor);
   }
   c10d::AllreduceOptions sum = opts;
   sum.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
@@ -880,94 +858,6 @@ c10::intrusive_ptr<c10d::Work> Backend::reduce(
       });
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::allgather(
-    std::vector<std::vector<at::Tensor>>& outputs,
-    std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions& opts) {
-  return issue(
-      Operation::collective("allgather", outputs, inputs),
-      [&](const Runner& runner) {
-        return runner.delegate->allgather(outputs, inputs, opts);
-      });
-}
-
-c10::intrusive_ptr<c10d::Work> Backend::_allgather_base(
-    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
-  return chunked(
-      Collective::kAllGather,
-      Operation::collective("all_gather_single", output, input),
-      input,
-      output,
-      c10d::ReduceOp::SUM,
-      timeoutOf(opts.timeout),
-      [&](const Runner& runner) {
-        return runner.delegate->_allgather_base(output, input, opts);
-      });
-}
-
-// A reduce-scatter or an all-gather of whole tensors: on the engine where
-// chunkedOnEngine says so (the group's layout adopted first), else on the
-// delegate through `onDelegate`.
-template <typename OnDelegate>
-c10::intrusive_ptr<c10d::Work> Backend::chunked(
-    Collective kind,
-    Operation op,
-    const at::Tensor& input,
-    const at::Tensor& output,
-    c10d::ReduceOp::RedOpType reduceOp,
-    std::chrono::milliseconds timeout,
-    OnDelegate&& onDelegate) {
-  ChunkedArgs args =
-      chunkedArgs(kind, input, output, topology_.worldSize(), reduceOp);
-  // Asked once, of the device the funnel would ask about.
-  op.captured = graphCaptureUnderway(deviceOf(op));
-  args.captured = *op.captured;
-  args.inCoalescingBlock = coalescingBlockOpen();
-  EngineSizes sizes = engineSizesInForce(args.deviceType);
-  if (sizes.fromBytes == kMeasuredThreshold) {
-    // Until auto has measured the all-reduce's sizes, the delegate's.
-    sizes = EngineSizes{std::numeric_limits<int64_t>::max()};
-  }
-  if (chunkedOnEngine(args, topology_.servesEngine(), config_, sizes)) {
-    op.engineDevice = input.device();
-  }
-  return issue(std::move(op), [&](const Runner& runner) {
-    if (runner.engine == nullptr) {
-      return onDelegate(runner);
-    }
-    if (!runner.engine->knowsLayout()) {
-      runner.engine->adoptLayout(groupLayout());
-    }
-    const at::Tensor in = input.detach();
-    const at::Tensor out = output.detach();
-    const bool scatters = kind == Collective::kReduceScatter;
-    auto future = scatters
-        ? runner.engine->reduceScatter(in, out, reduceOp, timeout, *runner.seq)
-        : runner.engine->allGather(in, out, timeout, *runner.seq);
-    return futureWork(
-        std::move(future),
-        scatters ? c10d::OpType::_REDUCE_SCATTER_BASE
-                 : c10d::OpType::_ALLGATHER_BASE,
-        scatters ? "fairring:reduce_scatter_tensor"
-                 : "fairring:all_gather_into_tensor",
-        *runner.seq,
-        {output});
-  });
-}
-
-std::vector<std::vector<int>> Backend::groupLayout() {
-  {
-    std::lock_guard<std::mutex> lock(stateMutex_);
-    if (layout_) {
-      return *layout_;
-    }
-  }
-  auto layout = innerGroups_->layout(); // collective: outside the lock
-  std::lock_guard<std::mutex> lock(stateMutex_);
-  layout_ = layout;
-  return layout;
-}
-
 c10::intrusive_ptr<c10d::Work> Backend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputLists,
     std::vector<at::Tensor>& inputs,
@@ -976,18 +866,6 @@ c10::intrusive_ptr<c10d::Work> Backend::allgather_coalesced(
       Operation::collective("allgather_coalesced", outputLists, inputs),
       [&](const Runner& runner) {
         return runner.delegate->allgather_coalesced(outputLists, inputs, opts);
-      });
-}
-
-c10::intrusive_ptr<c10d::Work> Backend::allgather_into_tensor_coalesced(
-    std::vector<at::Tensor>& outputs,
-    std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions& opts) {
-  return issue(
-      Operation::collective("all_gather_single_coalesced", outputs, inputs),
-      [&](const Runner& runner) {
-        return runner.delegate->allgather_into_tensor_coalesced(
-            outputs, inputs, opts);
       });
 }
 
@@ -1010,48 +888,6 @@ c10::intrusive_ptr<c10d::Work> Backend::scatter(
       Operation::collective("scatter", outputs, inputs),
       [&](const Runner& runner) {
         return runner.delegate->scatter(outputs, inputs, opts);
-      });
-}
-
-c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter(
-    std::vector<at::Tensor>& outputs,
-    std::vector<std::vector<at::Tensor>>& inputs,
-    const c10d::ReduceScatterOptions& opts) {
-  return issue(
-      Operation::collective("reduce_scatter", outputs, inputs)
-          .reducing(opts.reduceOp, outputs),
-      [&](const Runner& runner) {
-        return runner.delegate->reduce_scatter(outputs, inputs, opts);
-      });
-}
-
-c10::intrusive_ptr<c10d::Work> Backend::_reduce_scatter_base(
-    at::Tensor& output,
-    at::Tensor& input,
-    const c10d::ReduceScatterOptions& opts) {
-  return chunked(
-      Collective::kReduceScatter,
-      Operation::collective("reduce_scatter_single", output, input)
-          .reducing(opts.reduceOp, {output}),
-      input,
-      output,
-      opts.reduceOp,
-      timeoutOf(opts.timeout),
-      [&](const Runner& runner) {
-        return runner.delegate->_reduce_scatter_base(output, input, opts);
-      });
-}
-
-c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter_tensor_coalesced(
-    std::vector<at::Tensor>& outputs,
-    std::vector<at::Tensor>& inputs,
-    const c10d::ReduceScatterOptions& opts) {
-  return issue(
-      Operation::collective("reduce_scatter_single_coalesced", outputs, inputs)
-          .reducing(opts.reduceOp, outputs),
-      [&](const Runner& runner) {
-        return runner.delegate->reduce_scatter_tensor_coalesced(
-            outputs, inputs, opts);
       });
 }
 

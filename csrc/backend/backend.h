@@ -12,10 +12,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include <c10/util/FunctionRef.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "backend/allreduce_path.h"
+#include "backend/chunked_path.h"
 #include "backend/delegated.h"
 #include "backend/hooks.h"
 #include "backend/inner_groups.h"
@@ -291,8 +293,10 @@ class Backend final : public c10d::Backend {
   // the coalescing block, memory order, launch order, then `launch(runner)`
   // (the operation's own part, which returns its Work), the CPU watch, the
   // report to torch's hooks, and memory-order tracking.
-  template <typename Launch>
-  c10::intrusive_ptr<c10d::Work> issue(Operation op, Launch&& launch);
+  // (`launch` runs once, before issue returns: a reference does.)
+  using Launch =
+      c10::function_ref<c10::intrusive_ptr<c10d::Work>(const Runner& runner)>;
+  c10::intrusive_ptr<c10d::Work> issue(Operation op, Launch launch);
 
   // The Work to hand out for `work`: reported to torch's hooks, or, where it
   // was launched during graph capture, kept from every query
@@ -338,15 +342,20 @@ class Backend final : public c10d::Backend {
   // The measurement's all-reduces: one SUM on the path named, through the
   // funnel like any other all-reduce, waited for.
   void allreduceOnPath(at::Tensor& tensor, bool onEngine);
-  // A reduce-scatter or all-gather of whole tensors, on the engine or the
-  // delegate (backend/chunked_path.h).
+  // A reduce-scatter or all-gather in any of c10d's forms, on the engine or
+  // the delegate (backend/chunked_collectives.cpp).
+  struct ChunkedForm {
+    c10d::OpType opType;
+    const char* profilingName;
+  };
   template <typename OnDelegate>
   c10::intrusive_ptr<c10d::Work> chunked(
       Collective kind,
+      ChunkedForm form,
       Operation op,
-      const at::Tensor& input,
-      const at::Tensor& output,
-      c10d::ReduceOp::RedOpType reduceOp,
+      std::vector<ChunkedPart> parts,
+      const std::vector<at::Tensor>& inputs,
+      const c10d::ReduceOp& reduceOp,
       std::chrono::milliseconds timeout,
       OnDelegate&& onDelegate);
   // The group's whole layout, gathered once (InnerGroupFactory::layout) by

@@ -1,11 +1,12 @@
 #pragma once
 
-// Whether a reduce-scatter or an all-gather of whole tensors (c10d's
-// reduce_scatter_tensor and all_gather_into_tensor) runs on the engine or on
-// the delegate: one pure function of its arguments and the group's settings,
-// which every rank gives alike (c10d's rule), so every rank decides alike.
+// Whether a reduce-scatter or an all-gather runs on the engine or on the
+// delegate, in any of c10d's forms (one tensor each side, coalesced pairs,
+// lists): one pure function of its arguments and the group's settings, which
+// every rank gives alike (c10d's rule), so every rank decides alike.
 
 #include <cstdint>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -17,47 +18,83 @@
 
 namespace fairring {
 
+// One pair of a reduce-scatter or an all-gather as c10d gives it: `chunk`,
+// a reduce-scatter's output or an all-gather's input (C elements), and
+// `chunks`, the other side: one tensor of N x C elements, or (the list forms)
+// N tensors shaped as `chunk`, in group-rank order.
+struct ChunkedPart {
+  at::Tensor chunk;
+  std::vector<at::Tensor> chunks;
+};
+
 struct ChunkedArgs {
   Collective kind = Collective::kReduceScatter;
   c10::DeviceType deviceType = c10::kCPU;
   at::ScalarType dtype = at::kFloat;
   c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM; // a reduce-scatter's
-  int64_t bytes = 0; // of the N-chunk tensor
-  // Both tensors strided, contiguous, of one dtype and one device, the
-  // N-chunk one exactly N times the other.
+  int64_t bytes = 0; // of the N-chunk side, all pairs together
+  // Every tensor strided, contiguous, of one dtype and one device; every
+  // pair's N-chunk side N chunks of C elements (list elements shaped as the
+  // chunk), C > 0.
   bool wellFormed = false;
   bool captured = false; // issued during CUDA graph capture
   bool inCoalescingBlock = false;
 };
 
-// `input` and `output` as the collective of `kind` takes them (a
-// reduce-scatter's input and an all-gather's output hold the N chunks).
 inline ChunkedArgs chunkedArgs(
     Collective kind,
-    const at::Tensor& input,
-    const at::Tensor& output,
+    const std::vector<ChunkedPart>& parts,
     int worldSize,
     c10d::ReduceOp::RedOpType op) {
-  const at::Tensor& chunks =
-      kind == Collective::kReduceScatter ? input : output;
-  const at::Tensor& chunk = kind == Collective::kReduceScatter ? output : input;
   ChunkedArgs args;
   args.kind = kind;
-  args.deviceType = input.device().type();
-  args.dtype = input.scalar_type();
   args.op = op;
-  args.bytes = chunks.numel() * chunks.element_size();
-  args.wellFormed = input.layout() == at::kStrided &&
-      output.layout() == at::kStrided && input.is_contiguous() &&
-      output.is_contiguous() && input.scalar_type() == output.scalar_type() &&
-      input.device() == output.device() &&
-      chunks.numel() == chunk.numel() * worldSize && chunk.numel() > 0;
+  if (parts.empty() || !parts[0].chunk.defined()) {
+    return args;
+  }
+  const at::Tensor& first = parts[0].chunk;
+  args.deviceType = first.device().type();
+  args.dtype = first.scalar_type();
+  auto alike = [&](const at::Tensor& t) {
+    return t.defined() && t.layout() == at::kStrided && t.is_contiguous() &&
+        t.scalar_type() == first.scalar_type() && t.device() == first.device();
+  };
+  args.wellFormed = true;
+  for (const ChunkedPart& part : parts) {
+    const int64_t chunkNumel = part.chunk.defined() ? part.chunk.numel() : 0;
+    bool partWellFormed = alike(part.chunk) && chunkNumel > 0;
+    if (part.chunks.size() == 1) {
+      partWellFormed = partWellFormed && alike(part.chunks[0]) &&
+          part.chunks[0].numel() == chunkNumel * worldSize;
+    } else {
+      partWellFormed = partWellFormed &&
+          part.chunks.size() == static_cast<size_t>(worldSize);
+      for (const at::Tensor& chunk : part.chunks) {
+        partWellFormed = partWellFormed && alike(chunk) &&
+            chunk.sizes() == part.chunk.sizes();
+      }
+    }
+    args.wellFormed = args.wellFormed && partWellFormed;
+    args.bytes += chunkNumel * worldSize * first.element_size();
+  }
   return args;
 }
 
+// The op the engine reduces: an all-gather reduces nothing (but moves only
+// the dtypes the engine reduces: it checks them as a SUM); a PREMUL_SUM of
+// floating-point tensors is scaled into a packed copy and reduced as a SUM.
+inline c10d::ReduceOp::RedOpType chunkedEngineOp(const ChunkedArgs& args) {
+  if (args.kind == Collective::kAllGather) {
+    return c10d::ReduceOp::SUM;
+  }
+  if (args.op == c10d::ReduceOp::PREMUL_SUM && at::isFloatingType(args.dtype)) {
+    return c10d::ReduceOp::SUM;
+  }
+  return args.op;
+}
+
 // The engine takes it where it can serve the group and this device, the
-// tensors are well formed, the engine reduces the dtype with the op (an
-// all-gather reduces nothing, but moves only the dtypes it reduces), and the
+// tensors are well formed, the engine reduces the dtype with the op, and the
 // size is at or above the all-reduce's flat threshold. Not in a coalescing
 // block, nor under capture: the delegate runs those.
 inline bool chunkedOnEngine(
@@ -66,12 +103,10 @@ inline bool chunkedOnEngine(
     const Config& config,
     EngineSizes sizes) {
   const bool cpu = args.deviceType == c10::kCPU;
-  const auto op =
-      args.kind == Collective::kAllGather ? c10d::ReduceOp::SUM : args.op;
   return servesEngine && (cpu || config.cudaEngine) && args.wellFormed &&
       !args.captured && !args.inCoalescingBlock &&
-      reductionSupported(args.dtype, op) && args.bytes >= sizes.fromBytes &&
-      args.bytes < sizes.belowBytes;
+      reductionSupported(args.dtype, chunkedEngineOp(args), args.deviceType) &&
+      args.bytes >= sizes.fromBytes && args.bytes < sizes.belowBytes;
 }
 
 } // namespace fairring

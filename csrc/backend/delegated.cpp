@@ -134,8 +134,8 @@ std::string DelegatedWorks::failure() const {
 }
 
 // Gloo, which serves CPU tensors, has no PREMUL_SUM and cannot average
-// integers; say so up front instead of failing inside Gloo. (all_reduce turns
-// PREMUL_SUM into SUM first: see premultiplied().)
+// integers; say so up front instead of failing inside Gloo. (all_reduce and
+// the reduce-scatters turn PREMUL_SUM into a SUM first: backend/premul.h.)
 void checkGlooReduction(
     const char* opName,
     const c10d::ReduceOp& op,
@@ -161,7 +161,7 @@ void checkGlooReduction(
       "fairring: ",
       opName,
       " with ReduceOp.PREMUL_SUM is not supported for CPU tensors (all_reduce "
-      "supports it); scale the tensor and use ReduceOp.SUM");
+      "and reduce_scatter support it); scale the tensor and use ReduceOp.SUM");
   if (op != c10d::ReduceOp::AVG) {
     return;
   }

@@ -138,4 +138,9 @@ struct Operation {
   }
 };
 
+// The device an operation's tensors are on (the CPU where it has none).
+inline c10::Device deviceOf(const Operation& op) {
+  return op.touches.empty() ? c10::Device(c10::kCPU) : op.touches[0].device();
+}
+
 } // namespace fairring

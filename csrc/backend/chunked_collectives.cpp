@@ -1,0 +1,307 @@
+#include <torch_headers.h> // first: the precompiled torch headers
+
+// The reduce-scatters and all-gathers, in all of c10d's forms: each turned
+// into pairs (backend/chunked_path.h), routed once, and run as one engine op
+// (backend/chunked_pack.h) or handed to the delegate as it was given.
+
+#include "backend/backend.h"
+
+#include <limits>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "backend/allreduce_args.h"
+#include "backend/chunked_pack.h"
+#include "backend/chunked_path.h"
+#include "backend/premul.h"
+#include "backend/work.h"
+#include "device/capture.h"
+
+namespace fairring {
+
+namespace {
+
+// A PREMUL_SUM handed to the delegate as a SUM of scaled copies: Gloo has
+// no PREMUL_SUM (all_reduce's CPU rule too), and NCCL would read a float
+// factor of bfloat16 tensors as zero (allreduce_args.h) outside a native
+// coalescing block, which launches later on streams of its own.
+bool delegatePremultiplies(
+    const ChunkedArgs& args,
+    const std::vector<at::Tensor>& inputs,
+    const c10d::ReduceOp& op) {
+  return args.kind == Collective::kReduceScatter &&
+      op == c10d::ReduceOp::PREMUL_SUM &&
+      (args.deviceType == c10::kCPU ||
+       (ncclMisreadsPremulFactor(inputs, op) && !args.inCoalescingBlock));
+}
+
+c10d::ReduceScatterOptions summing(c10d::ReduceScatterOptions opts) {
+  opts.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+  return opts;
+}
+
+std::vector<at::Tensor> scaledCopies(
+    const std::vector<at::Tensor>& tensors, const PremulFactor& premul) {
+  std::vector<at::Tensor> copies;
+  copies.reserve(tensors.size());
+  for (const at::Tensor& tensor : tensors) {
+    copies.push_back(premul.scaled(tensor.detach()));
+  }
+  return copies;
+}
+
+std::vector<at::Tensor> detached(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> aliases;
+  aliases.reserve(tensors.size());
+  for (const at::Tensor& tensor : tensors) {
+    aliases.push_back(tensor.detach());
+  }
+  return aliases;
+}
+
+// Pairs of whole tensors: a reduce-scatter's (output, input) or an
+// all-gather's (input, output), index by index.
+std::vector<ChunkedPart> tensorPairs(
+    const std::vector<at::Tensor>& chunk,
+    const std::vector<at::Tensor>& chunks) {
+  std::vector<ChunkedPart> parts;
+  if (chunk.size() != chunks.size()) {
+    return parts; // ill formed: the delegate says what is wrong
+  }
+  for (size_t i = 0; i < chunk.size(); ++i) {
+    parts.push_back({chunk[i].detach(), {chunks[i].detach()}});
+  }
+  return parts;
+}
+
+// The list forms' one pair: one tensor against a list of N.
+std::vector<ChunkedPart> listPair(
+    const std::vector<at::Tensor>& chunk,
+    const std::vector<std::vector<at::Tensor>>& chunkLists) {
+  if (chunk.size() != 1 || chunkLists.size() != 1) {
+    return {}; // several tensors per process: the delegate's to refuse
+  }
+  return {{chunk[0].detach(), detached(chunkLists[0])}};
+}
+
+} // namespace
+
+// The form's own name, op type and profiling name travel with `op`; `parts`
+// are its tensors as pairs, `inputs` what it reads (for PREMUL_SUM's rules).
+// On the engine where chunkedOnEngine says so (the group's layout adopted
+// first), else through `onDelegate(runner, premul)`, which scales its inputs
+// by `premul` where that is set and hands the delegate a SUM.
+template <typename OnDelegate>
+c10::intrusive_ptr<c10d::Work> Backend::chunked(
+    Collective kind,
+    ChunkedForm form,
+    Operation op,
+    std::vector<ChunkedPart> parts,
+    const std::vector<at::Tensor>& inputs,
+    const c10d::ReduceOp& reduceOp,
+    std::chrono::milliseconds timeout,
+    OnDelegate&& onDelegate) {
+  ChunkedArgs args =
+      chunkedArgs(kind, parts, topology_.worldSize(), reduceOp.op_);
+  // Asked once, of the device the funnel would ask about.
+  op.captured = graphCaptureUnderway(deviceOf(op));
+  args.captured = *op.captured;
+  args.inCoalescingBlock = coalescingBlockOpen();
+  EngineSizes sizes = engineSizesInForce(args.deviceType);
+  if (sizes.fromBytes == kMeasuredThreshold) {
+    // Until auto has measured the all-reduce's sizes, the delegate's.
+    sizes = EngineSizes{std::numeric_limits<int64_t>::max()};
+  }
+  const bool onEngine =
+      chunkedOnEngine(args, topology_.servesEngine(), config_, sizes);
+  std::optional<PremulFactor> premul;
+  if (kind == Collective::kReduceScatter &&
+      reduceOp == c10d::ReduceOp::PREMUL_SUM &&
+      (onEngine || delegatePremultiplies(args, inputs, reduceOp))) {
+    premul = PremulFactor::of(reduceOp, op.name, args.dtype);
+    op.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+  }
+  if (onEngine) {
+    op.engineDevice = parts[0].chunk.device();
+  }
+  return issue(
+      std::move(op),
+      [&](const Runner& runner) -> c10::intrusive_ptr<c10d::Work> {
+        if (runner.engine == nullptr) {
+          return onDelegate(runner, premul);
+        }
+        if (!runner.engine->knowsLayout()) {
+          runner.engine->adoptLayout(groupLayout());
+        }
+        auto packed = std::make_shared<const PackedChunks>(
+            kind, std::move(parts), topology_.worldSize(), premul);
+        auto future = kind == Collective::kReduceScatter
+            ? runner.engine->reduceScatter(
+                  packed->input(),
+                  packed->output(),
+                  chunkedEngineOp(args),
+                  timeout,
+                  *runner.seq)
+            : runner.engine->allGather(
+                  packed->input(), packed->output(), timeout, *runner.seq);
+        if (packed->unpacks()) {
+          future = future->then(
+              [packed](c10::ivalue::Future& done) {
+                done.value(); // rethrows the engine's error
+                packed->unpack();
+                return c10::IValue(packed->callerOutputs());
+              },
+              c10::ListType::create(c10::TensorType::get()));
+        }
+        return c10::make_intrusive<FutureWork>(
+            std::move(future),
+            form.opType,
+            form.profilingName,
+            *runner.seq,
+            packed->callerOutputs());
+      });
+}
+
+std::vector<std::vector<int>> Backend::groupLayout() {
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    if (layout_) {
+      return *layout_;
+    }
+  }
+  auto layout = innerGroups_->layout(); // collective: outside the lock
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  layout_ = layout;
+  return layout;
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::_reduce_scatter_base(
+    at::Tensor& output,
+    at::Tensor& input,
+    const c10d::ReduceScatterOptions& opts) {
+  return chunked(
+      Collective::kReduceScatter,
+      {c10d::OpType::_REDUCE_SCATTER_BASE, "fairring:reduce_scatter_tensor"},
+      Operation::collective("reduce_scatter_single", output, input)
+          .reducing(opts.reduceOp, {output}),
+      tensorPairs({output}, {input}),
+      {input},
+      opts.reduceOp,
+      timeoutOf(opts.timeout),
+      [&](const Runner& runner, const std::optional<PremulFactor>& premul) {
+        if (!premul) {
+          return runner.delegate->_reduce_scatter_base(output, input, opts);
+        }
+        at::Tensor scaled = premul->scaled(input.detach());
+        return runner.delegate->_reduce_scatter_base(
+            output, scaled, summing(opts));
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs,
+    std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  return chunked(
+      Collective::kReduceScatter,
+      {c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED,
+       "fairring:reduce_scatter_tensor_coalesced"},
+      Operation::collective("reduce_scatter_single_coalesced", outputs, inputs)
+          .reducing(opts.reduceOp, outputs),
+      tensorPairs(outputs, inputs),
+      inputs,
+      opts.reduceOp,
+      timeoutOf(opts.timeout),
+      [&](const Runner& runner, const std::optional<PremulFactor>& premul) {
+        if (!premul) {
+          return runner.delegate->reduce_scatter_tensor_coalesced(
+              outputs, inputs, opts);
+        }
+        auto scaled = scaledCopies(inputs, *premul);
+        return runner.delegate->reduce_scatter_tensor_coalesced(
+            outputs, scaled, summing(opts));
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter(
+    std::vector<at::Tensor>& outputs,
+    std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  const std::vector<at::Tensor> read =
+      inputs.empty() ? std::vector<at::Tensor>{} : inputs[0];
+  return chunked(
+      Collective::kReduceScatter,
+      {c10d::OpType::REDUCE_SCATTER, "fairring:reduce_scatter"},
+      Operation::collective("reduce_scatter", outputs, inputs)
+          .reducing(opts.reduceOp, outputs),
+      listPair(outputs, inputs),
+      read,
+      opts.reduceOp,
+      timeoutOf(opts.timeout),
+      [&](const Runner& runner, const std::optional<PremulFactor>& premul) {
+        if (!premul) {
+          return runner.delegate->reduce_scatter(outputs, inputs, opts);
+        }
+        std::vector<std::vector<at::Tensor>> scaled;
+        scaled.reserve(inputs.size());
+        for (const auto& list : inputs) {
+          scaled.push_back(scaledCopies(list, *premul));
+        }
+        return runner.delegate->reduce_scatter(outputs, scaled, summing(opts));
+      });
+}
+
+// An all-gather's delegate is never handed a scaled copy: it reduces nothing.
+c10::intrusive_ptr<c10d::Work> Backend::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  return chunked(
+      Collective::kAllGather,
+      {c10d::OpType::_ALLGATHER_BASE, "fairring:all_gather_into_tensor"},
+      Operation::collective("all_gather_single", output, input),
+      tensorPairs({input}, {output}),
+      {input},
+      c10d::ReduceOp::SUM,
+      timeoutOf(opts.timeout),
+      [&](const Runner& runner, const std::optional<PremulFactor>& /*none*/) {
+        return runner.delegate->_allgather_base(output, input, opts);
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs,
+    std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  return chunked(
+      Collective::kAllGather,
+      {c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED,
+       "fairring:all_gather_into_tensor_coalesced"},
+      Operation::collective("all_gather_single_coalesced", outputs, inputs),
+      tensorPairs(inputs, outputs),
+      inputs,
+      c10d::ReduceOp::SUM,
+      timeoutOf(opts.timeout),
+      [&](const Runner& runner, const std::optional<PremulFactor>& /*none*/) {
+        return runner.delegate->allgather_into_tensor_coalesced(
+            outputs, inputs, opts);
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs,
+    std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  return chunked(
+      Collective::kAllGather,
+      {c10d::OpType::ALLGATHER, "fairring:all_gather"},
+      Operation::collective("allgather", outputs, inputs),
+      listPair(inputs, outputs),
+      inputs,
+      c10d::ReduceOp::SUM,
+      timeoutOf(opts.timeout),
+      [&](const Runner& runner, const std::optional<PremulFactor>& /*none*/) {
+        return runner.delegate->allgather(outputs, inputs, opts);
+      });
+}
+
+} // namespace fairring
