@@ -65,6 +65,23 @@ PYBIND11_DECLARE_HOLDER_TYPE(T, ReleasesGilOnDrop<T>, true)
 
 namespace {
 
+// The kind fairring::collectiveName() names.
+fairring::Collective collectiveNamed(const std::string& name) {
+  for (auto kind :
+       {fairring::Collective::kAllReduce,
+        fairring::Collective::kReduceScatter,
+        fairring::Collective::kAllGather}) {
+    if (name == fairring::collectiveName(kind)) {
+      return kind;
+    }
+  }
+  TORCH_CHECK(
+      false,
+      "fairring: unknown collective '",
+      name,
+      "'; use 'all_reduce', 'reduce_scatter' or 'all_gather'");
+}
+
 py::dict buildInfo() {
   py::dict info;
   info["torch"] = std::to_string(TORCH_VERSION_MAJOR) + "." +
@@ -145,18 +162,21 @@ class PyInnerGroupFactory final : public fairring::InnerGroupFactory {
   }
 
   fairring::MeasuredThreshold measureFlatThreshold(
-      c10::Device device, fairring::AllreduceOnPath run) override {
+      c10::Device device,
+      fairring::Collective kind,
+      fairring::CollectiveOnPath run) override {
     return call([&] {
-      // Called from Python, which holds the GIL; the all-reduce does not.
-      py::cpp_function allreduceOn(
-          [run](at::Tensor tensor, bool onEngine) {
+      // Called from Python, which holds the GIL; the collective does not.
+      py::cpp_function runOn(
+          [run](at::Tensor output, at::Tensor input, bool onEngine) {
             py::gil_scoped_release noGil;
-            run(tensor, onEngine);
+            run(output, input, onEngine);
           },
-          py::arg("tensor"),
+          py::arg("output"),
+          py::arg("input"),
           py::arg("on_engine"));
-      const py::object decided =
-          factory_.attr("measure_flat_threshold")(device.str(), allreduceOn);
+      const py::object decided = factory_.attr("measure_flat_threshold")(
+          device.str(), fairring::collectiveName(kind), runOn);
       fairring::MeasuredThreshold measured;
       measured.thresholdBytes = decided.attr("threshold").cast<int64_t>();
       measured.ceilingBytes = decided.attr("ceiling").cast<int64_t>();
@@ -631,9 +651,10 @@ PYBIND11_MODULE(_C, module) {
       .def(
           "measured_threshold",
           [](const fairring::Backend& backend,
-             const std::string& device) -> py::object {
-            const auto measured =
-                backend.measuredThreshold(c10::Device(device).type());
+             const std::string& device,
+             const std::string& collective) -> py::object {
+            const auto measured = backend.measuredThreshold(
+                c10::Device(device).type(), collectiveNamed(collective));
             if (!measured) {
               return py::none();
             }
@@ -654,7 +675,9 @@ PYBIND11_MODULE(_C, module) {
             return std::move(result);
           },
           py::arg("device") = "cpu",
-          "What FAIRRING_FLAT_THRESHOLD=auto decided for `device` tensors: "
+          py::arg("collective") = "all_reduce",
+          "What FAIRRING_FLAT_THRESHOLD=auto decided for `device` tensors' "
+          "`collective` ('all_reduce', 'reduce_scatter' or 'all_gather'): "
           "the threshold, why, whether measured or from the cache, and the "
           "sweep (seconds on each path by size); None before it is measured "
           "or where the threshold is set.")

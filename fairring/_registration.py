@@ -280,11 +280,11 @@ class InnerGroups:
         logger.debug("machine %d: local groups for %s made and connected", topology.machine, device)
         return groups[0], groups[1], None
 
-    def measure_flat_threshold(self, device: str, run: Run) -> Decision:
-        """FAIRRING_FLAT_THRESHOLD=auto: the threshold for `device`'s all-reduces, the same on every rank."""
+    def measure_flat_threshold(self, device: str, collective: str, run: Run) -> Decision:
+        """FAIRRING_FLAT_THRESHOLD=auto: the threshold for `device`'s `collective`s, the same on every rank."""
         topology = self._topology
         return measure_flat_threshold(
-            torch.device(device), run, self._cpu_backend, self._store, topology, self._config, self._network
+            torch.device(device), collective, run, self._cpu_backend, self._store, topology, self._config, self._network
         )
 
     def layout(self) -> list[list[int]]:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from . import _C, dispatch_cache
 from .config import Config
-from .dispatch import Decision, Exchange, Run, SizeTiming, Sweep
+from .dispatch import COLLECTIVES, Decision, Exchange, Run, SizeTiming, Sweep
 
 logger = logging.getLogger("fairring")
 
@@ -28,6 +28,7 @@ _MISS = "miss"
 
 def measure_flat_threshold(
     device: torch.device,
+    collective: str,
     run: Run,
     cpu_group: dist.Backend,
     store: dist.Store,
@@ -35,32 +36,32 @@ def measure_flat_threshold(
     config: Config,
     network: _C.RailsNetwork,
 ) -> Decision:
-    """The threshold for `device`'s all-reduces in this group; collective over its ranks."""
+    """The threshold for `device`'s `collective`s in this group; collective over its ranks."""
     delegate = "nccl" if device.type == "cuda" else "gloo"
+    many = COLLECTIVES[collective]
     folder = config.auto_cache if topology.rank == 0 else None  # rank 0's cache decides
-    key = dispatch_cache.cache_key(config, topology, network, device) if folder is not None else None
-    decision = _cached(store, topology.rank, folder, key, device)
+    key = dispatch_cache.cache_key(config, topology, network, device, collective) if folder is not None else None
+    decision = _cached(store, topology.rank, folder, key, f"{device.type}/{collective}")
     if decision is None:
-        sweep = Sweep(run, _exchange_over(cpu_group, topology), device, topology.rank, topology.world_size, delegate)
+        exchange = _exchange_over(cpu_group, topology)
+        sweep = Sweep(run, exchange, device, topology.rank, topology.world_size, delegate, collective)
         try:
             decision = sweep.measure(config.auto_budget_s)
         except Exception as error:
             raise RuntimeError(
                 f"fairring: rank {topology.rank}: measuring the engine against {delegate} for "
-                f"FAIRRING_FLAT_THRESHOLD=auto failed, at the group's first all-reduce the engine could take: {error}"
+                f"FAIRRING_FLAT_THRESHOLD=auto failed, at the group's first {many[:-1]} the engine could take: {error}"
             ) from error
         if folder is not None and key is not None and not decision.disagreed:
             dispatch_cache.store(folder, key, decision)
     if topology.rank == 0:
-        logger.info("%s all-reduces (FAIRRING_FLAT_THRESHOLD=auto): %s", device.type, decision.reason)
+        logger.info("%s %s (FAIRRING_FLAT_THRESHOLD=auto): %s", device.type, many, decision.reason)
     return decision
 
 
-def _cached(
-    store: dist.Store, rank: int, folder: str | None, key: dict[str, Any] | None, device: torch.device
-) -> Decision | None:
-    """Rank 0's cached decision, on every rank."""
-    shared = f"fairring/auto-threshold/{device.type}"
+def _cached(store: dist.Store, rank: int, folder: str | None, key: dict[str, Any] | None, what: str) -> Decision | None:
+    """Rank 0's cached decision for `what` (device type and collective), on every rank."""
+    shared = f"fairring/auto-threshold/{what}"
     if rank == 0:
         found = dispatch_cache.load(folder, key) if folder is not None and key is not None else None
         store.set(shared, _MISS if found is None else json.dumps(asdict(found)))

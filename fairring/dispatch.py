@@ -5,7 +5,10 @@ sweep: float32 all-reduces of each size of a ladder, the largest first, on the
 engine and on the delegate's own all-reduce, a few back to back on each after
 an untimed one. Both paths reduce the same random inputs, and their results
 must agree within what a different summation order explains; one int32
-all-reduce must agree exactly. After each size the ranks share their timings
+all-reduce must agree exactly. Reduce-scatters and all-gathers are measured
+apart, each at the group's first of its kind the engine could take, the same
+way (sizes are of the N-chunk tensor; an all-gather's results must agree
+exactly). After each size the ranks share their timings
 and differences through the CPU group, so every rank sees the same table and
 makes the same decision: the run of sizes in which the engine saves the most
 time, won at both ends and nowhere slower beyond noise (a threshold, and a
@@ -47,8 +50,11 @@ NO_CEILING = ENGINE_OFF_THRESHOLD
 # Test-only: this rank corrupts one element of each engine result, which the check must catch.
 CORRUPT_ENGINE_RESULT = "FAIRRING_TEST_CORRUPT_ENGINE_RESULT"
 
-# A SUM all-reduce of the tensor over the group, on the engine (True) or the delegate; waited for.
-Run = Callable[[torch.Tensor, bool], None]
+# One collective of the kind measured (SUM where it reduces) of `input` into `output` (the same
+# tensor for an all-reduce) over the group, on the engine (True) or the delegate; waited for.
+Run = Callable[[torch.Tensor, torch.Tensor, bool], None]
+# The kinds measured apart, and what the INFO line and errors call many of each.
+COLLECTIVES = {"all_reduce": "all-reduces", "reduce_scatter": "reduce-scatters", "all_gather": "all-gathers"}
 # Every rank's row of numbers, as a table with one row per rank, the same on every rank.
 Exchange = Callable[[Sequence[float]], torch.Tensor]
 
@@ -90,13 +96,14 @@ class Disagreement:
     bound: float
     ranks: tuple[int, ...]
 
-    def describe(self, delegate: str) -> str:
+    def describe(self, delegate: str, collective: str = "all_reduce") -> str:
         ranks = ", ".join(str(rank) for rank in self.ranks)
         allowed = "none" if self.bound == 0 else f"{self.bound:.3g}"
+        many = COLLECTIVES[collective]
         return (
-            f"the engine's all-reduce of {format_size(self.nbytes)} of {str(self.dtype).removeprefix('torch.')} "
+            f"the engine's {many[:-1]} of {format_size(self.nbytes)} of {str(self.dtype).removeprefix('torch.')} "
             f"differs from {delegate}'s on rank(s) {ranks}: largest difference {self.largest:.6g}, "
-            f"allowed {allowed}; the engine is off for this group, every all-reduce goes to {delegate}. "
+            f"allowed {allowed}; the engine is off for this group's {many}, every one goes to {delegate}. "
             "Please report this with the output of `python -m fairring.validate`"
         )
 
@@ -180,8 +187,18 @@ class Sweep:
     """One rank's part of the measurement: every rank runs it alike, in the same order."""
 
     def __init__(
-        self, run: Run, exchange: Exchange, device: torch.device, rank: int, world_size: int, delegate: str
+        self,
+        run: Run,
+        exchange: Exchange,
+        device: torch.device,
+        rank: int,
+        world_size: int,
+        delegate: str,
+        collective: str = "all_reduce",
     ) -> None:
+        if collective not in COLLECTIVES:
+            raise ValueError(f"fairring: cannot measure {collective!r}; one of {', '.join(COLLECTIVES)}")
+        self._collective = collective
         self._run = run
         self._exchange = exchange
         self._device = device
@@ -232,8 +249,29 @@ class Sweep:
         reason = f"{verdict} (measured {measured_text(ascending)} in {elapsed:.1f} s{stopped})"
         return Decision(threshold, reason, "measured", sizes, ceiling=ceiling)
 
+    def _source(self, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
+        """This rank's input at one size: for a reduce-scatter or an all-gather, N whole chunks."""
+        source = rank_input(self._rank, nbytes, dtype, self._device)
+        if self._collective == "all_reduce":
+            return source
+        return source[: source.numel() - source.numel() % self._world_size]
+
+    def _operands(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(output, input) of one collective of `source`, which it leaves as it is."""
+        if self._collective == "all_reduce":
+            tensor = source.clone()
+            return tensor, tensor
+        chunks = source.view(self._world_size, -1)
+        if self._collective == "reduce_scatter":
+            return torch.empty_like(chunks[0]), source
+        return torch.empty_like(source), chunks[self._rank].clone()
+
+    def _float_bound(self) -> float:
+        # An all-gather moves values; the reductions may sum in another order.
+        return 0.0 if self._collective == "all_gather" else float_bound(self._world_size)
+
     def _check_integers(self) -> Disagreement | None:
-        source = rank_input(self._rank, INTEGER_CHECK_BYTES, torch.int32, self._device)
+        source = self._source(INTEGER_CHECK_BYTES, torch.int32)
         engine, _ = self._path(source, on_engine=True, reps=1)
         delegate, _ = self._path(source, on_engine=False, reps=1)
         largest = (engine.double() - delegate.double()).abs().max().item()
@@ -241,7 +279,7 @@ class Sweep:
         return self._disagreement(INTEGER_CHECK_BYTES, torch.int32, table[:, 0], bound=0.0)
 
     def _time_size(self, nbytes: int, started: float) -> tuple[SizeTiming, Disagreement | None, float]:
-        source = rank_input(self._rank, nbytes, torch.float32, self._device)
+        source = self._source(nbytes, torch.float32)
         # As the bench times: one path's all-reduces back to back after an untimed one, whose
         # traffic restarts what an idle link slows down (TCP's window after idle).
         engine, engine_s = self._path(source, on_engine=True, reps=1 + REPS)
@@ -253,20 +291,20 @@ class Sweep:
         # a stalled link only ever adds time (the median of 3 let two such iterations decide).
         slowest = table[:, : 2 * REPS].max(dim=0).values.tolist()
         timing = SizeTiming(nbytes, min(slowest[:REPS]), min(slowest[REPS:]))
-        disagreement = self._disagreement(nbytes, torch.float32, table[:, 2 * REPS], float_bound(self._world_size))
+        disagreement = self._disagreement(nbytes, torch.float32, table[:, 2 * REPS], self._float_bound())
         return timing, disagreement, float(table[:, 2 * REPS + 1].max())
 
     def _path(self, source: torch.Tensor, on_engine: bool, reps: int) -> tuple[torch.Tensor, list[float]]:
-        """`reps` all-reduces of `source` on one path: the last result, and each one's seconds."""
+        """`reps` collectives of `source` on one path: the last result, and each one's seconds."""
         seconds = []
         for _ in range(reps):
-            result = source.clone()
+            result, read = self._operands(source)
             self._synchronize()
             # As the bench's barrier: every rank starts together, so that each one's time is the
             # op's, not the op's plus how long it waited for the last rank to start.
             self._exchange([0.0])
             begin = time.perf_counter()
-            self._run(result, on_engine)
+            self._run(result, read, on_engine)
             self._synchronize()
             seconds.append(time.perf_counter() - begin)
         if on_engine and self._corrupt:
@@ -283,7 +321,7 @@ class Sweep:
         return Disagreement(nbytes, dtype, float(largest.nan_to_num(nan=float("inf")).max()), bound, ranks)
 
     def _refused(self, disagreement: Disagreement) -> Decision:
-        reason = disagreement.describe(self._delegate)
+        reason = disagreement.describe(self._delegate, self._collective)
         logger.error("rank %d: %s", self._rank, reason)
         return Decision(ENGINE_OFF_THRESHOLD, reason, "measured", disagreed=True)
 

@@ -2,7 +2,7 @@
 
 One JSON file per key, in FAIRRING_AUTO_CACHE (default: the user's cache folder,
 fairring/). The key is everything the measurement depends on that a job can
-see: the layout, the rails transport and interface, the device and delegate
+see: the collective, the layout, the rails transport and interface, the device and delegate
 and their versions, the engine's settings, and this fairring build. A file is
 written whole and renamed into place, so a reader never sees half of one.
 """
@@ -30,10 +30,17 @@ logger = logging.getLogger("fairring")
 FORMAT = 1
 
 
-def cache_key(config: Config, topology: _C.Topology, network: _C.RailsNetwork, device: torch.device) -> dict[str, Any]:
+def cache_key(
+    config: Config,
+    topology: _C.Topology,
+    network: _C.RailsNetwork,
+    device: torch.device,
+    collective: str = "all_reduce",
+) -> dict[str, Any]:
     """What a cached decision must match, by name."""
     key: dict[str, Any] = {
         "format": FORMAT,
+        "collective": collective,
         "fairring": __version__,
         "build": _build_identity(),
         "torch": torch.__version__,

@@ -148,6 +148,39 @@ def test_a_cached_decision_routes_every_rank_alike(cache: Path) -> None:
         assert result["ops"] == 1 and (result["after"]["ops"], result["after"]["flat_ops"]) == (1, 1)
 
 
+def each_kind_measures_at_its_first_use() -> dict:
+    """A reduce-scatter, then an all-gather: each measures its own kind, apart from the all-reduce's."""
+    import fairring
+
+    backend = fairring.backend_of()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    chunks = [rank_tensor(r, (world * 1000,), torch.float32, seed=4) for r in range(world)]
+    output = torch.empty(1000)
+    dist.reduce_scatter_tensor(output, chunks[rank].clone())
+    expected = sum(chunk.double() for chunk in chunks).view(world, 1000)[rank]
+    torch.testing.assert_close(output.double(), expected, rtol=1e-5, atol=1e-5)
+    after_scatter = {kind: backend.measured_threshold("cpu", kind) for kind in dispatch.COLLECTIVES}
+    gathered = torch.empty(world * 1000)
+    dist.all_gather_into_tensor(gathered, chunks[rank].narrow(0, 0, 1000).clone())
+    assert torch.equal(gathered, torch.cat([chunk.narrow(0, 0, 1000) for chunk in chunks]))
+    return {"after_scatter": after_scatter, "gather": backend.measured_threshold("cpu", "all_gather")}
+
+
+def test_reduce_scatter_and_all_gather_are_measured_apart(cache: Path) -> None:
+    with _auto_pool(cache) as pool:
+        results = pool.run(each_kind_measures_at_its_first_use)
+    first = results[0]
+    assert all(result == first for result in results), "ranks decided differently"
+    scatter = first["after_scatter"]
+    assert scatter["all_reduce"] is None and scatter["all_gather"] is None, "measured a kind not yet used"
+    for decided in (scatter["reduce_scatter"], first["gather"]):
+        assert decided["source"] == "measured" and LADDER[-1] in [row["bytes"] for row in decided["sizes"]]
+        sweep = [SizeTiming(r["bytes"], r["engine_s"], r["delegate_s"]) for r in decided["sizes"]]
+        assert (decided["threshold"], decided["ceiling"]) == choose_sizes(sweep)
+    entries = [json.loads(path.read_text()) for path in cache.glob("auto-threshold-*.json")]
+    assert sorted(entry["key"]["collective"] for entry in entries) == ["all_gather", "reduce_scatter"]
+
+
 def test_an_engine_that_disagrees_is_turned_off_naming_the_rank(cache: Path) -> None:
     """Negative control: rank 1 corrupts its engine results; every rank must see it and keep to Gloo."""
     with _auto_pool(cache, rank_env={1: {dispatch.CORRUPT_ENGINE_RESULT: "1"}}) as pool:
@@ -230,33 +263,47 @@ def test_explanations() -> None:
 
 
 class ScriptedCluster:
-    """A world of `world_size` ranks with the same input, on a clock that each all-reduce advances.
+    """A world of `world_size` ranks with the same input, on a clock that each collective advances.
 
-    `seconds(nbytes, on_engine)` says how long an all-reduce takes; `error` is added
-    to the engine's float results.
+    `seconds(nbytes, on_engine)` says how long one takes (nbytes: its N-chunk tensor's);
+    `error` is added to the engine's float results.
     """
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, seconds, error: float = 0.0, world_size: int = 4) -> None:
+    def __init__(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        seconds,
+        error: float = 0.0,
+        world_size: int = 4,
+        collective: str = "all_reduce",
+    ) -> None:
         self.now = 0.0
         self.world_size = world_size
         self.sizes_run: list[int] = []
         self._seconds = seconds
         self._error = error
+        self._collective = collective
         monkeypatch.setattr(dispatch.time, "perf_counter", lambda: self.now)
 
-    def run(self, tensor: torch.Tensor, on_engine: bool) -> None:
-        nbytes = tensor.numel() * tensor.element_size()
+    def run(self, output: torch.Tensor, input: torch.Tensor, on_engine: bool) -> None:
+        nbytes = max(output.numel(), input.numel()) * output.element_size()
         self.sizes_run.append(nbytes)
         self.now += self._seconds(nbytes, on_engine)
-        tensor.mul_(self.world_size)
-        if on_engine and tensor.is_floating_point():
-            tensor.add_(self._error)
+        if self._collective == "all_reduce":
+            output.mul_(self.world_size)
+        elif self._collective == "reduce_scatter":  # every rank's input alike: rank 0's chunk, N times
+            output.copy_(input.view(self.world_size, -1)[0] * self.world_size)
+        else:
+            output.copy_(input.repeat(self.world_size))
+        if on_engine and output.is_floating_point():
+            output.add_(self._error)
 
     def exchange(self, row: list[float]) -> torch.Tensor:
         return torch.tensor([row] * self.world_size, dtype=torch.float64)
 
     def sweep(self, budget_s: float = 5.0) -> dispatch.Decision:
-        return Sweep(self.run, self.exchange, torch.device("cpu"), 0, self.world_size, "gloo").measure(budget_s)
+        cpu = torch.device("cpu")
+        return Sweep(self.run, self.exchange, cpu, 0, self.world_size, "gloo", self._collective).measure(budget_s)
 
 
 def bandwidth(engine_speedup: float, latency_s: float = 1e-3) -> callable:
@@ -310,6 +357,20 @@ def test_sweep_refuses_an_engine_off_by_more_than_summation_order(monkeypatch: p
     off = ScriptedCluster(monkeypatch, bandwidth(1.5), error=1e-3).sweep()
     assert off.disagreed and off.threshold == ENGINE_OFF_THRESHOLD
     assert "16MiB of float32" in off.reason and "rank(s) 0, 1, 2, 3" in off.reason
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
+def test_each_kind_is_swept_and_checked_alike(monkeypatch: pytest.MonkeyPatch, collective: str) -> None:
+    """The same rule for a reduce-scatter and an all-gather, and their own check: an all-gather must be exact."""
+    decision = ScriptedCluster(monkeypatch, bandwidth(1.5), world_size=3, collective=collective).sweep()
+    assert not decision.disagreed and decision.threshold == 4 * KiB
+    # Off by less than summation order explains: a reduction passes, an all-gather does not.
+    tiny = float_bound(3) / 4
+    off = ScriptedCluster(monkeypatch, bandwidth(1.5), error=tiny, world_size=3, collective=collective).sweep()
+    assert off.disagreed == (collective == "all_gather")
+    if off.disagreed:
+        assert "the engine's all-gather of 16MiB of float32 differs from gloo's" in off.reason
+        assert "off for this group's all-gathers" in off.reason
 
 
 def test_float_bound_covers_real_reorderings() -> None:

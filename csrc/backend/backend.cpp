@@ -80,9 +80,19 @@ Backend::Backend(
       timeout_(timeout),
       cpuBackend_(std::move(cpuBackend)),
       innerGroups_(std::move(innerGroups)),
+      // All three kinds of a device type start from its one setting.
       flatThresholds_{
-          config_.cpuFlatThresholdBytes, config_.cudaFlatThresholdBytes},
+          config_.cpuFlatThresholdBytes,
+          config_.cpuFlatThresholdBytes,
+          config_.cpuFlatThresholdBytes,
+          config_.cudaFlatThresholdBytes,
+          config_.cudaFlatThresholdBytes,
+          config_.cudaFlatThresholdBytes},
       engineCeilings_{
+          std::numeric_limits<int64_t>::max(),
+          std::numeric_limits<int64_t>::max(),
+          std::numeric_limits<int64_t>::max(),
+          std::numeric_limits<int64_t>::max(),
           std::numeric_limits<int64_t>::max(),
           std::numeric_limits<int64_t>::max()},
       delegated_("fairring: rank " + std::to_string(topology_.rank()) + ": "),
@@ -294,18 +304,16 @@ AllreduceRoute Backend::choosePath(const AllreduceArgs& args) {
   return route;
 }
 
-EngineSizes Backend::engineSizesInForce(c10::DeviceType type) const {
-  const size_t index = indexOfType(type);
+EngineSizes Backend::engineSizesInForce(
+    c10::DeviceType type, Collective kind) const {
+  const size_t index = sizesIndex(type, kind);
   // The threshold first: auto stores the ceiling before it.
   const int64_t from = flatThresholds_[index].load();
   return EngineSizes{from, engineCeilings_[index].load()};
 }
 
 EngineSizes Backend::engineSizesFor(const AllreduceArgs& args) {
-  const size_t index = indexOfType(args.deviceType);
-  auto& threshold = flatThresholds_[index];
-  const auto current = [&] { return engineSizesInForce(args.deviceType); };
-  const EngineSizes known = current();
+  const EngineSizes known = engineSizesInForce(args.deviceType);
   // Still to be measured, the sizes route as a threshold of 0 would: an
   // all-reduce the engine would not take then needs no measurement.
   if (known.fromBytes != kMeasuredThreshold ||
@@ -313,18 +321,36 @@ EngineSizes Backend::engineSizesFor(const AllreduceArgs& args) {
           AllreducePath::kEngine) {
     return known;
   }
+  return measureEngineSizes(args.device, Collective::kAllReduce);
+}
+
+EngineSizes Backend::engineSizesFor(
+    const ChunkedArgs& args, c10::Device device) {
+  const EngineSizes known = engineSizesInForce(args.deviceType, args.kind);
+  if (known.fromBytes != kMeasuredThreshold ||
+      !chunkedOnEngine(args, topology_.servesEngine(), config_, {})) {
+    return known;
+  }
+  return measureEngineSizes(device, args.kind);
+}
+
+EngineSizes Backend::measureEngineSizes(c10::Device device, Collective kind) {
+  const size_t index = sizesIndex(device.type(), kind);
+  auto& threshold = flatThresholds_[index];
   // Every rank sees the same block here (c10d's order); a captured
-  // all-reduce never reaches this (chooseAllreducePath).
+  // collective never reaches this (the engine takes none).
   if (coalescingBlockOpen()) {
     return {std::numeric_limits<int64_t>::max()};
   }
   std::lock_guard<std::mutex> measuring(measuringMutex_);
   if (threshold.load() != kMeasuredThreshold) {
-    return current();
+    return engineSizesInForce(device.type(), kind);
   }
   MeasuredThreshold measured = innerGroups_->measureFlatThreshold(
-      args.device, [this](at::Tensor& tensor, bool onEngine) {
-        allreduceOnPath(tensor, onEngine);
+      device,
+      kind,
+      [this, kind](at::Tensor& output, at::Tensor& input, bool onEngine) {
+        collectiveOnPath(kind, output, input, onEngine);
       });
   const EngineSizes decided{measured.thresholdBytes, measured.ceilingBytes};
   TORCH_CHECK(
@@ -345,9 +371,18 @@ EngineSizes Backend::engineSizesFor(const AllreduceArgs& args) {
 }
 
 std::optional<MeasuredThreshold> Backend::measuredThreshold(
-    c10::DeviceType type) const {
+    c10::DeviceType type, Collective kind) const {
   std::lock_guard<std::mutex> lock(stateMutex_);
-  return measured_[indexOfType(type)];
+  return measured_[sizesIndex(type, kind)];
+}
+
+void Backend::collectiveOnPath(
+    Collective kind, at::Tensor& output, at::Tensor& input, bool onEngine) {
+  if (kind == Collective::kAllReduce) {
+    allreduceOnPath(output, onEngine);
+  } else {
+    chunkedOnPath(kind, output, input, onEngine);
+  }
 }
 
 void Backend::allreduceOnPath(at::Tensor& tensor, bool onEngine) {

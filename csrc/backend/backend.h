@@ -84,10 +84,10 @@ class Backend final : public c10d::Backend {
   // What the engine for tensors of `type` holds, and what making it added to
   // the process (engine/footprint.h); empty until it is made.
   std::optional<EngineFootprint> footprint(c10::DeviceType type) const;
-  // What FAIRRING_FLAT_THRESHOLD=auto decided for tensors of `type`; empty
-  // until measured, and where the threshold is not measured.
+  // What FAIRRING_FLAT_THRESHOLD=auto decided for `kind` on tensors of
+  // `type`; empty until measured, and where the threshold is not measured.
   std::optional<MeasuredThreshold> measuredThreshold(
-      c10::DeviceType type) const;
+      c10::DeviceType type, Collective kind = Collective::kAllReduce) const;
 
   const std::string getBackendName() const override {
     return "fairring";
@@ -336,12 +336,25 @@ class Backend final : public c10d::Backend {
   // coalescing block, where the measurement's own collectives cannot run:
   // that one goes to the delegate. (The engine takes no captured one.)
   EngineSizes engineSizesFor(const AllreduceArgs& args);
-  // The engine's sizes for tensors of `type` as they stand (the threshold
-  // kMeasuredThreshold while auto has not measured), measuring nothing.
-  EngineSizes engineSizesInForce(c10::DeviceType type) const;
-  // The measurement's all-reduces: one SUM on the path named, through the
-  // funnel like any other all-reduce, waited for.
+  // The same for a reduce-scatter or an all-gather, measured apart, by the
+  // group's first of that kind the engine could take.
+  EngineSizes engineSizesFor(const ChunkedArgs& args, c10::Device device);
+  // The engine's sizes for `kind` on tensors of `type` as they stand (the
+  // threshold kMeasuredThreshold while auto has not measured), measuring
+  // nothing.
+  EngineSizes engineSizesInForce(
+      c10::DeviceType type, Collective kind = Collective::kAllReduce) const;
+  // The measurement of `kind` on `device`, under measuringMutex_, unless
+  // another thread measured it first; or the delegate's sizes inside a
+  // coalescing block.
+  EngineSizes measureEngineSizes(c10::Device device, Collective kind);
+  // The measurement's collectives: one SUM (or all-gather) on the path
+  // named, through the funnel like any other, waited for.
+  void collectiveOnPath(
+      Collective kind, at::Tensor& output, at::Tensor& input, bool onEngine);
   void allreduceOnPath(at::Tensor& tensor, bool onEngine);
+  void chunkedOnPath(
+      Collective kind, at::Tensor& output, at::Tensor& input, bool onEngine);
   // A reduce-scatter or all-gather in any of c10d's forms, on the engine or
   // the delegate (backend/chunked_collectives.cpp).
   struct ChunkedForm {
@@ -351,6 +364,18 @@ class Backend final : public c10d::Backend {
   template <typename OnDelegate>
   c10::intrusive_ptr<c10d::Work> chunked(
       Collective kind,
+      ChunkedForm form,
+      Operation op,
+      std::vector<ChunkedPart> parts,
+      const std::vector<at::Tensor>& inputs,
+      const c10d::ReduceOp& reduceOp,
+      std::chrono::milliseconds timeout,
+      OnDelegate&& onDelegate);
+  // Its launch, on the path chosen (`onEngine`), through the funnel.
+  template <typename OnDelegate>
+  c10::intrusive_ptr<c10d::Work> launchChunked(
+      const ChunkedArgs& args,
+      bool onEngine,
       ChunkedForm form,
       Operation op,
       std::vector<ChunkedPart> parts,
@@ -460,9 +485,14 @@ class Backend final : public c10d::Backend {
   const std::shared_ptr<InnerGroupFactory> innerGroups_;
   std::array<std::atomic<int64_t>, 2> belowThreshold_{}; // CPU, CUDA
   // The flat thresholds in force (kMeasuredThreshold until measured), and
-  // the ceilings auto measured (stored before their threshold).
-  std::array<std::atomic<int64_t>, 2> flatThresholds_; // CPU, CUDA
-  std::array<std::atomic<int64_t>, 2> engineCeilings_; // CPU, CUDA
+  // the ceilings auto measured (stored before their threshold), by
+  // sizesIndex().
+  static constexpr size_t kCollectiveKinds = 3;
+  static size_t sizesIndex(c10::DeviceType type, Collective kind) {
+    return indexOfType(type) * kCollectiveKinds + static_cast<size_t>(kind);
+  }
+  std::array<std::atomic<int64_t>, 2 * kCollectiveKinds> flatThresholds_;
+  std::array<std::atomic<int64_t>, 2 * kCollectiveKinds> engineCeilings_;
   // Held by the one thread measuring a threshold, through its collectives.
   std::mutex measuringMutex_;
   // The first failure's class, for getError(); none recorded once this rank
@@ -486,7 +516,8 @@ class Backend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> cudaBackend_;
   std::array<std::unique_ptr<Engine>, 2> engines_; // CPU, CUDA
   std::array<std::optional<EngineFootprint>, 2> footprints_; // CPU, CUDA
-  std::array<std::optional<MeasuredThreshold>, 2> measured_; // CPU, CUDA
+  std::array<std::optional<MeasuredThreshold>, 2 * kCollectiveKinds>
+      measured_; // by sizesIndex()
   // c10d asks once per device type for the same split; one backend serves
   // both. By group name.
   std::unordered_map<std::string, c10::weak_intrusive_ptr<c10d::Backend>>

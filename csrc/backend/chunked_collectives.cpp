@@ -108,13 +108,39 @@ c10::intrusive_ptr<c10d::Work> Backend::chunked(
   op.captured = graphCaptureUnderway(deviceOf(op));
   args.captured = *op.captured;
   args.inCoalescingBlock = coalescingBlockOpen();
-  EngineSizes sizes = engineSizesInForce(args.deviceType);
+  // FAIRRING_FLAT_THRESHOLD=auto measures this kind here, at its first use
+  // the engine could take.
+  EngineSizes sizes = engineSizesFor(args, deviceOf(op));
   if (sizes.fromBytes == kMeasuredThreshold) {
-    // Until auto has measured the all-reduce's sizes, the delegate's.
+    // Not measured (none the engine could take yet): the delegate's.
     sizes = EngineSizes{std::numeric_limits<int64_t>::max()};
   }
   const bool onEngine =
       chunkedOnEngine(args, topology_.servesEngine(), config_, sizes);
+  return launchChunked(
+      args,
+      onEngine,
+      form,
+      std::move(op),
+      std::move(parts),
+      inputs,
+      reduceOp,
+      timeout,
+      std::forward<OnDelegate>(onDelegate));
+}
+
+template <typename OnDelegate>
+c10::intrusive_ptr<c10d::Work> Backend::launchChunked(
+    const ChunkedArgs& args,
+    bool onEngine,
+    ChunkedForm form,
+    Operation op,
+    std::vector<ChunkedPart> parts,
+    const std::vector<at::Tensor>& inputs,
+    const c10d::ReduceOp& reduceOp,
+    std::chrono::milliseconds timeout,
+    OnDelegate&& onDelegate) {
+  const Collective kind = args.kind;
   std::optional<PremulFactor> premul;
   if (kind == Collective::kReduceScatter &&
       reduceOp == c10d::ReduceOp::PREMUL_SUM &&
@@ -161,6 +187,45 @@ c10::intrusive_ptr<c10d::Work> Backend::chunked(
             *runner.seq,
             packed->callerOutputs());
       });
+}
+
+void Backend::chunkedOnPath(
+    Collective kind, at::Tensor& output, at::Tensor& input, bool onEngine) {
+  const bool scatters = kind == Collective::kReduceScatter;
+  const char* name = scatters ? "reduce_scatter_single" : "all_gather_single";
+  std::vector<ChunkedPart> parts = scatters ? tensorPairs({output}, {input})
+                                            : tensorPairs({input}, {output});
+  ChunkedArgs args =
+      chunkedArgs(kind, parts, topology_.worldSize(), c10d::ReduceOp::SUM);
+  args.captured = false;
+  TORCH_CHECK(
+      !onEngine || chunkedOnEngine(args, topology_.servesEngine(), config_, {}),
+      "fairring: the engine cannot take this ",
+      name);
+  Operation op = Operation::collective(name, output, input);
+  op.captured = false;
+  if (scatters) {
+    op = std::move(op).reducing(c10d::ReduceOp::SUM, {output});
+  }
+  launchChunked(
+      args,
+      onEngine,
+      scatters ? ChunkedForm{c10d::OpType::_REDUCE_SCATTER_BASE,
+                             "fairring:reduce_scatter_tensor"}
+               : ChunkedForm{c10d::OpType::_ALLGATHER_BASE,
+                             "fairring:all_gather_into_tensor"},
+      std::move(op),
+      std::move(parts),
+      {input},
+      c10d::ReduceOp::SUM,
+      timeout(),
+      [&](const Runner& runner, const std::optional<PremulFactor>& /*none*/) {
+        return scatters ? runner.delegate->_reduce_scatter_base(
+                              output, input, c10d::ReduceScatterOptions{})
+                        : runner.delegate->_allgather_base(
+                              output, input, c10d::AllgatherOptions{});
+      })
+      ->wait();
 }
 
 std::vector<std::vector<int>> Backend::groupLayout() {

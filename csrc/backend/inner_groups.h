@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "backend/measured_threshold.h"
+#include "engine/engine.h"
 #include "local/local_steps.h"
 
 namespace fairring {
@@ -46,7 +47,7 @@ class InnerGroupFactory {
   // Collective over every rank of the group: each calls it at the same
   // point, and each gets the same answer.
   virtual MeasuredThreshold measureFlatThreshold(
-      c10::Device device, AllreduceOnPath run) = 0;
+      c10::Device device, Collective kind, CollectiveOnPath run) = 0;
   // A new fairring backend for the group of the given ranks (of this
   // group; sorted, this rank among them), as c10d's split_group asks for.
   // Collective over those ranks only; `store` is the new group's.

@@ -2,8 +2,9 @@
 
 // FAIRRING_FLAT_THRESHOLD=auto: what a group hands the measurement, and what
 // the measurement decides. fairring/dispatch.py measures; the Backend asks
-// for it once per device type, at the group's first all-reduce the engine
-// could take, and routes by its answer from then on.
+// for it once per device type and collective kind (all-reduce,
+// reduce-scatter, all-gather), at the group's first one of that kind the
+// engine could take, and routes that kind by its answer from then on.
 
 #include <cstdint>
 #include <functional>
@@ -35,9 +36,12 @@ struct MeasuredThreshold {
   std::vector<MeasuredSize> sizes;
 };
 
-// A SUM all-reduce of `tensor` over the group, on the engine or on the
-// delegate, as one of the group's collectives; returns once it is done (for
-// CUDA tensors: once the current stream waits for it).
-using AllreduceOnPath = std::function<void(at::Tensor& tensor, bool onEngine)>;
+// One collective of the kind measured, SUM where it reduces, of `input` into
+// `output` (one tensor for an all-reduce; the N-chunk one is a
+// reduce-scatter's input and an all-gather's output) over the group, on the
+// engine or on the delegate, as one of the group's collectives; returns once
+// it is done (for CUDA tensors: once the current stream waits for it).
+using CollectiveOnPath =
+    std::function<void(at::Tensor& output, at::Tensor& input, bool onEngine)>;
 
 } // namespace fairring
