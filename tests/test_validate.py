@@ -80,14 +80,14 @@ def results_of(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def assert_complete(document: dict[str, Any], paths: set[str], sizes: list[int]) -> None:
+def assert_complete(document: dict[str, Any], paths: set[str], sizes: list[int], passes: int = 2) -> None:
     """Every path at every size, every element right, the engine really serving the engine path."""
     assert set(document["paths"]) == paths
     for name, path in document["paths"].items():
         assert [row["bytes"] for row in path["results"]] == sizes, name
         for row in path["results"]:
             assert row["wrong"] == 0 and row["time_us"] > 0, (name, row)
-            assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * 2 * 3 / 4)  # n = 4
+            assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * passes * 3 / 4)  # n = 4
     assert document["wrong"] == 0 and document["machines"] == 2 and document["machine_sizes"] == [2, 2]
     stats = document["engine_stats"]
     assert stats["ops"] > 0 and stats["flat_ops"] == 0
@@ -112,6 +112,39 @@ def test_cpu_two_machines_under_torchrun(tmp_path: Path) -> None:
     assert output.rstrip().endswith(verdict) and verdict.startswith("fairring's engine")
     assert "#wrong" in output and "# Out of bounds values : 0 OK" in output
     assert document["rails"][0]["interface"] == "lo" and document["rails"][0]["transport"] == "tensorpipe"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
+def test_reduce_scatter_and_all_gather_in_place(tmp_path: Path, collective: str) -> None:
+    """--collective: each checked against its own expected result, with nccl-tests' busbw and (M-1)/M bound."""
+    out = tmp_path / "v.json"
+    arguments = ["--device", "cpu", "--collective", collective, "-b", "64KiB", "-e", "1MiB", "-f", "16"]
+    finished = run_validate(tmp_path, [*arguments, "-n", "2", "-w", "1", "--nic-gbps", "1", "--json", str(out)])
+    assert finished.codes == [0, 0], finished.logs
+    document = results_of(out)
+    assert_complete(document, {"fairring", "gloo"}, [64 * KiB, MiB], passes=1)
+    assert document["collective"] == collective and f"# fairring.validate: {collective}" in finished.logs[0]
+    row = document["comparison"][-1]
+    assert row["bound_us"] == pytest.approx((2 - 1) / 2 * MiB / 125e6 * 1e6)  # (M-1)/M x S over 1 Gbit/s
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
+def test_checker_expects_each_rank_its_own_result(collective: str) -> None:
+    """The expected results against a plain computation of every rank's input, and an off-by-one chunk caught."""
+    world, count, cpu = 4, 4 * 1001, torch.device("cpu")
+    inputs = [check.rank_input(rank, count, torch.float32, cpu) for rank in range(world)]
+    for rank in range(world):
+        expected = check.expected_result(collective, rank, world, count, torch.float32, cpu)
+        if collective == "reduce_scatter":
+            plain = torch.stack(inputs).sum(0).view(world, -1)[rank]
+        else:
+            plain = torch.cat([inputs[r].view(world, -1)[r] for r in range(world)])
+        assert check.count_wrong(plain, expected) == 0
+        shifted = torch.stack(inputs).sum(0).view(world, -1)[(rank + 1) % world]
+        if collective == "all_gather":
+            shifted = torch.cat([inputs[r].view(world, -1)[(r + 1) % world] for r in range(world)])
+        assert check.count_wrong(shifted, expected) > 0
 
 
 @pytest.mark.timeout(90)

@@ -1,4 +1,4 @@
-"""Inputs whose all-reduce is exact in their dtype, the expected sum, and the count of wrong elements.
+"""Inputs whose all-reduce is exact in their dtype, the expected results, and the count of wrong elements.
 
 Rank r's element i is f(i) + g(r): f a pseudo-random pattern of -1, 0, 1 with a
 prime period (so that no shard or slice boundary lines it up with itself), g(r)
@@ -47,6 +47,22 @@ def expected_sum(world_size: int, count: int, dtype: torch.dtype, device: torch.
     ranks_term = sum(_rank_term(rank) for rank in range(world_size))
     pattern = _index_pattern(count, torch.float32, device)
     return pattern.mul_(world_size).add_(ranks_term).to(dtype)
+
+
+def expected_result(
+    collective: str, rank: int, world_size: int, count: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """What `collective` of every rank's rank_input (count elements: N chunks) leaves on `rank`.
+
+    An all-reduce: the sum. A reduce-scatter: this rank's chunk of the sum. An
+    all-gather: every rank's own chunk of its input, in rank order.
+    """
+    if collective == "all_reduce":
+        return expected_sum(world_size, count, dtype, device)
+    if collective == "reduce_scatter":
+        return expected_sum(world_size, count, dtype, device).view(world_size, -1)[rank]
+    chunks = [rank_input(r, count, dtype, device).view(world_size, -1)[r] for r in range(world_size)]
+    return torch.cat(chunks)
 
 
 def count_wrong(result: torch.Tensor, expected: torch.Tensor) -> int:

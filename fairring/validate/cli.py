@@ -25,6 +25,8 @@ from .launch import LaunchError, Placement, die_with_parent, placement, rank_dev
 from .network import describe_rank, grouped, network_fields, nic_bound
 from .sweep import ENGINE, Contender, Row, Sweep, delegate_name, element_counts, geometric_sizes, make_paths
 
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+
 # -b, -e, -f by device: sizes where a cluster's network, not latency, decides.
 DEFAULT_SIZES = {"cuda": ("1MiB", "1GiB"), "cpu": ("64KiB", "64MiB")}
 EMULATED_DEVICE = "FAIRRING_TEST_EMULATED_DEVICE"
@@ -33,11 +35,17 @@ EMULATED_DEVICE = "FAIRRING_TEST_EMULATED_DEVICE"
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m fairring.validate",
-        description="Validate fairring's all-reduce on a cluster, nccl-tests style: run it on every rank "
+        description="Validate fairring's all-reduce (or reduce-scatter, all-gather) on a cluster, nccl-tests "
+        "style: run it on every rank "
         "(torchrun, or srun with MASTER_ADDR and MASTER_PORT exported). Reference: docs/validating.md.",
         epilog=f"Sizes: {SIZE_HELP}.",
     )
     parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda where torch sees a GPU, else cpu")
+    parser.add_argument(
+        "--collective", choices=tuple(COLLECTIVES), default="all_reduce",
+        help="default all_reduce; sizes are of the N-chunk tensor, as nccl-tests' reduce_scatter_perf and "
+        "all_gather_perf count them, and each runs in place",
+    )  # fmt: skip
     parser.add_argument(
         "--share-gpu", action="store_true", help="every rank on GPU 0, each its own NCCL host (one-GPU test machines)"
     )
@@ -88,7 +96,7 @@ def check_world(args: argparse.Namespace, where: Placement) -> None:
             f"{where.world_size}: use -d float32"
         )
     if where.world_size < 2:
-        raise LaunchError("WORLD_SIZE is 1: an all-reduce needs 2 or more ranks")
+        raise LaunchError(f"WORLD_SIZE is 1: {args.collective} needs 2 or more ranks to compare")
 
 
 def main(argv: list[str]) -> int:
@@ -134,7 +142,7 @@ def header(args: argparse.Namespace, where: Placement, paths: list[Contender], d
     )
     emulated = os.environ.get(EMULATED_DEVICE)
     out = [
-        f"# fairring.validate: all_reduce (sum) of {args.datatype} on {args.device}"
+        f"# fairring.validate: {args.collective}{redop_note(args.collective)} of {args.datatype} on {args.device}"
         + (f" (the emulated CUDA device: {EMULATED_DEVICE}={emulated})" if emulated else ""),
         f"# {where.world_size} ranks: {layout} (ranks per machine {sizes}), started by {where.launcher}",
         f"# sizes {args.sizes[0]} to {args.sizes[-1]} B, factor {args.stepfactor}; {args.iters} timed iterations "
@@ -144,9 +152,13 @@ def header(args: argparse.Namespace, where: Placement, paths: list[Contender], d
     if not topology.serves_engine:
         out.append(
             "# note: fairring's engine does not serve this layout (one machine, or machines with different "
-            "numbers of ranks): its all-reduces take the delegate's, so both columns time the delegate"
+            f"numbers of ranks): its {args.collective} takes the delegate's, so both columns time the delegate"
         )
     return [*out, *(f"# path {path.name}: {path.description}" for path in paths), "#"]
+
+
+def redop_note(collective: str) -> str:
+    return "" if collective == "all_gather" else " (sum)"
 
 
 def progress(rows: dict[str, Row]) -> str:
@@ -157,9 +169,12 @@ def progress(rows: dict[str, Row]) -> str:
 
 def sweep_all(args: argparse.Namespace, paths: list[Contender], device: torch.device) -> dict[str, list[Row]]:
     dtype = DTYPES[args.datatype]
-    sweep = Sweep(paths, dist.group.WORLD, device, dtype, args.iters, args.warmup_iters, args.corrupt_for_test)
+    sweep = Sweep(
+        paths, dist.group.WORLD, device, dtype, args.iters, args.warmup_iters, args.corrupt_for_test, args.collective
+    )
     rows: dict[str, list[Row]] = {path.name: [] for path in paths}
-    for count in element_counts(args.sizes, dtype):
+    chunks = 1 if args.collective == "all_reduce" else dist.get_world_size()
+    for count in element_counts(args.sizes, dtype, chunks):
         measured = sweep.run(count)
         for name, row in measured.items():
             rows[name].append(row)
@@ -209,7 +224,9 @@ def summarize(
     backend = fairring.backend_of(paths[0].group, device)
     topology, stats = backend.topology, backend.engine_stats(device.type)
     delegate = delegate_name(device)
-    results = {name: [report.row_record(row, run.where.world_size) for row in found] for name, found in rows.items()}
+    collective = args.collective
+    world = run.where.world_size
+    results = {name: [report.row_record(row, world, collective) for row in found] for name, found in rows.items()}
     bound = nic_bound(ranks, args.nic_gbps)
     wrong = sum(record["wrong"] for records in results.values() for record in records)
     return {
@@ -217,23 +234,24 @@ def summarize(
         "launcher": run.where.launcher,
         "device": device.type,
         "emulated_device": os.environ.get(EMULATED_DEVICE),
+        "collective": collective,
         "dtype": args.datatype,
-        "redop": "sum",
+        "redop": None if collective == "all_gather" else "sum",
         "world_size": run.where.world_size,
         "machines": topology.num_machines,
         "machine_sizes": list(topology.machine_sizes),
         "iters": args.iters,
         "warmup_iters": args.warmup_iters,
         "paths": {path.name: {"description": path.description, "results": results[path.name]} for path in paths},
-        "comparison": report.comparison(results, delegate, bound, topology.num_machines),
+        "comparison": report.comparison(results, delegate, bound, topology.num_machines, collective),
         "bound": dataclasses.asdict(bound),
-        "bound_note": report.bound_note(bound, topology.num_machines),
+        "bound_note": report.bound_note(bound, topology.num_machines, collective),
         "rails": grouped(ranks),
         "rails_chosen_by_first_all_reduce": any(rank["chosen_by_first_all_reduce"] for rank in ranks),
         "ranks": ranks,
         "engine_stats": stats,
         "wrong": wrong,
-        "verdict": dataclasses.asdict(judge(results, delegate, device, wrong, engine_served(stats))),
+        "verdict": dataclasses.asdict(judge(results, delegate, device, wrong, engine_served(stats), collective)),
     }
 
 
@@ -242,8 +260,9 @@ def report_lines(run: Run, paths: list[Contender], document: dict[str, Any]) -> 
     type_name = TYPE_NAMES[DTYPES[run.args.datatype]]
     results = {name: path["results"] for name, path in document["paths"].items()}
     lines = []
+    redop = "none" if run.args.collective == "all_gather" else "sum"
     for path in paths:
-        lines += report.path_table(path.name, results[path.name], type_name)
+        lines += report.path_table(path.name, results[path.name], type_name, redop)
     delegate = delegate_name(run.device)
     lines += report.comparison_table(document["comparison"], results, delegate, document["bound_note"])
     lines += report.rails_lines(document["rails"], document["rails_chosen_by_first_all_reduce"])
@@ -256,11 +275,16 @@ def report_lines(run: Run, paths: list[Contender], document: dict[str, Any]) -> 
 
 
 def judge(
-    results: dict[str, list[dict[str, Any]]], delegate: str, device: torch.device, wrong: int, served: bool
+    results: dict[str, list[dict[str, Any]]],
+    delegate: str,
+    device: torch.device,
+    wrong: int,
+    served: bool,
+    collective: str = "all_reduce",
 ) -> report.Verdict:
     if not served and not wrong:
         text = (
-            "fairring's engine served none of the engine path's all-reduces (one machine, or machines with "
+            f"fairring's engine served none of the engine path's {collective} ops (one machine, or machines with "
             "different numbers of ranks), so there is nothing to judge: run on 2+ machines with equal ranks."
         )
         return report.Verdict(False, None, None, text)

@@ -87,11 +87,11 @@ class Bound:
     why_unknown: str
     machines: list[dict[str, Any]]
 
-    def seconds(self, nbytes: int, num_machines: int) -> float | None:
-        """2(M-1)/M x S over the slowest machine's NICs: no all-reduce can be faster."""
+    def seconds(self, nbytes: int, num_machines: int, collective: str = "all_reduce") -> float | None:
+        """2(M-1)/M x S (an all-reduce) or (M-1)/M x S over the slowest machine's NICs: none can be faster."""
         if self.bytes_per_s is None:
             return None
-        return COLLECTIVES["all_reduce"].bound_s(nbytes, num_machines, self.bytes_per_s)
+        return COLLECTIVES[collective].bound_s(nbytes, num_machines, self.bytes_per_s)
 
 
 def machine_rates(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fairring.bench.collectives import COLLECTIVES
 from fairring.sizes import format_size
 
 from .network import Bound
@@ -24,19 +25,15 @@ COLUMNS = (
 )
 
 
-def bus_factor(world_size: int) -> float:
-    """nccl-tests' all-reduce busbw = algbw x 2(n-1)/n: the bytes each rank's link carries in a ring."""
-    return 2 * (world_size - 1) / world_size
-
-
-def row_record(row: Row, world_size: int) -> dict[str, Any]:
+def row_record(row: Row, world_size: int, collective: str = "all_reduce") -> dict[str, Any]:
+    """nccl-tests' busbw: algbw x 2(n-1)/n for an all-reduce, (n-1)/n for the other two (bench.collectives)."""
     algbw = row.nbytes / row.median_s / 1e9
     return {
         "bytes": row.nbytes,
         "count": row.count,
         "time_us": row.median_s * 1e6,
         "algbw_GBps": algbw,
-        "busbw_GBps": algbw * bus_factor(world_size),
+        "busbw_GBps": algbw * COLLECTIVES[collective].bus_factor(world_size),
         "wrong": row.wrong,
     }
 
@@ -45,12 +42,12 @@ def _line(cells: list[str]) -> str:
     return " ".join(f"{cell:>{width}}" for cell, (_, _, width) in zip(cells, COLUMNS, strict=True))
 
 
-def path_table(name: str, records: list[dict[str, Any]], type_name: str) -> list[str]:
+def path_table(name: str, records: list[dict[str, Any]], type_name: str, redop: str = "sum") -> list[str]:
     """One path's results in nccl-tests' layout (in place only: the collective writes its input)."""
     lines = [f"# {name}, in place", "#" + _line([column for column, _, _ in COLUMNS])[1:]]
     lines.append("#" + _line([unit for _, unit, _ in COLUMNS])[1:])
     for record in records:
-        cells = [str(record["bytes"]), str(record["count"]), type_name, "sum", "-1", f"{record['time_us']:.2f}"]
+        cells = [str(record["bytes"]), str(record["count"]), type_name, redop, "-1", f"{record['time_us']:.2f}"]
         cells += [f"{record['algbw_GBps']:.3f}", f"{record['busbw_GBps']:.3f}", str(record["wrong"])]
         lines.append(_line(cells))
     average = sum(record["busbw_GBps"] for record in records) / len(records)
@@ -60,13 +57,17 @@ def path_table(name: str, records: list[dict[str, Any]], type_name: str) -> list
 
 
 def comparison(
-    results: dict[str, list[dict[str, Any]]], delegate: str, bound: Bound, num_machines: int
+    results: dict[str, list[dict[str, Any]]],
+    delegate: str,
+    bound: Bound,
+    num_machines: int,
+    collective: str = "all_reduce",
 ) -> list[dict[str, Any]]:
     """Per size: the engine's speed relative to the delegate (its time / the engine's) and its share of the bound."""
     rows = []
     for index, engine in enumerate(results[ENGINE]):
         other = results[delegate][index]
-        bound_s = bound.seconds(engine["bytes"], num_machines)
+        bound_s = bound.seconds(engine["bytes"], num_machines, collective)
         rows.append({
             "bytes": engine["bytes"],
             "engine_vs_delegate": other["time_us"] / engine["time_us"],
@@ -171,10 +172,11 @@ def rails_lines(groups: list[dict[str, Any]], chosen_late: bool) -> list[str]:
     return [*lines, "#"]
 
 
-def bound_note(bound: Bound, num_machines: int) -> str:
+def bound_note(bound: Bound, num_machines: int, collective: str = "all_reduce") -> str:
     if num_machines < 2:
         return "one machine: nothing crosses a NIC, so there is no bound"
     if bound.bytes_per_s is None:
         return f"unknown ({bound.why_unknown})"
     gbps = bound.bytes_per_s * 8 / 1e9
-    return f"2(M-1)/M x S / NIC rate, M = {num_machines}, NIC rate {gbps:g} Gbit/s per machine ({bound.source})"
+    passes = "2" if COLLECTIVES[collective].passes == 2 else ""
+    return f"{passes}(M-1)/M x S / NIC rate, M = {num_machines}, NIC rate {gbps:g} Gbit/s per machine ({bound.source})"

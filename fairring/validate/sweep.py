@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 import fairring
 
-from .check import count_wrong, expected_sum, rank_input
+from .check import count_wrong, expected_result, rank_input
 
 ENGINE = "fairring"
 ENGINE_OFF = "fairring-engine-off"
@@ -86,12 +86,17 @@ class Sweep:
     iters: int
     warmup: int
     corrupt: bool = False  # negative control: rank 0 damages the engine's results before they are checked
+    collective: str = "all_reduce"
 
     def measure(self, count: int) -> dict[str, Measurement]:
         rank, world = dist.get_rank(), dist.get_world_size()
         source = rank_input(rank, count, self.dtype, self.device)
-        expected = expected_sum(world, count, self.dtype, self.device)
+        expected = expected_result(self.collective, rank, world, count, self.dtype, self.device)
         tensor = torch.empty_like(source)
+        # In place, as nccl-tests' in-place column and FSDP have it: a reduce-scatter's output and an
+        # all-gather's input are this rank's chunk of the N-chunk tensor.
+        mine = tensor.view(world, -1)[rank]
+        result = tensor if self.collective != "reduce_scatter" else mine
         sync = synchronizer(self.device)
         measured = {path.name: Measurement() for path in self.paths}
         for iteration in range(self.warmup + self.iters):
@@ -101,15 +106,23 @@ class Sweep:
                 sync()
                 dist.barrier(group=self.coordinator)
                 start = time.perf_counter()
-                dist.all_reduce(tensor, group=path.group)
+                self._issue(tensor, mine, path.group)
                 sync()
                 elapsed = time.perf_counter() - start
                 if self.corrupt and rank == 0 and path.name == ENGINE:
-                    tensor[0] += 1
-                measured[path.name].wrong += count_wrong(tensor, expected)
+                    result[0] += 1
+                measured[path.name].wrong += count_wrong(result, expected)
                 if iteration >= self.warmup:
                     measured[path.name].seconds.append(elapsed)
         return measured
+
+    def _issue(self, tensor: torch.Tensor, mine: torch.Tensor, group: dist.ProcessGroup) -> None:
+        if self.collective == "all_reduce":
+            dist.all_reduce(tensor, group=group)
+        elif self.collective == "reduce_scatter":
+            dist.reduce_scatter_tensor(mine, tensor, group=group)
+        else:
+            dist.all_gather_into_tensor(tensor, mine, group=group)
 
     def across_ranks(self, count: int, measured: dict[str, Measurement]) -> dict[str, Row]:
         """Each path's slowest median (MAX over ranks) and total wrong elements (SUM over ranks)."""
@@ -128,9 +141,9 @@ class Sweep:
         return self.across_ranks(count, self.measure(count))
 
 
-def element_counts(sizes: list[int], dtype: torch.dtype) -> list[int]:
-    """Elements per size, as nccl-tests counts them (at least one)."""
-    return [max(1, size // dtype.itemsize) for size in sizes]
+def element_counts(sizes: list[int], dtype: torch.dtype, world_size: int = 1) -> list[int]:
+    """Elements per size, as nccl-tests counts them: at least one, and N whole chunks where `world_size` says."""
+    return [max(world_size, size // dtype.itemsize // world_size * world_size) for size in sizes]
 
 
 def geometric_sizes(smallest: int, largest: int, factor: int) -> list[int]:
