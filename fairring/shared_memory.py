@@ -11,6 +11,7 @@ nothing in /dev/shm.
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -62,5 +63,12 @@ def shared_memory_steps(
 
 def _gather(store: dist.Store, prefix: str, count: int, timeout: timedelta) -> list[str]:
     keys = [f"{prefix}{index}" for index in range(count)]
-    store.wait(keys, timeout)
+    # Polled, not store.wait: a TCPStore client is one connection that a blocking wait holds, and
+    # another group's setup on another thread of this process may need it to set what a peer awaits.
+    deadline = time.monotonic() + timeout.total_seconds()
+    while not store.check(keys):
+        if time.monotonic() > deadline:
+            missing = ", ".join(key for key in keys if not store.check([key]))
+            raise dist.DistStoreError(f"fairring: the machine's ranks did not all publish {missing} within {timeout}")
+        time.sleep(0.005)
     return [value.decode() for value in store.multi_get(keys)]

@@ -52,6 +52,12 @@ def one_of_each_kind() -> list[dict[str, object]]:
     dist.all_reduce_coalesced([torch.ones(100), torch.ones(7)])
     dist.broadcast(tensor, src=0)  # Gloo
     dist.all_gather([torch.empty(3) for _ in range(size)], torch.ones(3))
+    dist.reduce_scatter_tensor(torch.empty(1000), torch.ones(1000 * size))  # the engine's, as FSDP's
+    dist.all_gather_into_tensor(torch.empty(1000 * size), torch.ones(1000))
+    with dist._coalescing_manager(async_ops=True) as coalesced:
+        dist.reduce_scatter_tensor(torch.empty(10), torch.ones(10 * size))
+        dist.reduce_scatter_tensor(torch.empty(7), torch.ones(7 * size))
+    coalesced.wait()
     dist.barrier()
     ops = [
         dist.P2POp(dist.isend, torch.ones(5), (rank + 1) % size),
@@ -79,6 +85,9 @@ def test_every_kind_of_work_reads_completed() -> None:
             names = [entry["name"] for entry in entries]
             assert "fairring:all_reduce" in names, names
             assert "fairring:barrier" in names, names
+            # As NCCL names them in its own flight recorder.
+            for engine_op in ("_reduce_scatter_base", "_all_gather_base", "reduce_scatter_tensor_coalesced"):
+                assert f"fairring:{engine_op}" in names, " ".join(names)
             assert any(name.startswith(("fairring:send", "fairring:recv")) for name in names), names
             unfinished = [entry for entry in entries if entry["state"] != "completed"]
             assert not unfinished, (rank, unfinished)

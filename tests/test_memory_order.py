@@ -118,6 +118,49 @@ def test_all_reduce_then_all_gather(ordered_pool: RankPool, numel: int) -> None:
     ordered_pool.run(engine_then_delegated, numel, 8)
 
 
+def gather_into_what_a_scatter_reads(numel: int, seed: int) -> None:
+    """reduce_scatter_tensor(out, buf), then all_gather_into_tensor(buf, shard), both in flight on the engine:
+    the reduce-scatter reduces what buf held before the all-gather overwrote it."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    chunk = numel // world
+    inputs = [rank_tensor(r, (world * chunk,), torch.float32, seed) for r in range(world)]
+    shards = [rank_tensor(r, (chunk,), torch.float32, seed + 1) for r in range(world)]
+    buffer, out = inputs[rank].clone(), torch.empty(chunk)
+    works = [
+        dist.reduce_scatter_tensor(out, buffer, async_op=True),
+        dist.all_gather_into_tensor(buffer, shards[rank].clone(), async_op=True),
+    ]
+    for work in reversed(works):
+        work.wait()
+    expected = torch.stack(inputs).double().sum(0).view(world, chunk)[rank].float()
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(buffer, torch.cat(shards))
+
+
+def scatter_what_a_gather_writes(numel: int, seed: int) -> bool:
+    """all_gather_into_tensor(buf, shard), then reduce_scatter_tensor(out, buf), both in flight on the engine:
+    the reduce-scatter reduces the gathered buf (its step 1 reads what the all-gather's last step writes).
+    Whether it matched."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    chunk = numel // world
+    shards = [rank_tensor(r, (chunk,), torch.float32, seed) for r in range(world)]
+    buffer, out = torch.zeros(world * chunk), torch.empty(chunk)
+    works = [
+        dist.all_gather_into_tensor(buffer, shards[rank].clone(), async_op=True),
+        dist.reduce_scatter_tensor(out, buffer, async_op=True),
+    ]
+    for work in reversed(works):
+        work.wait()
+    return torch.equal(buffer, torch.cat(shards)) and torch.allclose(out, shards[rank] * world, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("numel", NUMELS)
+def test_reduce_scatter_and_all_gather_on_one_buffer(ordered_pool: RankPool, numel: int) -> None:
+    ordered_pool.run(gather_into_what_a_scatter_reads, numel, 9)
+    assert all(ordered_pool.run(scatter_what_a_gather_writes, numel, 10)), f"{numel} floats"
+
+
 def delegated_twice(numel: int, seed: int) -> None:
     """Two Gloo collectives on one tensor in flight: broadcast from rank 0, then from the last rank."""
     world = dist.get_world_size()
@@ -134,21 +177,23 @@ def test_two_delegated_collectives(ordered_pool: RankPool) -> None:
     ordered_pool.run(delegated_twice, 1 << 20, 9)
 
 
-def unordered_twice_in_flight(numel: int, seed: int) -> bool:
+def unordered(check, numel: int, seed: int) -> bool:  # type: ignore[no-untyped-def]
     from fairring import _C
 
     _C._testing.set_memory_order_enabled(False)
     try:
-        return twice_in_flight(numel, seed)
+        return check(numel, seed)
     finally:
         _C._testing.set_memory_order_enabled(True)
 
 
 @pytest.mark.timeout(300)
 def test_negative_control_without_ordering_results_are_wrong(ordered_pool: RankPool) -> None:
-    """The check above can fail: with the ordering off, the second op reads the input unreduced."""
-    matched = ordered_pool.run(unordered_twice_in_flight, 1 << 16, 11)
+    """The checks above can fail: with the ordering off, the second op reads its input too early."""
+    matched = ordered_pool.run(unordered, twice_in_flight, 1 << 16, 11)
     assert not all(matched), "two unordered all-reduces of one tensor gave the ordered result on every rank"
+    matched = ordered_pool.run(unordered, scatter_what_a_gather_writes, 1 << 16, 12)
+    assert not all(matched), "a reduce-scatter of what an all-gather writes gave the ordered result unordered"
 
 
 @pytest.fixture(scope="module")

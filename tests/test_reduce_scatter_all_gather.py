@@ -116,6 +116,48 @@ def many_in_flight(seed: int) -> None:
         assert torch.equal(params.narrow(0, i * world * chunk, world * chunk), torch.cat(every))
 
 
+def two_groups_on_two_threads(seed: int) -> None:
+    """Each thread its own fairring group, many of both collectives in flight on each, then all waited."""
+    import threading
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    # The new group's engine and layout are made by its first op, on its thread, while the other
+    # thread's ops run: both setups share this process's store client (fairring/shared_memory.py).
+    groups = [dist.group.WORLD, dist.new_group(backend="fairring")]
+    failures: list[BaseException] = []
+
+    def issue(group: dist.ProcessGroup, offset: int) -> None:
+        try:
+            chunk = 5003 + offset
+            inputs = [[rank_tensor(r, (world * chunk,), torch.float32, seed + offset + i) for r in range(world)]
+                      for i in range(6)]  # fmt: skip
+            outputs = [torch.empty(chunk) for _ in inputs]
+            gathered = [torch.empty(world * chunk) for _ in inputs]
+            works = []
+            for i, every in enumerate(inputs):
+                works.append(dist.reduce_scatter_tensor(outputs[i], every[rank], group=group, async_op=True))
+                mine = every[rank].view(world, chunk)[rank]
+                works.append(dist.all_gather_into_tensor(gathered[i], mine, group=group, async_op=True))
+            for work in works:
+                work.wait()
+            for i, every in enumerate(inputs):
+                expected = torch.stack(every).double().sum(0).view(world, chunk)[rank].float()
+                torch.testing.assert_close(outputs[i], expected, rtol=1e-5, atol=1e-5)
+                assert torch.equal(gathered[i], torch.cat([t.view(world, chunk)[r] for r, t in enumerate(every)]))
+        except BaseException as error:  # re-raised on the main thread
+            failures.append(error)
+
+    threads = [threading.Thread(target=issue, args=(group, 7 * i)) for i, group in enumerate(groups)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=200)
+    assert not any(thread.is_alive() for thread in threads), "a thread's collectives did not finish"
+    if failures:
+        raise failures[0]
+    dist.destroy_process_group(groups[1])
+
+
 def in_place(seed: int) -> None:
     """FSDP2's all-gather into the buffer its input is a view of, and a reduce-scatter into its own input."""
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -274,6 +316,11 @@ def test_every_size_dtype_and_op(pool: RankPool) -> None:
 @pytest.mark.timeout(300)
 def test_many_in_flight_on_views(pool: RankPool) -> None:
     pool.run(many_in_flight, 22)
+
+
+@pytest.mark.timeout(300)
+def test_two_groups_on_two_threads(pool: RankPool) -> None:
+    pool.run(two_groups_on_two_threads, 30)
 
 
 @pytest.mark.timeout(300)

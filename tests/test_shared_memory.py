@@ -237,3 +237,35 @@ def test_engine_uses_shared_memory_where_a_whole_machine_can() -> None:
         steps = pool.run(local_steps_and_result, 4)
     expected = ["gloo" if layout.machine_of(rank) == 0 else "shared memory" for rank in range(4)]
     assert steps == expected
+
+
+def seconds_to_set_while(waiting: Callable[[dist.Store], object]) -> float:
+    """How long a set takes on a TCPStore client while another thread of this process runs `waiting` on it."""
+    from fairring.bench import free_port
+
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, True, timeout=timedelta(seconds=10))
+
+    def wait() -> None:
+        try:
+            waiting(store)
+        except dist.DistStoreError:
+            pass  # the negative control's wait for a key that never comes
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.3)
+    start = time.monotonic()
+    store.set("peer/0", "published")  # what the waiting thread awaits
+    took = time.monotonic() - start
+    waiter.join(timeout=10)
+    return took
+
+
+def test_setup_leaves_the_store_free_for_another_groups_setup() -> None:
+    """Two groups set up at once on two threads share one TCPStore client: the machine's gather polls, so the
+    other thread's set goes through (it hung before: each rank's wait held the set its peer awaited)."""
+    from fairring.shared_memory import _gather
+
+    assert seconds_to_set_while(lambda store: _gather(store, "peer/", 1, timedelta(seconds=5))) < 1.0
+    # Negative control: a blocking wait holds the client until it ends (here after 2 s).
+    assert seconds_to_set_while(lambda store: store.wait(["never"], timedelta(seconds=2))) > 1.0
