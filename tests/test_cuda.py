@@ -159,6 +159,22 @@ def engine_reduce_scatters_and_all_gathers(device_of_rank: str) -> None:
             assert_matches(scattered.cpu(), expected)
             assert torch.equal(gathered.cpu(), torch.cat(shards))
     assert cuda_backend().engine_stats("cuda")["ops"] == before + issued, "not all ran on the engine"
+    # The other forms, each one engine op: a coalesced block (ZeRO's), lists, and a PREMUL_SUM (NCCL's own
+    # op, scaled into the packed input on the engine), against torch on the CPU.
+    numels = [1, 40_003]
+    inputs = [[rank_tensor(r, (world * n,), torch.float32, 5 + j) for j, n in enumerate(numels)] for r in range(world)]
+    outputs = [torch.empty(n, device=device) for n in numels]
+    with dist._coalescing_manager(async_ops=True) as coalesced:
+        for output, tensor in zip(outputs, inputs[rank], strict=True):
+            dist.reduce_scatter_tensor(output, tensor.to(device), op=dist._make_nccl_premul_sum(float(rank + 1)))
+    coalesced.wait()
+    gathered = [torch.empty(1001, device=device) for _ in range(world)]
+    dist.all_gather(gathered, torch.full((1001,), float(rank), device=device))
+    assert cuda_backend().engine_stats("cuda")["ops"] == before + issued + 2, "a form left the engine"
+    for j, n in enumerate(numels):
+        weighted = sum((r + 1) * inputs[r][j].double() for r in range(world)).view(world, n)[rank].float()
+        torch.testing.assert_close(outputs[j].cpu(), weighted, rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(tensor.cpu(), torch.full((1001,), float(r))) for r, tensor in enumerate(gathered))
 
 
 def engine_orders_ops_on_one_tensor(device_of_rank: str, broadcast: bool) -> None:

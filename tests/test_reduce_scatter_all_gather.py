@@ -351,3 +351,5 @@ def test_local_steps_as_real_groups_on_the_emulated_device() -> None:
         ranks.run(many_in_flight, 24)
         ranks.run(reduce_scatter_matches, 40_003, "float32", "sum", 25)
         ranks.run(all_gather_matches, 40_003, "bfloat16", 26)
+        ranks.run(every_form, 31)
+        ranks.run(premultiplied_sums, 32)
