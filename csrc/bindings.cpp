@@ -696,11 +696,25 @@ PYBIND11_MODULE(_C, module) {
                   result["rail_bytes_received"] = stats.railBytesReceived;
                   result["local_steps"] = stats.localSteps;
                   result["local_steps_state"] = engine.localStepsState();
+                  py::dict byCollective;
+                  for (auto kind :
+                       {fairring::Collective::kAllReduce,
+                        fairring::Collective::kReduceScatter,
+                        fairring::Collective::kAllGather}) {
+                    const auto index = static_cast<size_t>(kind);
+                    py::dict counts;
+                    counts["ops"] = stats.opsByKind[index];
+                    counts["bytes"] = stats.bytesByKind[index];
+                    byCollective[fairring::collectiveName(kind)] = counts;
+                  }
+                  result["by_collective"] = byCollective;
                   return result;
                 });
           },
           py::arg("device") = "cpu",
-          "Counters of the engine for `device`; None where there is none.")
+          "Counters of the engine for `device` (ops, slices, rail bytes, and "
+          "by_collective: ops and bytes of the N-chunk tensors per kind); "
+          "None where there is none.")
       .def(
           "engine_footprint",
           [](const fairring::Backend& backend,

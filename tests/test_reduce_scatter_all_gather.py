@@ -43,6 +43,15 @@ def engine_ops() -> int:
     return int(stats.get("ops", 0))
 
 
+def by_collective() -> dict[str, dict[str, int]]:
+    """The engine's ops and bytes per collective kind (none before it is made)."""
+    stats = fairring.backend_of(dist.group.WORLD).engine_stats("cpu")
+    return stats["by_collective"] if stats else {kind: {"ops": 0, "bytes": 0} for kind in ENGINE_KINDS}
+
+
+ENGINE_KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
 def reduce_scatter_matches(chunk_numel: int, dtype_name: str, op: str, seed: int) -> None:
     """One reduce-scatter against plain torch, on the engine (bitwise ops too: CPU tensors)."""
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -166,6 +175,7 @@ def in_place(seed: int) -> None:
     gathered = torch.zeros(world * chunk)
     gathered.narrow(0, rank * chunk, chunk).copy_(shards[rank])
     before = engine_ops()
+    counted = by_collective()
     dist.all_gather_into_tensor(gathered, gathered.narrow(0, rank * chunk, chunk))
     assert torch.equal(gathered, torch.cat(shards))
     inputs = [rank_tensor(r, (world * chunk,), torch.float32, seed + 1) for r in range(world)]
@@ -174,6 +184,11 @@ def in_place(seed: int) -> None:
     expected = reduce_reference(inputs, "sum").view(world, chunk)[rank].float()
     torch.testing.assert_close(buffer.narrow(0, rank * chunk, chunk), expected, rtol=1e-5, atol=1e-5)
     assert engine_ops() == before + 2
+    now = by_collective()
+    for kind in ("reduce_scatter", "all_gather"):  # one each, of world x chunk float32s
+        assert now[kind]["ops"] - counted[kind]["ops"] == 1, kind
+        assert now[kind]["bytes"] - counted[kind]["bytes"] == world * chunk * 4, kind
+    assert now["all_reduce"] == counted["all_reduce"]
 
 
 def every_form(seed: int) -> None:

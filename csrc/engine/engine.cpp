@@ -2,6 +2,8 @@
 
 #include "engine/engine.h"
 
+#include <algorithm>
+
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 
@@ -285,6 +287,10 @@ std::shared_ptr<Engine::Op> Engine::makeOp(
     op->elements = input.view({-1});
     op->chunkNumel = chunk.numel();
   }
+  const auto index = static_cast<size_t>(kind);
+  opsByKind_[index].fetch_add(1);
+  bytesByKind_[index].fetch_add(
+      std::max(input.numel(), tensor.numel()) * tensor.element_size());
   op->reduceOp = reduceOp;
   op->timeout = timeout;
   op->deadline = Clock::now() + timeout;
@@ -929,12 +935,19 @@ void Engine::push(Queue& queue, std::shared_ptr<SliceWork> slice) {
 }
 
 EngineStats Engine::stats() const {
-  return EngineStats{
+  EngineStats stats{
       static_cast<int64_t>(nextSeq_.load()),
       slicesDone_.load(),
       lanes_->bytesSent(),
       lanes_->bytesReceived(),
-      localSteps_->name()};
+      localSteps_->name(),
+      {},
+      {}};
+  for (size_t kind = 0; kind < stats.opsByKind.size(); ++kind) {
+    stats.opsByKind[kind] = opsByKind_[kind].load();
+    stats.bytesByKind[kind] = bytesByKind_[kind].load();
+  }
+  return stats;
 }
 
 EngineFootprint Engine::footprint(const ProcessCounts& before) const {

@@ -58,6 +58,10 @@ struct EngineStats {
   int64_t railBytesSent;
   int64_t railBytesReceived;
   std::string localSteps; // LocalSteps::name()
+  // By Collective: ops issued, and the bytes of their N-chunk tensors (an
+  // all-reduce's tensor, a reduce-scatter's input, an all-gather's output).
+  std::array<int64_t, 3> opsByKind;
+  std::array<int64_t, 3> bytesByKind;
 };
 
 // The Herring all-reduce for one process group and one device (the CPU, or
@@ -447,6 +451,8 @@ class Engine {
   std::atomic<int> localStepsStopped_{0};
   std::atomic<uint64_t> nextSeq_{0};
   std::atomic<int64_t> slicesDone_{0};
+  std::array<std::atomic<int64_t>, 3> opsByKind_{}; // EngineStats
+  std::array<std::atomic<int64_t>, 3> bytesByKind_{};
 
   mutable std::mutex mutex_;
   std::condition_variable progress_; // any change to the state below

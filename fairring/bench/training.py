@@ -26,6 +26,7 @@ bench-results/training.json), plots to --plots; a sentence of reading ends it.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import tempfile
 from pathlib import Path
@@ -50,6 +51,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training study (--study training)")
     group.add_argument("--part", choices=("real", "emulated", "both"), default="both", help="default both")
     group.add_argument("--quick", action="store_true", help="tiny real models, 5 steps, loopback: loss parity only")
+    group.add_argument(
+        "--parallelism", choices=("ddp", "fsdp2", "both"), default="both", help="real: which runs (default both)"
+    )
+    group.add_argument("--real-layouts", default="2x2", help="real: hosts x ranks (default %(default)s)")
     group.add_argument("--cuda", action="store_true", help="CUDA tensors, the CUDA engine on, against NCCL")
     group.add_argument("--gpu-tflops", type=float, default=989.0, help="emulated: GPU peak (default 989, H100 bf16)")
     group.add_argument("--mfu", type=float, default=0.4, help="emulated: share of the peak achieved (default 0.4)")
@@ -85,15 +90,16 @@ def plan(args: argparse.Namespace, hosts_possible: bool) -> list[tuple[str, Run,
     if args.part in ("real", "both"):
         steps, warmup = (4, 1) if args.quick else (18, 2)
         links: list[str | None] = [None] if args.quick or not hosts_possible else [args.link or STUDY_LINK, None]
-        for link in links:
-            for model, autocast, parallel in QUICK_RUNS if args.quick else REAL_RUNS:
+        chosen = [run for run in (QUICK_RUNS if args.quick else REAL_RUNS) if args.parallelism in ("both", run[2])]
+        for (machines, ranks), link in itertools.product(parse_layouts(args.real_layouts), links):
+            for model, autocast, parallel in chosen:
                 worker = ["fairring.bench.training_worker", "--part", "real", "--model", model]
                 worker += ["--steps", str(steps), "--warmup", str(warmup), "--link", link or ""]
                 worker += ["--autocast"] if autocast else []
                 worker += ["--parallel", parallel]
                 where = f"{link} hosts" if link else "loopback"
-                run = Run("training", 2, [], environment=user_env, worker=tuple(worker), ranks_per_machine=2)
-                runs.append((f"real compute: {model} ({parallel}) on 2x2, {where}", run, link))
+                run = Run("training", machines, [], environment=user_env, worker=tuple(worker), ranks_per_machine=ranks)
+                runs.append((f"real compute: {model} ({parallel}) on {machines}x{ranks}, {where}", run, link))
     if args.part in ("emulated", "both") and not args.quick and hosts_possible:
         link = args.link or STUDY_LINK
         scale = parse_rate(args.real_link) / parse_rate(link)

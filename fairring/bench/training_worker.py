@@ -243,7 +243,10 @@ def main(argv: list[str] | None = None) -> None:
     ours = {**common, "backend": "fairring", **measure(args, dist.group.WORLD, device)}
     # How many of the buckets fairring's engine served (the rest went to its delegate, below the flat threshold);
     # with FSDP2, its reduce-scatters and all-gathers (the key keeps the name earlier records have).
-    ours["engine_all_reduces"] = (fairring.backend_of(device=device).engine_stats(device.type) or {}).get("ops", 0)
+    stats = fairring.backend_of(device=device).engine_stats(device.type) or {}
+    ours["engine_all_reduces"] = stats.get("ops", 0)
+    # Ops and bytes (the N-chunk tensors') per collective kind, warm-up steps and loss checks included.
+    ours["engine_by_collective"] = stats.get("by_collective", {})
     theirs = {**common, "backend": baseline_name, **measure(args, baseline, device)}
     ours["speedup_vs_baseline"] = theirs["median_s"] / ours["median_s"]
     settle_overlap([ours, theirs])
