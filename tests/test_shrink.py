@@ -43,7 +43,8 @@ def error_of(group: dist.ProcessGroup | None) -> ErrorType:
 
 
 def check_shrunk_group(group: dist.ProcessGroup, survivors: list[int], old_rank: int) -> dict[str, object]:
-    """An all-reduce against the survivors' sum, an all-gather of old ranks, and where the all-reduce ran."""
+    """An all-reduce against the survivors' sum, an all-gather of old ranks, a reduce-scatter (FSDP's) against
+    the survivors' sum, and where the all-reduce ran."""
     tensor = rank_tensor(old_rank, SHAPE, torch.float32, seed=1)
     dist.all_reduce(tensor, group=group)
     assert_matches(
@@ -51,6 +52,11 @@ def check_shrunk_group(group: dist.ProcessGroup, survivors: list[int], old_rank:
     )
     gathered = [torch.empty(1) for _ in survivors]
     dist.all_gather(gathered, torch.tensor([float(old_rank)]), group=group)
+    count = len(survivors)
+    scattered = torch.empty(1001)
+    dist.reduce_scatter_tensor(scattered, rank_tensor(old_rank, (count * 1001,), torch.float32, seed=2), group=group)
+    every = [rank_tensor(rank, (count * 1001,), torch.float32, seed=2) for rank in survivors]
+    assert_matches(scattered, reduce_reference(every, "sum").view(count, 1001)[group.rank()])
     stats = fairring.backend_of(group).engine_stats("cpu")
     return {
         "rank": group.rank(),
