@@ -357,31 +357,25 @@ class Backend final : public c10d::Backend {
       Collective kind, at::Tensor& output, at::Tensor& input, bool onEngine);
   // A reduce-scatter or all-gather in any of c10d's forms, on the engine or
   // the delegate (backend/chunked_collectives.cpp).
-  struct ChunkedForm {
-    c10d::OpType opType;
+  struct ChunkedCall {
+    Collective kind;
+    c10d::OpType opType; // its Work's, and its profiling name
     const char* profilingName;
+    Operation op; // as the funnel takes it
+    std::vector<ChunkedPart> parts; // its tensors as pairs
+    std::vector<at::Tensor> inputs; // what it reads (PREMUL_SUM's rules)
+    c10d::ReduceOp reduceOp;
+    std::chrono::milliseconds timeout;
   };
   template <typename OnDelegate>
   c10::intrusive_ptr<c10d::Work> chunked(
-      Collective kind,
-      ChunkedForm form,
-      Operation op,
-      std::vector<ChunkedPart> parts,
-      const std::vector<at::Tensor>& inputs,
-      const c10d::ReduceOp& reduceOp,
-      std::chrono::milliseconds timeout,
-      OnDelegate&& onDelegate);
+      ChunkedCall call, OnDelegate&& onDelegate);
   // Its launch, on the path chosen (`onEngine`), through the funnel.
   template <typename OnDelegate>
   c10::intrusive_ptr<c10d::Work> launchChunked(
       const ChunkedArgs& args,
       bool onEngine,
-      ChunkedForm form,
-      Operation op,
-      std::vector<ChunkedPart> parts,
-      const std::vector<at::Tensor>& inputs,
-      const c10d::ReduceOp& reduceOp,
-      std::chrono::milliseconds timeout,
+      ChunkedCall call,
       OnDelegate&& onDelegate);
   // The group's whole layout, gathered once (InnerGroupFactory::layout) by
   // the first engine reduce-scatter or all-gather, which every rank issues

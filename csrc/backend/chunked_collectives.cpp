@@ -87,30 +87,21 @@ std::vector<ChunkedPart> listPair(
 
 } // namespace
 
-// The form's own name, op type and profiling name travel with `op`; `parts`
-// are its tensors as pairs, `inputs` what it reads (for PREMUL_SUM's rules).
 // On the engine where chunkedOnEngine says so (the group's layout adopted
 // first), else through `onDelegate(runner, premul)`, which scales its inputs
 // by `premul` where that is set and hands the delegate a SUM.
 template <typename OnDelegate>
 c10::intrusive_ptr<c10d::Work> Backend::chunked(
-    Collective kind,
-    ChunkedForm form,
-    Operation op,
-    std::vector<ChunkedPart> parts,
-    const std::vector<at::Tensor>& inputs,
-    const c10d::ReduceOp& reduceOp,
-    std::chrono::milliseconds timeout,
-    OnDelegate&& onDelegate) {
-  ChunkedArgs args =
-      chunkedArgs(kind, parts, topology_.worldSize(), reduceOp.op_);
+    ChunkedCall call, OnDelegate&& onDelegate) {
+  ChunkedArgs args = chunkedArgs(
+      call.kind, call.parts, topology_.worldSize(), call.reduceOp.op_);
   // Asked once, of the device the funnel would ask about.
-  op.captured = graphCaptureUnderway(deviceOf(op));
-  args.captured = *op.captured;
+  call.op.captured = graphCaptureUnderway(deviceOf(call.op));
+  args.captured = *call.op.captured;
   args.inCoalescingBlock = coalescingBlockOpen();
   // FAIRRING_FLAT_THRESHOLD=auto measures this kind here, at its first use
   // the engine could take.
-  EngineSizes sizes = engineSizesFor(args, deviceOf(op));
+  EngineSizes sizes = engineSizesFor(args, deviceOf(call.op));
   if (sizes.fromBytes == kMeasuredThreshold) {
     // Not measured (none the engine could take yet): the delegate's.
     sizes = EngineSizes{std::numeric_limits<int64_t>::max()};
@@ -118,41 +109,27 @@ c10::intrusive_ptr<c10d::Work> Backend::chunked(
   const bool onEngine =
       chunkedOnEngine(args, topology_.servesEngine(), config_, sizes);
   return launchChunked(
-      args,
-      onEngine,
-      form,
-      std::move(op),
-      std::move(parts),
-      inputs,
-      reduceOp,
-      timeout,
-      std::forward<OnDelegate>(onDelegate));
+      args, onEngine, std::move(call), std::forward<OnDelegate>(onDelegate));
 }
 
 template <typename OnDelegate>
 c10::intrusive_ptr<c10d::Work> Backend::launchChunked(
     const ChunkedArgs& args,
     bool onEngine,
-    ChunkedForm form,
-    Operation op,
-    std::vector<ChunkedPart> parts,
-    const std::vector<at::Tensor>& inputs,
-    const c10d::ReduceOp& reduceOp,
-    std::chrono::milliseconds timeout,
+    ChunkedCall call,
     OnDelegate&& onDelegate) {
-  const Collective kind = args.kind;
   std::optional<PremulFactor> premul;
-  if (kind == Collective::kReduceScatter &&
-      reduceOp == c10d::ReduceOp::PREMUL_SUM &&
-      (onEngine || delegatePremultiplies(args, inputs, reduceOp))) {
-    premul = PremulFactor::of(reduceOp, op.name, args.dtype);
-    op.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+  if (call.kind == Collective::kReduceScatter &&
+      call.reduceOp == c10d::ReduceOp::PREMUL_SUM &&
+      (onEngine || delegatePremultiplies(args, call.inputs, call.reduceOp))) {
+    premul = PremulFactor::of(call.reduceOp, call.op.name, args.dtype);
+    call.op.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
   }
   if (onEngine) {
-    op.engineDevice = parts[0].chunk.device();
+    call.op.engineDevice = call.parts[0].chunk.device();
   }
   return issue(
-      std::move(op),
+      std::move(call.op),
       [&](const Runner& runner) -> c10::intrusive_ptr<c10d::Work> {
         if (runner.engine == nullptr) {
           return onDelegate(runner, premul);
@@ -161,16 +138,16 @@ c10::intrusive_ptr<c10d::Work> Backend::launchChunked(
           runner.engine->adoptLayout(groupLayout());
         }
         auto packed = std::make_shared<const PackedChunks>(
-            kind, std::move(parts), topology_.worldSize(), premul);
-        auto future = kind == Collective::kReduceScatter
+            call.kind, std::move(call.parts), topology_.worldSize(), premul);
+        auto future = call.kind == Collective::kReduceScatter
             ? runner.engine->reduceScatter(
                   packed->input(),
                   packed->output(),
                   chunkedEngineOp(args),
-                  timeout,
+                  call.timeout,
                   *runner.seq)
             : runner.engine->allGather(
-                  packed->input(), packed->output(), timeout, *runner.seq);
+                  packed->input(), packed->output(), call.timeout, *runner.seq);
         if (packed->unpacks()) {
           future = future->then(
               [packed](c10::ivalue::Future& done) {
@@ -182,8 +159,8 @@ c10::intrusive_ptr<c10d::Work> Backend::launchChunked(
         }
         return c10::make_intrusive<FutureWork>(
             std::move(future),
-            form.opType,
-            form.profilingName,
+            call.opType,
+            call.profilingName,
             *runner.seq,
             packed->callerOutputs());
       });
@@ -210,15 +187,16 @@ void Backend::chunkedOnPath(
   launchChunked(
       args,
       onEngine,
-      scatters ? ChunkedForm{c10d::OpType::_REDUCE_SCATTER_BASE,
-                             "fairring:reduce_scatter_tensor"}
-               : ChunkedForm{c10d::OpType::_ALLGATHER_BASE,
-                             "fairring:all_gather_into_tensor"},
-      std::move(op),
-      std::move(parts),
-      {input},
-      c10d::ReduceOp::SUM,
-      timeout(),
+      {.kind = kind,
+       .opType = scatters ? c10d::OpType::_REDUCE_SCATTER_BASE
+                          : c10d::OpType::_ALLGATHER_BASE,
+       .profilingName = scatters ? "fairring:reduce_scatter_tensor"
+                                 : "fairring:all_gather_into_tensor",
+       .op = std::move(op),
+       .parts = std::move(parts),
+       .inputs = {input},
+       .reduceOp = c10d::ReduceOp::SUM,
+       .timeout = timeout()},
       [&](const Runner& runner, const std::optional<PremulFactor>& /*none*/) {
         return scatters ? runner.delegate->_reduce_scatter_base(
                               output, input, c10d::ReduceScatterOptions{})
@@ -246,14 +224,15 @@ c10::intrusive_ptr<c10d::Work> Backend::_reduce_scatter_base(
     at::Tensor& input,
     const c10d::ReduceScatterOptions& opts) {
   return chunked(
-      Collective::kReduceScatter,
-      {c10d::OpType::_REDUCE_SCATTER_BASE, "fairring:reduce_scatter_tensor"},
-      Operation::collective("reduce_scatter_single", output, input)
-          .reducing(opts.reduceOp, {output}),
-      tensorPairs({output}, {input}),
-      {input},
-      opts.reduceOp,
-      timeoutOf(opts.timeout),
+      {.kind = Collective::kReduceScatter,
+       .opType = c10d::OpType::_REDUCE_SCATTER_BASE,
+       .profilingName = "fairring:reduce_scatter_tensor",
+       .op = Operation::collective("reduce_scatter_single", output, input)
+                 .reducing(opts.reduceOp, {output}),
+       .parts = tensorPairs({output}, {input}),
+       .inputs = {input},
+       .reduceOp = opts.reduceOp,
+       .timeout = timeoutOf(opts.timeout)},
       [&](const Runner& runner, const std::optional<PremulFactor>& premul) {
         if (!premul) {
           return runner.delegate->_reduce_scatter_base(output, input, opts);
@@ -269,15 +248,16 @@ c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   return chunked(
-      Collective::kReduceScatter,
-      {c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED,
-       "fairring:reduce_scatter_tensor_coalesced"},
-      Operation::collective("reduce_scatter_single_coalesced", outputs, inputs)
-          .reducing(opts.reduceOp, outputs),
-      tensorPairs(outputs, inputs),
-      inputs,
-      opts.reduceOp,
-      timeoutOf(opts.timeout),
+      {.kind = Collective::kReduceScatter,
+       .opType = c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED,
+       .profilingName = "fairring:reduce_scatter_tensor_coalesced",
+       .op = Operation::collective(
+                 "reduce_scatter_single_coalesced", outputs, inputs)
+                 .reducing(opts.reduceOp, outputs),
+       .parts = tensorPairs(outputs, inputs),
+       .inputs = inputs,
+       .reduceOp = opts.reduceOp,
+       .timeout = timeoutOf(opts.timeout)},
       [&](const Runner& runner, const std::optional<PremulFactor>& premul) {
         if (!premul) {
           return runner.delegate->reduce_scatter_tensor_coalesced(
@@ -296,14 +276,15 @@ c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter(
   const std::vector<at::Tensor> read =
       inputs.empty() ? std::vector<at::Tensor>{} : inputs[0];
   return chunked(
-      Collective::kReduceScatter,
-      {c10d::OpType::REDUCE_SCATTER, "fairring:reduce_scatter"},
-      Operation::collective("reduce_scatter", outputs, inputs)
-          .reducing(opts.reduceOp, outputs),
-      listPair(outputs, inputs),
-      read,
-      opts.reduceOp,
-      timeoutOf(opts.timeout),
+      {.kind = Collective::kReduceScatter,
+       .opType = c10d::OpType::REDUCE_SCATTER,
+       .profilingName = "fairring:reduce_scatter",
+       .op = Operation::collective("reduce_scatter", outputs, inputs)
+                 .reducing(opts.reduceOp, outputs),
+       .parts = listPair(outputs, inputs),
+       .inputs = read,
+       .reduceOp = opts.reduceOp,
+       .timeout = timeoutOf(opts.timeout)},
       [&](const Runner& runner, const std::optional<PremulFactor>& premul) {
         if (!premul) {
           return runner.delegate->reduce_scatter(outputs, inputs, opts);
@@ -321,13 +302,14 @@ c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter(
 c10::intrusive_ptr<c10d::Work> Backend::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   return chunked(
-      Collective::kAllGather,
-      {c10d::OpType::_ALLGATHER_BASE, "fairring:all_gather_into_tensor"},
-      Operation::collective("all_gather_single", output, input),
-      tensorPairs({input}, {output}),
-      {input},
-      c10d::ReduceOp::SUM,
-      timeoutOf(opts.timeout),
+      {.kind = Collective::kAllGather,
+       .opType = c10d::OpType::_ALLGATHER_BASE,
+       .profilingName = "fairring:all_gather_into_tensor",
+       .op = Operation::collective("all_gather_single", output, input),
+       .parts = tensorPairs({input}, {output}),
+       .inputs = {input},
+       .reduceOp = c10d::ReduceOp::SUM,
+       .timeout = timeoutOf(opts.timeout)},
       [&](const Runner& runner, const std::optional<PremulFactor>& /*none*/) {
         return runner.delegate->_allgather_base(output, input, opts);
       });
@@ -338,14 +320,15 @@ c10::intrusive_ptr<c10d::Work> Backend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   return chunked(
-      Collective::kAllGather,
-      {c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED,
-       "fairring:all_gather_into_tensor_coalesced"},
-      Operation::collective("all_gather_single_coalesced", outputs, inputs),
-      tensorPairs(inputs, outputs),
-      inputs,
-      c10d::ReduceOp::SUM,
-      timeoutOf(opts.timeout),
+      {.kind = Collective::kAllGather,
+       .opType = c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED,
+       .profilingName = "fairring:all_gather_into_tensor_coalesced",
+       .op = Operation::collective(
+           "all_gather_single_coalesced", outputs, inputs),
+       .parts = tensorPairs(inputs, outputs),
+       .inputs = inputs,
+       .reduceOp = c10d::ReduceOp::SUM,
+       .timeout = timeoutOf(opts.timeout)},
       [&](const Runner& runner, const std::optional<PremulFactor>& /*none*/) {
         return runner.delegate->allgather_into_tensor_coalesced(
             outputs, inputs, opts);
@@ -357,13 +340,14 @@ c10::intrusive_ptr<c10d::Work> Backend::allgather(
     std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   return chunked(
-      Collective::kAllGather,
-      {c10d::OpType::ALLGATHER, "fairring:all_gather"},
-      Operation::collective("allgather", outputs, inputs),
-      listPair(inputs, outputs),
-      inputs,
-      c10d::ReduceOp::SUM,
-      timeoutOf(opts.timeout),
+      {.kind = Collective::kAllGather,
+       .opType = c10d::OpType::ALLGATHER,
+       .profilingName = "fairring:all_gather",
+       .op = Operation::collective("allgather", outputs, inputs),
+       .parts = listPair(inputs, outputs),
+       .inputs = inputs,
+       .reduceOp = c10d::ReduceOp::SUM,
+       .timeout = timeoutOf(opts.timeout)},
       [&](const Runner& runner, const std::optional<PremulFactor>& /*none*/) {
         return runner.delegate->allgather(outputs, inputs, opts);
       });
