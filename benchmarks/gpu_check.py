@@ -13,8 +13,9 @@ Stages in order of value:
    allows (not with --quick), the engine, NCCL's all-reduce and FAIRRING_CUDA_ENGINE=auto's
    routing at 4 to 256 MiB on the same tensors, the order rotated every iteration, every
    result checked, with the fraction of the bound; and, on 2 x 2, 8 buckets of 25 MiB
-   issued at once, the engine against NCCL (what the op boundary costs); skipped, saying
-   why, where namespaces cannot be made;
+   issued at once, the engine against NCCL (what the op boundary costs), then FSDP's
+   reduce-scatter and all-gather at the same sizes (engine, NCCL, auto), where the stage's
+   time allows; skipped, saying why, where namespaces cannot be made;
 3. tests: `python -m pytest tests/test_cuda.py -rs -s -p no:cacheprovider`;
 4. correctness on the layouts of --worlds with several ranks per machine (2x2, 3x2),
    whose local steps run on real NCCL groups (a distinct NCCL_HOSTID per process,
@@ -774,6 +775,17 @@ def run_versus(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[st
                 keys = ("backend", "median_s", "speedup_vs_baseline", "fraction_of_bound_speed", "correct")
                 what = f"{versus_nccl.BUCKETS} all-reduces of {versus_nccl.BUCKET_SIZE[args.device]} issued at once"
                 summary["overlap"] = {"what": what, "rows": [{key: r.get(key) for key in keys} for r in records]}
+                # FSDP's collectives, each about half an all-reduce's time, where the stage has it.
+                for collective in ("reduce_scatter", "all_gather"):
+                    left = timeout - (time.monotonic() - started)
+                    if left < first_s:
+                        summary.setdefault("left_out", f"{collective} left out: {left:.0f} s of the stage left")
+                        continue
+                    arguments = versus_nccl.bench_arguments(machines, local, sizes, args.compare_iters, mps, collective)
+                    expected = 3 * len(sizes.split(","))
+                    records, found, _ = run_versus_part(stage, arguments, left, collective, expected)
+                    problems += found
+                    summary.setdefault("fsdp", {})[collective] = versus_nccl.summarize(records, machines, local)
     finally:
         stopped = versus_nccl.stop_mps(mps)
         if stopped:

@@ -122,10 +122,12 @@ def stop_mps(mps: Mps) -> str:
     return outcome
 
 
-def bench_arguments(machines: int, local: int, sizes: str, iters: int, mps: Mps) -> list[str]:
-    """`python -m fairring.bench`'s arguments for one layout of the stage."""
+def bench_arguments(
+    machines: int, local: int, sizes: str, iters: int, mps: Mps, collective: str = "all_reduce"
+) -> list[str]:
+    """`python -m fairring.bench`'s arguments for one layout (and collective) of the stage."""
     arguments = ["--hosts", str(machines), "--ranks-per-host", str(local), "--link", LINK, "--study", "compare"]
-    arguments += ["--sizes", sizes, "-n", str(iters), "-w", "1"]
+    arguments += ["--collective", collective, "--sizes", sizes, "-n", str(iters), "-w", "1"]
     return arguments + rank_settings(mps)
 
 
@@ -195,19 +197,25 @@ def lines(summary: dict[str, Any], table: Any, percent: Any) -> list[str]:
             "yes" if row["correct"] else "NO",
         ]
 
-    out = head
-    for layout, part in layouts.items():
+    def part_lines(title: str, part: dict[str, Any]) -> list[str]:
         body = [[format_size(int(row["bytes"])), *cells(row), f"{row['busbw_GBps']:.3f}"] for row in part["rows"]]
-        out += ["", f"{layout} (machines x ranks):", ""]
-        out += table(["size", "backend", "ms", "vs baseline", "of bound", "correct", "busbw GB/s"], body)
+        found = ["", title, ""]
+        found += table(["size", "backend", "ms", "vs baseline", "of bound", "correct", "busbw GB/s"], body)
         wins = part["engine_at_least_as_fast_from"]
         auto = part.get("auto") or {}
-        out += [
+        return [
+            *found,
             "",
             "The engine is at least as fast as the baseline "
             + (f"from {format_size(wins)} up." if wins else "at no size from which it stays so.")
             + (f" auto chose: {auto['auto_reason']}" if auto else ""),
         ]
+
+    out = head
+    for layout, part in layouts.items():
+        out += part_lines(f"{layout} (machines x ranks):", part)
+    for collective, part in summary.get("fsdp", {}).items():
+        out += part_lines(f"{collective} (FSDP's), 2 x 2; a size is the N-chunk tensor's:", part)
     overlap = summary.get("overlap")
     if overlap:
         out += ["", f"{overlap['what']}, 2 x 2:", ""]

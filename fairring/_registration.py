@@ -358,16 +358,16 @@ class InnerGroups:
 
 
 def log_shrunk(topology: _C.Topology, excluded: list[int]) -> None:
-    """On the shrunk group's rank 0: its layout, and whether its all-reduces stay on the engine."""
+    """On the shrunk group's rank 0: its layout, and whether its collectives stay on the engine."""
     if topology.rank != 0:
         return
     sizes = list(topology.machine_sizes)
     if topology.serves_engine:
-        where = "its all-reduces stay on the engine"
+        where = "its all-reduces, reduce-scatters and all-gathers stay on the engine"
     elif topology.num_machines == 1:
-        where = "one machine: every all-reduce goes to gloo/nccl"
+        where = "one machine: every collective goes to gloo/nccl"
     else:
-        where = "machines hold different numbers of ranks: every all-reduce goes to gloo/nccl"
+        where = "machines hold different numbers of ranks: every collective goes to gloo/nccl"
     logger.info(
         "group shrunk without rank(s) %s: %d rank(s) on %d machine(s) of %s; %s",
         excluded,

@@ -132,6 +132,12 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
         overlap = versus["overlap"]["rows"]
         assert sorted(row["backend"] for row in overlap) == ["fairring", "gloo"], overlap
         assert all(row["correct"] and row["median_s"] > 0 for row in overlap), overlap
+        # FSDP's reduce-scatter and all-gather on 2x2: the engine, the baseline and auto's routing of that kind.
+        assert sorted(versus["fsdp"]) == ["all_gather", "reduce_scatter"], versus
+        for part in versus["fsdp"].values():
+            assert sorted(row["backend"] for row in part["rows"]) == ["fairring", "fairring-auto", "gloo"], part
+            assert all(row["correct"] and row["median_s"] > 0 for row in part["rows"]) and part["auto"], part
+        assert "reduce_scatter (FSDP's), 2 x 2" in text
         assert "## Versus NCCL, the network the bottleneck" in text
 
     # fairring.validate under torchrun: both CPU paths at 64 KiB and 1 MiB, every element right, a verdict.

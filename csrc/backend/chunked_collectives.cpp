@@ -9,6 +9,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <utility>
 
 #include "backend/allreduce_args.h"
@@ -21,6 +22,28 @@
 namespace fairring {
 
 namespace {
+
+// The op types of the coalesced forms, which torch 2.11 lacks (its
+// ProcessGroupNCCL reports them as COALESCED, as these do there).
+template <typename Type, typename = void>
+struct HasCoalescedOpTypes : std::false_type {};
+template <typename Type>
+struct HasCoalescedOpTypes<
+    Type,
+    std::void_t<
+        decltype(Type::REDUCE_SCATTER_TENSOR_COALESCED),
+        decltype(Type::ALLGATHER_INTO_TENSOR_COALESCED)>> : std::true_type {};
+
+template <typename Type = c10d::OpType>
+constexpr Type coalescedOpType(Collective kind) {
+  if constexpr (HasCoalescedOpTypes<Type>::value) {
+    return kind == Collective::kReduceScatter
+        ? Type::REDUCE_SCATTER_TENSOR_COALESCED
+        : Type::ALLGATHER_INTO_TENSOR_COALESCED;
+  } else {
+    return Type::COALESCED;
+  }
+}
 
 // A PREMUL_SUM handed to the delegate as a SUM of scaled copies: Gloo has
 // no PREMUL_SUM (all_reduce's CPU rule too), and NCCL would read a float
@@ -249,7 +272,7 @@ c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter_tensor_coalesced(
     const c10d::ReduceScatterOptions& opts) {
   return chunked(
       {.kind = Collective::kReduceScatter,
-       .opType = c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED,
+       .opType = coalescedOpType(Collective::kReduceScatter),
        .profilingName = "fairring:reduce_scatter_tensor_coalesced",
        .op = Operation::collective(
                  "reduce_scatter_single_coalesced", outputs, inputs)
@@ -321,7 +344,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allgather_into_tensor_coalesced(
     const c10d::AllgatherOptions& opts) {
   return chunked(
       {.kind = Collective::kAllGather,
-       .opType = c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED,
+       .opType = coalescedOpType(Collective::kAllGather),
        .profilingName = "fairring:all_gather_into_tensor_coalesced",
        .op = Operation::collective(
            "all_gather_single_coalesced", outputs, inputs),

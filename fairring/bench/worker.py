@@ -159,16 +159,20 @@ def time_groups(
     return timed
 
 
-def first_auto_use(groups: dict[str, dist.ProcessGroup], device: torch.device | None) -> dict[str, object]:
-    """The dispatch study: a group with FAIRRING_FLAT_THRESHOLD=auto (its CUDA engine on, as
-    FAIRRING_CUDA_ENGINE=auto does), its first all-reduce (which measures), and what it decided."""
+def first_auto_use(
+    groups: dict[str, dist.ProcessGroup], device: torch.device | None, collective: Collective
+) -> dict[str, object]:
+    """The dispatch and compare studies: a group with FAIRRING_FLAT_THRESHOLD=auto (its CUDA engine on,
+    as FAIRRING_CUDA_ENGINE=auto does), its first op of the kind timed (which measures that kind), and
+    what it decided."""
     options = fairring.Options(engine=True, flat_threshold="auto")
     group = dist.new_group(backend="fairring", pg_options=options)
     groups[AUTO_NAME] = group
     start = time.perf_counter()
-    dist.all_reduce(torch.zeros(1024, device=device), group=group)
+    collective.issue(collective.buffers(4096, dist.get_world_size(), device), group).wait()
     measure_s = time.perf_counter() - start
-    decided = fairring.backend_of(group, device or "cpu").measured_threshold(device.type if device else "cpu")
+    backend = fairring.backend_of(group, device or "cpu")
+    decided = backend.measured_threshold(device.type if device else "cpu", collective.name)
     return {
         "auto_threshold": decided["threshold"],
         "auto_ceiling": decided["ceiling"],
@@ -249,8 +253,8 @@ def main(argv: list[str]) -> None:
     fairring_name = "fairring" if config.rails_transport == "tensorpipe" else f"fairring-{config.rails_transport}"
     groups = {baseline_name: dist.new_group(backend=baseline_name) if device else gloo, fairring_name: dist.group.WORLD}
     collective = COLLECTIVES[args.collective]
-    measures = args.study in ("dispatch", "compare") and args.collective == "all_reduce"
-    auto = first_auto_use(groups, device) if measures else {}
+    measures = args.study == "compare" or (args.study == "dispatch" and args.collective == "all_reduce")
+    auto = first_auto_use(groups, device, collective) if measures else {}
     topology = dist.group.WORLD._get_backend(torch.device("cpu")).topology
     # The cores the ranks share: one machine's for emulated hosts (one kernel, one hostname),
     # every machine's on a real cluster.
