@@ -15,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "backend/allreduce_args.h"
+#include "backend/chunked_pack.h"
 #include "backend/chunked_path.h"
 #include "backend/delegated.h"
 #include "backend/engine_factory.h"
@@ -27,35 +28,6 @@
 namespace fairring {
 
 namespace {
-
-// Aliases of `tensors` that autograd does not see. fairring's own arithmetic
-// on a caller's tensors (PREMUL_SUM's scaling, packing, copies back, the
-// engine's steps) runs on threads in grad mode, and the tensors may require
-// grad (DDP's buckets under backward(create_graph=True)): through an alias it
-// stays arithmetic on memory, as Gloo's is, and records no graph. Sparse
-// tensors stay themselves: Gloo writes a sparse result by giving the tensor
-// object new indices and values, which an alias would take instead.
-std::vector<at::Tensor> withoutAutograd(
-    const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> aliases;
-  aliases.reserve(tensors.size());
-  for (const auto& tensor : tensors) {
-    aliases.push_back(
-        tensor.layout() == at::kStrided ? tensor.detach() : tensor);
-  }
-  return aliases;
-}
-
-// Copies consecutive pieces of the 1-D `packed`, each as long as the next
-// tensor, into `tensors`.
-void unpackInto(
-    const at::Tensor& packed, const std::vector<at::Tensor>& tensors) {
-  int64_t offset = 0;
-  for (const auto& tensor : tensors) {
-    tensor.copy_(packed.narrow(0, offset, tensor.numel()).view(tensor.sizes()));
-    offset += tensor.numel();
-  }
-}
 
 // Backend::setLaunchInTurnForTests.
 std::atomic<bool> launchInTurnEnabled{true};

@@ -45,18 +45,17 @@ constexpr Type coalescedOpType(Collective kind) {
   }
 }
 
-// A PREMUL_SUM handed to the delegate as a SUM of scaled copies: Gloo has
-// no PREMUL_SUM (all_reduce's CPU rule too), and NCCL would read a float
-// factor of bfloat16 tensors as zero (allreduce_args.h) outside a native
-// coalescing block, which launches later on streams of its own.
+// Whether a PREMUL_SUM reduce-scatter goes to the delegate as a SUM of
+// scaled copies: Gloo has no PREMUL_SUM (all_reduce's CPU rule too), and
+// NCCL would read a float factor of bfloat16 tensors as zero
+// (allreduce_args.h) outside a native coalescing block, which launches later
+// on streams of its own.
 bool delegatePremultiplies(
     const ChunkedArgs& args,
     const std::vector<at::Tensor>& inputs,
     const c10d::ReduceOp& op) {
-  return args.kind == Collective::kReduceScatter &&
-      op == c10d::ReduceOp::PREMUL_SUM &&
-      (args.deviceType == c10::kCPU ||
-       (ncclMisreadsPremulFactor(inputs, op) && !args.inCoalescingBlock));
+  return args.deviceType == c10::kCPU ||
+      (ncclMisreadsPremulFactor(inputs, op) && !args.inCoalescingBlock);
 }
 
 c10d::ReduceScatterOptions summing(c10d::ReduceScatterOptions opts) {
@@ -72,15 +71,6 @@ std::vector<at::Tensor> scaledCopies(
     copies.push_back(premul.scaled(tensor.detach()));
   }
   return copies;
-}
-
-std::vector<at::Tensor> detached(const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> aliases;
-  aliases.reserve(tensors.size());
-  for (const at::Tensor& tensor : tensors) {
-    aliases.push_back(tensor.detach());
-  }
-  return aliases;
 }
 
 // Pairs of whole tensors: a reduce-scatter's (output, input) or an
@@ -105,7 +95,7 @@ std::vector<ChunkedPart> listPair(
   if (chunk.size() != 1 || chunkLists.size() != 1) {
     return {}; // several tensors per process: the delegate's to refuse
   }
-  return {{chunk[0].detach(), detached(chunkLists[0])}};
+  return {{chunk[0].detach(), withoutAutograd(chunkLists[0])}};
 }
 
 } // namespace
@@ -195,9 +185,8 @@ void Backend::chunkedOnPath(
   const char* name = scatters ? "reduce_scatter_single" : "all_gather_single";
   std::vector<ChunkedPart> parts = scatters ? tensorPairs({output}, {input})
                                             : tensorPairs({input}, {output});
-  ChunkedArgs args =
+  const ChunkedArgs args =
       chunkedArgs(kind, parts, topology_.worldSize(), c10d::ReduceOp::SUM);
-  args.captured = false;
   TORCH_CHECK(
       !onEngine || chunkedOnEngine(args, topology_.servesEngine(), config_, {}),
       "fairring: the engine cannot take this ",

@@ -10,6 +10,26 @@
 
 namespace fairring {
 
+std::vector<at::Tensor> withoutAutograd(
+    const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> aliases;
+  aliases.reserve(tensors.size());
+  for (const auto& tensor : tensors) {
+    aliases.push_back(
+        tensor.layout() == at::kStrided ? tensor.detach() : tensor);
+  }
+  return aliases;
+}
+
+void unpackInto(
+    const at::Tensor& packed, const std::vector<at::Tensor>& tensors) {
+  int64_t offset = 0;
+  for (const auto& tensor : tensors) {
+    tensor.copy_(packed.narrow(0, offset, tensor.numel()).view(tensor.sizes()));
+    offset += tensor.numel();
+  }
+}
+
 namespace {
 
 // A pair's N-chunk side as one N x C matrix: a view of the caller's single
@@ -92,20 +112,12 @@ void PackedChunks::unpack() const {
   if (!unpacks_) {
     return;
   }
-  int64_t offset = 0;
   if (kind_ == Collective::kReduceScatter) {
-    for (const ChunkedPart& part : parts_) {
-      const int64_t columns = part.chunk.numel();
-      part.chunk.view({-1}).copy_(output_.narrow(0, offset, columns));
-      offset += columns;
-    }
+    unpackInto(output_, callerOutputs()); // the pairs' chunks, end to end
     return;
   }
-  int64_t total = 0;
-  for (const ChunkedPart& part : parts_) {
-    total += part.chunk.numel();
-  }
-  const at::Tensor rows = output_.view({worldSize_, total});
+  int64_t offset = 0;
+  const at::Tensor rows = output_.view({worldSize_, -1});
   for (const ChunkedPart& part : parts_) {
     const int64_t columns = part.chunk.numel();
     const at::Tensor block = rows.narrow(1, offset, columns);

@@ -17,6 +17,20 @@
 
 namespace fairring {
 
+// Aliases of `tensors` that autograd does not see. fairring's own arithmetic
+// on a caller's tensors (PREMUL_SUM's scaling, packing, copies back, the
+// engine's steps) runs on threads in grad mode, and the tensors may require
+// grad (DDP's buckets under backward(create_graph=True)): through an alias it
+// stays arithmetic on memory, as Gloo's is, and records no graph. Sparse
+// tensors stay themselves: Gloo writes a sparse result by giving the tensor
+// object new indices and values, which an alias would take instead.
+std::vector<at::Tensor> withoutAutograd(const std::vector<at::Tensor>& tensors);
+
+// Copies consecutive pieces of the 1-D `packed`, each as long as the next
+// tensor, into `tensors` (all_reduce_coalesced's, a reduce-scatter's pairs).
+void unpackInto(
+    const at::Tensor& packed, const std::vector<at::Tensor>& tensors);
+
 class PackedChunks {
  public:
   // Packs `parts` (well formed: chunkedArgs) for a collective of `kind`
