@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 import fairring
+from fairring.bench.collectives import COLLECTIVES
 from fairring.config import ConfigError
 from fairring.sizes import SIZE_HELP, format_size, parse_size
 
@@ -24,8 +25,6 @@ from .check import DTYPES, TYPE_NAMES, max_ranks
 from .launch import LaunchError, Placement, die_with_parent, placement, rank_device
 from .network import describe_rank, grouped, network_fields, nic_bound
 from .sweep import ENGINE, Contender, Row, Sweep, delegate_name, element_counts, geometric_sizes, make_paths
-
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 
 # -b, -e, -f by device: sizes where a cluster's network, not latency, decides.
 DEFAULT_SIZES = {"cuda": ("1MiB", "1GiB"), "cpu": ("64KiB", "64MiB")}
@@ -42,7 +41,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda where torch sees a GPU, else cpu")
     parser.add_argument(
-        "--collective", choices=tuple(COLLECTIVES), default="all_reduce",
+        "--collective", choices=sorted(COLLECTIVES), default="all_reduce",
         help="default all_reduce; sizes are of the N-chunk tensor, as nccl-tests' reduce_scatter_perf and "
         "all_gather_perf count them, and each runs in place",
     )  # fmt: skip
@@ -142,8 +141,8 @@ def header(args: argparse.Namespace, where: Placement, paths: list[Contender], d
     )
     emulated = os.environ.get(EMULATED_DEVICE)
     out = [
-        f"# fairring.validate: {args.collective}{redop_note(args.collective)} of {args.datatype} on {args.device}"
-        + (f" (the emulated CUDA device: {EMULATED_DEVICE}={emulated})" if emulated else ""),
+        f"# fairring.validate: {args.collective}{redop_note(redop_of(args.collective))} of {args.datatype} "
+        f"on {args.device}" + (f" (the emulated CUDA device: {EMULATED_DEVICE}={emulated})" if emulated else ""),
         f"# {where.world_size} ranks: {layout} (ranks per machine {sizes}), started by {where.launcher}",
         f"# sizes {args.sizes[0]} to {args.sizes[-1]} B, factor {args.stepfactor}; {args.iters} timed iterations "
         f"after {args.warmup_iters} warm-up(s) per size and path; the paths take turns, order alternating",
@@ -157,8 +156,13 @@ def header(args: argparse.Namespace, where: Placement, paths: list[Contender], d
     return [*out, *(f"# path {path.name}: {path.description}" for path in paths), "#"]
 
 
-def redop_note(collective: str) -> str:
-    return "" if collective == "all_gather" else " (sum)"
+def redop_of(collective: str) -> str | None:
+    """The reduce op it checks: a sum, except for an all-gather, which reduces nothing."""
+    return None if collective == "all_gather" else "sum"
+
+
+def redop_note(redop: str | None) -> str:
+    return f" ({redop})" if redop else ""
 
 
 def progress(rows: dict[str, Row]) -> str:
@@ -236,7 +240,7 @@ def summarize(
         "emulated_device": os.environ.get(EMULATED_DEVICE),
         "collective": collective,
         "dtype": args.datatype,
-        "redop": None if collective == "all_gather" else "sum",
+        "redop": redop_of(collective),
         "world_size": run.where.world_size,
         "machines": topology.num_machines,
         "machine_sizes": list(topology.machine_sizes),
@@ -260,7 +264,7 @@ def report_lines(run: Run, paths: list[Contender], document: dict[str, Any]) -> 
     type_name = TYPE_NAMES[DTYPES[run.args.datatype]]
     results = {name: path["results"] for name, path in document["paths"].items()}
     lines = []
-    redop = "none" if run.args.collective == "all_gather" else "sum"
+    redop = redop_of(run.args.collective) or "none"
     for path in paths:
         lines += report.path_table(path.name, results[path.name], type_name, redop)
     delegate = delegate_name(run.device)
