@@ -7,8 +7,8 @@ an untimed one. Both paths reduce the same random inputs, and their results
 must agree within what a different summation order explains; one int32
 all-reduce must agree exactly. Reduce-scatters and all-gathers are measured
 apart, each at the group's first of its kind the engine could take, the same
-way (sizes are of the N-chunk tensor; an all-gather's results must agree
-exactly). After each size the ranks share their timings
+way (sizes are of the N-chunk tensor, on a ladder twice the all-reduce's; an
+all-gather's results must agree exactly). After each size the ranks share their timings
 and differences through the CPU group, so every rank sees the same table and
 makes the same decision: the run of sizes in which the engine saves the most
 time, won at both ends and nowhere slower beyond noise (a threshold, and a
@@ -35,6 +35,11 @@ logger = logging.getLogger("fairring")
 # float32 sizes from 4 KiB to 16 MiB by 4x: 16 MiB is as large as the sweep goes within its
 # default time limit on 1 Gbit/s hosts (8 x 1: 2 s of the 5); larger all-reduces go as it does.
 LADDER = tuple(4 * KiB * 4**step for step in range(7))
+# A reduce-scatter or an all-gather of S bytes puts on a machine's NICs what an all-reduce of S / 2
+# does, so their ladder is twice as large: the same wire time at every step, the same time limit.
+# With the all-reduce's, a 2 x 2 on one H200 at 10 Gbit/s saw the engine lose at 16 MiB and win by
+# 1.4x at 64 MiB, and auto never chose it (docs/benchmarks.md, "On a GPU").
+CHUNKED_LADDER = tuple(2 * nbytes for nbytes in LADDER)
 REPS = 3
 # Faster by this much at two sizes in a row from 256 KiB up and at the largest, the engine wins
 # the sizes between too: the sweep stops there.
@@ -152,13 +157,19 @@ def clear_win(sizes: Sequence[SizeTiming]) -> bool:
     return len(last) == 2 and all(t.nbytes >= CLEAR_FROM and t.speedup >= CLEAR_WIN for t in last)
 
 
-def measured_text(ascending: Sequence[SizeTiming]) -> str:
-    """The sizes measured besides the largest, which always is: "4KiB to 16MiB", "4KiB to 1MiB and 16MiB"."""
-    largest = format_size(LADDER[-1])
+def ladder(collective: str) -> tuple[int, ...]:
+    """The sizes swept for `collective`, smallest first."""
+    return LADDER if collective == "all_reduce" else CHUNKED_LADDER
+
+
+def measured_text(ascending: Sequence[SizeTiming], sizes: Sequence[int] = LADDER) -> str:
+    """The sizes of `sizes` measured besides the largest, which always is: "4KiB to 16MiB", "4KiB to
+    1MiB and 16MiB"."""
+    largest = format_size(sizes[-1])
     if not ascending:
         return largest
     first, last = format_size(ascending[0].nbytes), format_size(ascending[-1].nbytes)
-    if ascending[-1].nbytes == LADDER[-2]:
+    if ascending[-1].nbytes == sizes[-2]:
         return f"{first} to {largest}"
     return f"{first} and {largest}" if len(ascending) == 1 else f"{first} to {last} and {largest}"
 
@@ -199,6 +210,7 @@ class Sweep:
         if collective not in COLLECTIVES:
             raise ValueError(f"fairring: cannot measure {collective!r}; one of {', '.join(COLLECTIVES)}")
         self._collective = collective
+        self._ladder = ladder(collective)
         self._run = run
         self._exchange = exchange
         self._device = device
@@ -217,15 +229,16 @@ class Sweep:
         started = time.perf_counter()
         # The largest size first: it decides the buckets that carry most bytes, so the time limit
         # may leave out sizes between, never it. Then the rest, smallest up.
-        largest, disagreement, elapsed = self._time_size(LADDER[-1], started)
+        top = self._ladder[-1]
+        largest, disagreement, elapsed = self._time_size(top, started)
         if disagreement is not None:
             return self._refused(disagreement)
         ascending: list[SizeTiming] = []
-        cost = elapsed * LADDER[0] / LADDER[-1]
+        cost = elapsed * self._ladder[0] / top
         stopped, unmeasured = "", None
-        for nbytes in LADDER[:-1]:
+        for nbytes in self._ladder[:-1]:
             if elapsed + GROWTH * cost > budget_s:
-                stopped = f"; {format_size(nbytes)} to below {format_size(LADDER[-1])} not measured: "
+                stopped = f"; {format_size(nbytes)} to below {format_size(top)} not measured: "
                 stopped += f"they would pass the {budget_s:g} s limit"
                 unmeasured = nbytes
                 break
@@ -235,9 +248,7 @@ class Sweep:
             cost, elapsed = now - elapsed, now
             ascending.append(timing)
             if clear_win(ascending) and largest.speedup >= CLEAR_WIN:
-                stopped = (
-                    f"; stopped once the engine won clearly at two sizes in a row and at {format_size(LADDER[-1])}"
-                )
+                stopped = f"; stopped once the engine won clearly at two sizes in a row and at {format_size(top)}"
                 break
         sizes = [*ascending, largest]
         threshold, ceiling = choose_sizes(sizes)
@@ -246,7 +257,7 @@ class Sweep:
             # not win: where the paths cross between is unknown, so they go to the delegate.
             ceiling = unmeasured
         verdict = explain(threshold, ceiling, sizes, self._delegate)
-        reason = f"{verdict} (measured {measured_text(ascending)} in {elapsed:.1f} s{stopped})"
+        reason = f"{verdict} (measured {measured_text(ascending, self._ladder)} in {elapsed:.1f} s{stopped})"
         return Decision(threshold, reason, "measured", sizes, ceiling=ceiling)
 
     def _source(self, nbytes: int, dtype: torch.dtype) -> torch.Tensor:

@@ -23,7 +23,16 @@ import torch.distributed as dist
 
 from fairring import dispatch
 from fairring.config import ENGINE_OFF_THRESHOLD
-from fairring.dispatch import LADDER, NO_CEILING, SizeTiming, Sweep, choose_sizes, explain, float_bound
+from fairring.dispatch import (
+    CHUNKED_LADDER,
+    LADDER,
+    NO_CEILING,
+    SizeTiming,
+    Sweep,
+    choose_sizes,
+    explain,
+    float_bound,
+)
 from fairring.sizes import KiB, MiB
 from harness import InitSpec, Layout, RankPool
 from reference import rank_tensor
@@ -174,7 +183,7 @@ def test_reduce_scatter_and_all_gather_are_measured_apart(cache: Path) -> None:
     scatter = first["after_scatter"]
     assert scatter["all_reduce"] is None and scatter["all_gather"] is None, "measured a kind not yet used"
     for decided in (scatter["reduce_scatter"], first["gather"]):
-        assert decided["source"] == "measured" and LADDER[-1] in [row["bytes"] for row in decided["sizes"]]
+        assert decided["source"] == "measured" and CHUNKED_LADDER[-1] in [row["bytes"] for row in decided["sizes"]]
         sweep = [SizeTiming(r["bytes"], r["engine_s"], r["delegate_s"]) for r in decided["sizes"]]
         assert (decided["threshold"], decided["ceiling"]) == choose_sizes(sweep)
     entries = [json.loads(path.read_text()) for path in cache.glob("auto-threshold-*.json")]
@@ -362,14 +371,18 @@ def test_sweep_refuses_an_engine_off_by_more_than_summation_order(monkeypatch: p
 @pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
 def test_each_kind_is_swept_and_checked_alike(monkeypatch: pytest.MonkeyPatch, collective: str) -> None:
     """The same rule for a reduce-scatter and an all-gather, and their own check: an all-gather must be exact."""
-    decision = ScriptedCluster(monkeypatch, bandwidth(1.5), world_size=3, collective=collective).sweep()
-    assert not decision.disagreed and decision.threshold == 4 * KiB
+    cluster = ScriptedCluster(monkeypatch, bandwidth(1.5), world_size=3, collective=collective)
+    decision = cluster.sweep()
+    # Twice the all-reduce's sizes: the same bytes on the NICs at each step.
+    assert [timing.nbytes for timing in decision.sizes] == list(CHUNKED_LADDER)
+    assert not decision.disagreed and decision.threshold == CHUNKED_LADDER[0]
+    assert "(measured 8KiB to 32MiB in" in decision.reason
     # Off by less than summation order explains: a reduction passes, an all-gather does not.
     tiny = float_bound(3) / 4
     off = ScriptedCluster(monkeypatch, bandwidth(1.5), error=tiny, world_size=3, collective=collective).sweep()
     assert off.disagreed == (collective == "all_gather")
     if off.disagreed:
-        assert "the engine's all-gather of 16MiB of float32 differs from gloo's" in off.reason
+        assert "the engine's all-gather of 32MiB of float32 differs from gloo's" in off.reason
         assert "off for this group's all-gathers" in off.reason
 
 

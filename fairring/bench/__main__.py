@@ -52,9 +52,10 @@ from fairring.config import (
     RAILS_TRANSPORTS,
     ConfigError,
 )
-from fairring.dispatch import LADDER, NO_CEILING, SizeTiming, choose_sizes
+from fairring.dispatch import NO_CEILING, SizeTiming, choose_sizes, ladder
 from fairring.sizes import format_bytes, format_rate, parse_rate, parse_size
 
+from . import BASELINE_NAMES
 from .launch import Run, hosts_for, run_agents
 from .netns import check_mtu, netns_available
 from .training import add_training_arguments, parse_layouts, run_training_study
@@ -251,7 +252,8 @@ def runs_for(args: argparse.Namespace) -> list[Run]:
         # next to a group that measures afresh (no cache) and routes by what it decided.
         environment = {**user_env, FLAT_THRESHOLD: "0", CUDA_ENGINE: "1", AUTO_CACHE: "off"}
         for machines, ranks in parse_layouts(args.layouts):
-            runs.append(Run("dispatch", machines, list(LADDER), environment=environment, ranks_per_machine=ranks))
+            sizes = list(ladder(args.collective))
+            runs.append(Run("dispatch", machines, sizes, environment=environment, ranks_per_machine=ranks))
     return runs
 
 
@@ -313,7 +315,7 @@ def reading(records: list[dict], args: argparse.Namespace) -> list[str]:
         # The largest all-reduce, the most slices in flight, the most machines: where the network matters most.
         key = {"single": "bytes", "overlap": "inflight", "scaling": "machines"}[study]
         record = max(ours, key=lambda r: r[key] or 0)
-        baseline = {"gloo": "Gloo", "nccl": "NCCL"}.get(record["baseline"], record["baseline"])
+        baseline = BASELINE_NAMES.get(record["baseline"], record["baseline"])
         size = format_bytes(record["bytes"])
         name = record.get("collective", "all_reduce")
         what = f"{record['buckets']} {name}s of {size}" if record["buckets"] > 1 else f"{name} of {size}"
@@ -404,7 +406,8 @@ def dispatch_reading(records: list[dict]) -> list[str]:
                 f"{by[(auto['backend'], timing.nbytes)]['median_s'] * 1e3:>10.3f}  {took:<9} ({seen_text})"
             )
         verdicts = f"this sweep's own choice: {_sizes_text(*crossover)}; auto's: {_sizes_text(*chosen)}"
-        lines.append(f"  {verdicts}; {_steps_apart(crossover, chosen)}")
+        steps = ladder(auto.get("collective", "all_reduce"))
+        lines.append(f"  {verdicts}; {_steps_apart(crossover, chosen, steps)}")
     return lines
 
 
@@ -415,9 +418,9 @@ def _sizes_text(threshold: int, ceiling: int) -> str:
     return f"the engine from {format_bytes(threshold)}{below}"
 
 
-def _steps_apart(crossover: tuple[int, int], chosen: tuple[int, int]) -> str:
+def _steps_apart(crossover: tuple[int, int], chosen: tuple[int, int], sizes: tuple[int, ...]) -> str:
     """How many of the ladder's sizes the two choices' bounds are apart, at most ("none" one past the largest)."""
-    steps = [*LADDER, ENGINE_OFF_THRESHOLD]
+    steps = [*sizes, ENGINE_OFF_THRESHOLD]
     apart = max(abs(steps.index(ours) - steps.index(theirs)) for ours, theirs in zip(crossover, chosen, strict=True))
     return "the same" if apart == 0 else f"{apart} size step{'s' if apart > 1 else ''} apart"
 
