@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -231,3 +232,15 @@ def test_timeline_pictures_after_a_run(tmp_path: Path) -> None:
     assert bench.draw_timeline(folder) == [f"timeline: {folder}.png", f"timeline: {folder}.svg"]
     bench.timeline_folder(tmp_path, 3)  # A new run starts without the last one's traces.
     assert not list(folder.glob("*.json"))
+
+
+def test_the_training_reading_names_the_baseline_that_ran() -> None:
+    """On a GPU the study's baseline is NCCL: its one-line reading must not call it Gloo."""
+    from fairring.bench.training import reading
+
+    def real(baseline: str) -> dict:
+        return {"backend": "fairring", "part": "real", "model": "gpt-tiny", "parallel": "fsdp2", "link": None,
+                "speedup_vs_baseline": 1.06, "loss_gap": 0.0, "baseline": baseline}  # fmt: skip
+
+    assert "gpt-tiny fsdp2 1.06x (loopback) NCCL's speed" in reading([real("nccl")], argparse.Namespace())
+    assert "Gloo's speed" in reading([real("gloo")], argparse.Namespace())

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import socket
 
+# How the tables and readings name each baseline backend.
+BASELINE_NAMES = {"gloo": "Gloo", "nccl": "NCCL"}
+
 
 def free_port() -> int:
     """A TCP port free on loopback right now (for a rendezvous that starts soon after)."""

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from fairring.sizes import parse_rate
 
+from . import BASELINE_NAMES
 from .launch import Run, hosts_for, run_agents
 from .netns import netns_available
 from .training_plots import model_name
@@ -167,7 +168,8 @@ def reading(records: list[dict], args: argparse.Namespace) -> str:
         speedups = ", ".join(
             f"{model_name(r)} {r['speedup_vs_baseline']:.2f}x ({r['link'] or 'loopback'})" for r in real
         )
-        parts.append(f"with real compute fairring trained at {speedups} Gloo's speed, losses within {gap:.1e}")
+        baselines = " or ".join(sorted({BASELINE_NAMES.get(r["baseline"], r["baseline"]) for r in real}))
+        parts.append(f"with real compute fairring trained at {speedups} {baselines}'s speed, losses within {gap:.1e}")
     emulated = [r for r in ours if r["part"] == "emulated"]
     if emulated:
         best = max(emulated, key=lambda r: r["speedup_vs_baseline"])
