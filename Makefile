@@ -201,11 +201,9 @@ wheel-check: wheel
 
 # The GPU check: on a machine with a GPU and torch but no network (no venv, no pip), prints what
 # it found (python, torch and its CUDA, the CUDA headers, the compiler, nvcc, cores), builds
-# fairring against $(PYTHON)'s torch, then in order of value: every dtype and op on 2x2 and 3x2
-# machines x ranks with real NCCL local steps (one process per rank on the one GPU, each its own
-# NCCL host), fairring beside NCCL and Gloo on 2x2, a rank of 2x2 killed, tests/test_cuda.py, a
-# CUDA bench (2 processes as 2 machines), the training study's quick part, a stress of large slices over TensorPipe's cuda_basic channel, the bench's two processes on the
-# NIXL rails (where the nixl-cu13 wheel is importable, e.g. on PYTHONPATH); the report,
+# fairring against $(PYTHON)'s torch, then runs the stages of benchmarks/gpu_check.py in order of
+# value, first the engine against NCCL on network namespaces shaped to 10 Gbit/s (which needs
+# iproute2: where the machine lacks it, carry .gpu-tools from `make gpu-tools`). The report,
 # FAIRRING_GPU_REPORT (default gpu-check-report.md), is rewritten after every stage. GPU_CHECK_ARGS go to `python -m benchmarks.gpu_check` (see
 # its --help), e.g. --quick or "--device cpu" (with FAIRRING_WITH_CUDA=auto, where there is no
 # CUDA). A failed build writes the report too. Whole check: GPU_CHECK_SECONDS (the build's time
@@ -246,3 +244,22 @@ gpu-check:
 	status=$$?; rm -f "$$log"; \
 	if [ ! -s "$$report" ]; then echo "# fairring GPU check: FAILED (the check wrote no report; exit $$status)" >"$$report"; fi; \
 	exit $$status
+
+# iproute2 (ip, tc) and the libraries it needs, from the GPU machine's release (Ubuntu 24.04 on
+# the lent H200s), into .gpu-tools/ (git ignores it): run where the network is, then carry
+# .gpu-tools in the call to the GPU machine, whose check unpacks the packages it lacks into a
+# folder of their own (benchmarks/gpu_tools.py). The index is not signature-checked (this
+# machine may hold no Ubuntu keyring): the packages only ever run on that throwaway machine.
+GPU_TOOLS_MIRROR ?= http://archive.ubuntu.com/ubuntu
+GPU_TOOLS_SUITE ?= noble
+GPU_TOOLS_PACKAGES ?= iproute2 libbpf1 libelf1t64 libmnl0 libxtables12 libtirpc3t64 libtirpc-common libatm1t64 libcap2 libdb5.3t64
+.PHONY: gpu-tools
+gpu-tools:
+	@set -e; state="$$(mktemp -d)"; trap 'rm -rf "$$state"' EXIT; \
+	mkdir -p "$$state/lists/partial" "$$state/cache/archives/partial" .gpu-tools; \
+	echo "deb [trusted=yes arch=amd64] $(GPU_TOOLS_MIRROR) $(GPU_TOOLS_SUITE) main" >"$$state/sources.list"; \
+	apt="apt-get -q -oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=$$state/lists \
+	  -oDir::Etc::SourceList=$$state/sources.list -oDir::Etc::SourceParts=/dev/null -oDir::Cache=$$state/cache \
+	  -oDir::State::status=/dev/null"; \
+	$$apt update >/dev/null; rm -f .gpu-tools/*.deb; (cd .gpu-tools && $$apt download $(GPU_TOOLS_PACKAGES) >/dev/null); \
+	ls .gpu-tools; echo "gpu-tools: carry .gpu-tools in the call that runs make gpu-check"

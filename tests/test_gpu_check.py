@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from benchmarks import gpu_tools
 from fairring.bench.netns import netns_available
 from nixl_support import NIXL_MISSING
 
@@ -188,3 +193,36 @@ def test_a_check_cut_short_has_reported_the_stages_it_ran(tmp_path: Path) -> Non
     ran = [status for status in statuses[1:] if not status[1].startswith("skipped")]
     assert ran and ran[0][0] == "ok", statuses
     assert ("skipped", "not run yet") in statuses, statuses
+
+
+def _deb(folder: Path, scratch: Path, package: str, program: str) -> None:
+    """A package `package` holding /bin/`program`, which prints "ok"."""
+    root = scratch / package
+    (root / "DEBIAN").mkdir(parents=True)
+    fields = f"Package: {package}\nVersion: 1\nArchitecture: all\nMaintainer: fairring <none@localhost>\n"
+    (root / "DEBIAN" / "control").write_text(fields + "Description: a test package\n")
+    (root / "bin").mkdir()
+    script = root / "bin" / program
+    script.write_text("#!/bin/sh\necho ok\n")
+    script.chmod(0o755)
+    subprocess.run(["dpkg-deb", "-b", str(root), str(folder / f"{package}.deb")], check=True, capture_output=True)
+
+
+def test_carried_tools_unpack_only_what_the_machine_lacks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU machine's iproute2 (benchmarks/gpu_tools.py): a missing package is unpacked beside, never
+    over /, and put on PATH; one the machine has is left alone, so it shadows nothing."""
+    if shutil.which("dpkg-deb") is None or subprocess.run(["dpkg", "-s", "coreutils"], capture_output=True).returncode:
+        pytest.skip("needs dpkg-deb and an installed coreutils package (a Debian or Ubuntu machine)")
+    folder, scratch = tmp_path / "tools", tmp_path / "scratch"
+    folder.mkdir()
+    _deb(folder, scratch, "fairring-test-tool", "fairring-test-tool")
+    _deb(folder, scratch, "coreutils", "fairring-test-shadow")  # installed here: must stay packed
+    monkeypatch.setenv("PATH", os.environ["PATH"])
+    monkeypatch.setenv("LD_LIBRARY_PATH", os.environ.get("LD_LIBRARY_PATH", ""))
+    monkeypatch.setattr(gpu_tools.tempfile, "tempdir", str(tmp_path))
+    assert "no packages in" in gpu_tools.provide(tmp_path / "empty", ("fairring-test-tool",))
+    said = gpu_tools.provide(folder, ("fairring-test-tool",))
+    assert said.startswith("unpacked fairring-test-tool from") and "still missing" not in said, said
+    assert subprocess.run(["fairring-test-tool"], capture_output=True, text=True).stdout == "ok\n"
+    assert shutil.which("fairring-test-shadow") is None
+    assert gpu_tools.provide(folder, ("fairring-test-tool",)) == "installed"
