@@ -12,6 +12,7 @@ import torch.distributed as dist
 from . import _C
 from .auto_threshold import measure_flat_threshold
 from .config import (
+    ENGINE_DISABLE,
     IB_HCA,
     SERIALIZED_LAUNCHES,
     SLICE_SIZE,
@@ -91,6 +92,7 @@ def create_backend(
         _logged_config = True
     high_priority = options.nccl is not None and bool(options.nccl.is_high_priority_stream)
     config = env_config.with_group_options(options.engine, options.flat_threshold, high_priority)
+    warn_if_engine_disabled(config)
     warn_if_routed_to_nccl(config)
     if config.launcher_attempt is not None:
         store = dist.PrefixStore(f"fairring-attempt{config.launcher_attempt}/", store)
@@ -142,6 +144,18 @@ def log_inherited_settings(config: Config) -> None:
             "(DataLoader) do not corrupt memory the rails registered; set them before importing fairring to choose",
             " and ".join(f"{name}=1" for name in made),
         )
+
+
+def warn_if_engine_disabled(config: Config) -> None:
+    """Once per process, at WARNING: FAIRRING_ENGINE_DISABLE=1 keeps every group off the engine."""
+    if not config.engine_disable or "disabled" in _noticed:
+        return
+    _noticed.add("disabled")
+    logger.warning(
+        "%s=1: no fairring group uses the engine, whatever its fairring.Options say; collectives go to Gloo "
+        "(CPU tensors) and NCCL (CUDA tensors), as without fairring. Unset it to use the engine again.",
+        ENGINE_DISABLE,
+    )
 
 
 def warn_if_routed_to_nccl(config: Config) -> None:

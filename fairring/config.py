@@ -45,6 +45,7 @@ DUMP_SIGNAL = "FAIRRING_DUMP_SIGNAL"
 AUTO_BUDGET = "FAIRRING_AUTO_BUDGET"
 AUTO_CACHE = "FAIRRING_AUTO_CACHE"
 SERIALIZED_LAUNCHES = "FAIRRING_SERIALIZED_LAUNCHES"
+ENGINE_DISABLE = "FAIRRING_ENGINE_DISABLE"
 # Where CUDA all-reduces go while the GPU may run every kernel in launch order (the first is the
 # default): NCCL, or the engine, which the user keeps knowing that no other communicator has
 # collectives in flight alongside it (docs/design.md, "Serialized launches").
@@ -246,6 +247,9 @@ class Config:
     # The engine's CUDA streams take the greatest priority: the group's NCCL options ask it
     # (ProcessGroupNCCL.Options.is_high_priority_stream), applied by with_group_options.
     high_priority_streams: bool = False
+    # FAIRRING_ENGINE_DISABLE=1: every group off the engine, whatever its fairring.Options say (the
+    # rollback switch: one variable, no code).
+    engine_disable: bool = False
 
     @property
     def cuda_engine_routed_to_nccl(self) -> bool:
@@ -288,7 +292,10 @@ class Config:
     def with_group_options(
         self, engine: bool | None, flat_threshold: int | None, high_priority_streams: bool = False
     ) -> Config:
-        """This configuration with a group's fairring.Options applied over the variables."""
+        """This configuration with a group's fairring.Options applied over the variables, which
+        FAIRRING_ENGINE_DISABLE=1 overrides: the group is then off the engine, as with engine=False."""
+        if self.engine_disable:
+            engine, flat_threshold = False, None
         config = self if flat_threshold is None else replace(self, flat_threshold=flat_threshold)
         if high_priority_streams:
             config = replace(config, high_priority_streams=True)
@@ -302,6 +309,7 @@ class Config:
         """Settings that every rank of a group must share, by variable name."""
         return {
             GROUP_ENGINE: "unset" if self.group_engine is None else str(self.group_engine),
+            ENGINE_DISABLE: int(self.engine_disable),
             TOTAL_MEMORY: self.total_memory,
             SLICE_SIZE: self.slice_size,
             MIN_SHARD_SIZE: self.min_shard,
@@ -442,6 +450,7 @@ def load_config(env: Mapping[str, str] | None = None, tensorpipe_built: bool | N
         nixl_backend=_choice(env, NIXL_BACKEND, NIXL_BACKENDS, str.upper),
         launch_order_hazard=launch_order_hazard(env, os.path.exists),
         serialized_launches=_choice(env, SERIALIZED_LAUNCHES, SERIALIZED_LAUNCH_CHOICES, str.lower),
+        engine_disable=parse_flag(ENGINE_DISABLE, env.get(ENGINE_DISABLE)),
     )
 
 

@@ -72,6 +72,7 @@ def test_values_from_environment() -> None:
     assert config.log_level == "DEBUG"
     assert config.must_agree() == {
         "fairring.Options.engine": "unset",
+        "FAIRRING_ENGINE_DISABLE": 0,
         "FAIRRING_TOTAL_MEMORY": 2**30,
         "FAIRRING_SLICE_SIZE": 4 * 2**20,
         "FAIRRING_MIN_SHARD_SIZE": 64 * 2**10,

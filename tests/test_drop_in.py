@@ -392,6 +392,27 @@ def test_pg_options_keep_a_group_off_the_engine_or_on_it(ranks: RankPool) -> Non
         assert all(count == 1 for name, count in ops.items() if name != "off"), ops
 
 
+def test_one_variable_rolls_every_group_back_whatever_its_options() -> None:
+    """FAIRRING_ENGINE_DISABLE=1: no group makes an engine, the forced one included, and every sum is right
+    (the test above is its negative control: the same groups without it)."""
+    with RankPool(LAYOUT, InitSpec(extra_env={"FAIRRING_ENGINE_DISABLE": "1"})) as pool:
+        for ops in pool.run(groups_by_options):
+            assert all(count is None for count in ops.values()), ops
+
+
+def test_the_rollback_is_logged_once(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fairring import _registration
+    from fairring.config import load_config
+
+    monkeypatch.setattr(_registration, "_noticed", set())
+    disabled = load_config({"FAIRRING_ENGINE_DISABLE": "1"}).with_group_options(True, 0)
+    with caplog.at_level("WARNING", logger="fairring"):
+        for _ in range(3):
+            _registration.warn_if_engine_disabled(disabled)
+        _registration.warn_if_engine_disabled(load_config({}))
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["FAIRRING_ENGINE_DISABLE=1"]
+
+
 def init_with_pg_options(options: object) -> str:
     try:
         dist.new_group(backend="fairring", pg_options=options)

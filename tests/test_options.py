@@ -27,6 +27,19 @@ def test_group_options_over_the_variables() -> None:
     assert env.must_agree()["fairring.Options.engine"] == "unset"
 
 
+def test_the_rollback_switch_wins_over_a_groups_options() -> None:
+    """FAIRRING_ENGINE_DISABLE=1 keeps a group that asked for the engine off it, CPU and CUDA alike."""
+    disabled = load_config({"FAIRRING_ENGINE_DISABLE": "1", "FAIRRING_CUDA_ENGINE": "auto"})
+    for engine, threshold in ((True, 0), (None, "auto"), (None, None)):
+        config = disabled.with_group_options(engine, threshold)
+        assert config.engine_off and not config.cuda_engine, (engine, threshold)
+        assert config.cpu_flat_threshold == config.cuda_flat_threshold == 2**63 - 1
+    # Negative control: without it, the group's options put it on the engine.
+    assert not load_config({}).with_group_options(True, 0).engine_off
+    # Every rank must agree on it, as on the group's own switch.
+    assert disabled.must_agree()["FAIRRING_ENGINE_DISABLE"] != load_config({}).must_agree()["FAIRRING_ENGINE_DISABLE"]
+
+
 def test_pg_options_are_checked_and_an_nccl_jobs_options_are_kept() -> None:
     assert group_options(None) == Options()
     mine = Options(engine=False, flat_threshold=4096)
