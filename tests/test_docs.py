@@ -7,6 +7,8 @@ its checker flags what it is meant to flag.
 from __future__ import annotations
 
 import re
+from decimal import ROUND_HALF_UP, Decimal
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -274,3 +276,47 @@ def test_no_doc_says_no_gpu_run_was_made(path: Path) -> None:
 )
 def test_the_gpu_run_check(sample: str, flagged: bool) -> None:
     assert bool(claims_no_gpu_run(sample)) == flagged, sample
+
+
+# -- what to expect on your layout ------------------------------------------------------
+
+
+def byte_ceiling(machines: int, ranks: int) -> str:
+    """A flat ring's bytes through a machine's NICs over fairring's, rounded half up as the docs print it."""
+    world = machines * ranks
+    ratio = Fraction(world - 1, world) / Fraction(machines - 1, machines)
+    exact = Decimal(ratio.numerator) / Decimal(ratio.denominator)
+    return f"{exact.quantize(Decimal('0.01'), rounding=ROUND_HALF_UP)}x"
+
+
+def layout_table_errors(markdown: str) -> list[str]:
+    """Cells of deploying.md's layout table that are not the byte formula's, and layouts it lacks."""
+    text = section(markdown, "what-to-expect-on-your-layout")
+    rows = [line.split("|")[1:-1] for line in text.splitlines() if re.match(r"\| \d+ \|", line)]
+    errors = [] if [int(row[0]) for row in rows] == [2, 4, 8, 16, 32] else ["rows are not 2, 4, 8, 16, 32 machines"]
+    for row in rows:
+        machines = int(row[0])
+        for ranks, cell in zip((1, 2, 4, 8), row[1:], strict=True):
+            if cell.strip() != byte_ceiling(machines, ranks):
+                errors.append(
+                    f"{machines} x {ranks}: {cell.strip()}, the formula gives {byte_ceiling(machines, ranks)}"
+                )
+    return errors
+
+
+def test_the_layout_table_is_the_byte_formula() -> None:
+    assert layout_table_errors((ROOT / "docs" / "deploying.md").read_text()) == []
+
+
+def test_the_layout_check_flags_a_wrong_cell() -> None:
+    text = (ROOT / "docs" / "deploying.md").read_text()
+    assert layout_table_errors(text.replace("| 4 | 1.00x | 1.17x |", "| 4 | 1.00x | 1.40x |")) == [
+        "4 x 2: 1.40x, the formula gives 1.17x"
+    ]
+
+
+def test_the_readme_quotes_the_layout_tables_range() -> None:
+    cells = [byte_ceiling(m, r) for m in (2, 4, 8, 16, 32) for r in (2, 4, 8)]
+    low, high = min(cells, key=lambda c: float(c[:-1])), max(cells, key=lambda c: float(c[:-1]))
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"at {low} to {high} with 2 to 8 ranks on each of 2 to 32 machines" in readme
