@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fairring.bench import model
+from fairring.config import DEFAULT_MIN_SHARD_SIZE
 from fairring.sizes import GiB, MiB, format_bytes, parse_size
 
 MACHINES = [1, 2, 4, 8, 16, 32, 64, 128]
@@ -44,7 +45,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--ranks-per-machine", type=int, default=model.GPU_RANKS_PER_MACHINE)
     parser.add_argument("--machines", type=int, default=8, help="machines of the size sweep and crossover")
-    parser.add_argument("--min-shard", type=_size, default=model.GPU_MIN_SHARD, help="the floor predicted")
+    parser.add_argument(
+        "--min-shard", type=_size, default=DEFAULT_MIN_SHARD_SIZE, help="the floor predicted (default: fairring's)"
+    )
     parser.add_argument("--slice-size", type=_size, default=model.FairringSettings().slice_size)
     parser.add_argument("--total-memory", type=_size, default=model.FairringSettings().total_memory)
     return parser.parse_args(argv)
