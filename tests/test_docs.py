@@ -183,6 +183,20 @@ def test_the_readmes_how_fast_figures_are_in_benchmarks_md() -> None:
     assert not missing, f"README.md's How fast figures not in the docs/benchmarks.md section it links: {missing}"
 
 
+def readme_paragraphs_quoting_benchmarks() -> list[str]:
+    """Every README paragraph that links a docs/benchmarks.md section and quotes a figure."""
+    paragraphs = re.split(r"\n\s*\n", (ROOT / "README.md").read_text())
+    return [p for p in paragraphs if re.search(r"docs/benchmarks\.md#", p) and figures(p)]
+
+
+def test_every_readme_figure_is_in_the_section_it_links() -> None:
+    """Not only How fast: a status line that quotes a figure (or contradicts a table) must quote that table."""
+    benchmarks = (ROOT / "docs" / "benchmarks.md").read_text()
+    for paragraph in readme_paragraphs_quoting_benchmarks():
+        missing = missing_figures(paragraph, benchmarks)
+        assert not missing, f"README.md quotes {missing}, which its linked section does not state: {paragraph[:120]}"
+
+
 def test_the_figure_check_flags_a_made_up_figure() -> None:
     paragraph = how_fast_paragraph()
     invented = paragraph.replace("568 ms", "571 ms") if "568 ms" in paragraph else paragraph + " 9.87x"
@@ -320,3 +334,25 @@ def test_the_readme_quotes_the_layout_tables_range() -> None:
     low, high = min(cells, key=lambda c: float(c[:-1])), max(cells, key=lambda c: float(c[:-1]))
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert f"at {low} to {high} with 2 to 8 ranks on each of 2 to 32 machines" in readme
+
+
+# -- a tool for real clusters is one that has run as documented ---------------------------------
+
+# Modules that are internal to a study (run by it on emulated hosts, never documented to run
+# across real machines): no doc may tell a reader to run them.
+INTERNAL_MODULES = ("fairring.bench.worker", "fairring.bench.training_worker")
+
+
+def internal_modules_recommended(text: str) -> list[str]:
+    return [module for module in INTERNAL_MODULES if re.search(rf"-m {re.escape(module)}\b|`{module}`", text)]
+
+
+@pytest.mark.parametrize("path", [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))], ids=relative)
+def test_no_doc_tells_a_reader_to_run_an_internal_module(path: Path) -> None:
+    assert internal_modules_recommended(path.read_text()) == [], "recommend python -m fairring.validate instead"
+
+
+def test_the_internal_module_check_flags_one() -> None:
+    assert internal_modules_recommended("torchrun --nnodes 4 -m fairring.bench.worker --sizes 1MiB") == [
+        "fairring.bench.worker"
+    ]
