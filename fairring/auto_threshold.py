@@ -1,9 +1,11 @@
-"""A group's FAIRRING_FLAT_THRESHOLD=auto: an earlier job's decision from the cache, else the sweep.
+"""A group's FAIRRING_FLAT_THRESHOLD=auto: an earlier job's decision from the cache, checked, else the sweep.
 
 Group rank 0 reads the cache and hands what it found to the others through
 the group's store, so every rank takes the same decision even where only
-rank 0's machine has the file; a sweep's decision is the same on every rank by
-construction (fairring/dispatch.py), and rank 0 caches it.
+rank 0's machine has the file. Every rank then checks it at the sizes around
+its bounds (Sweep.verify), and the group measures again where it no longer
+holds; a sweep's decision is the same on every rank by construction
+(fairring/dispatch.py), and rank 0 caches it.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
@@ -41,19 +43,24 @@ def measure_flat_threshold(
     many = COLLECTIVES[collective]
     folder = config.auto_cache if topology.rank == 0 else None  # rank 0's cache decides
     key = dispatch_cache.cache_key(config, topology, network, device, collective) if folder is not None else None
-    decision = _cached(store, topology.rank, folder, key, f"{device.type}/{collective}")
-    if decision is None:
-        exchange = _exchange_over(cpu_group, topology)
-        sweep = Sweep(run, exchange, device, topology.rank, topology.world_size, delegate, collective)
-        try:
-            decision = sweep.measure(config.auto_budget_s)
-        except Exception as error:
-            raise RuntimeError(
-                f"fairring: rank {topology.rank}: measuring the engine against {delegate} for "
-                f"FAIRRING_FLAT_THRESHOLD=auto failed, at the group's first {many[:-1]} the engine could take: {error}"
-            ) from error
-        if folder is not None and key is not None and not decision.disagreed:
-            dispatch_cache.store(folder, key, decision)
+    cached = _cached(store, topology.rank, folder, key, f"{device.type}/{collective}")
+    sweep = Sweep(
+        run, _exchange_over(cpu_group, topology), device, topology.rank, topology.world_size, delegate, collective
+    )
+    try:
+        # A cached decision is checked before it is trusted: the network may have changed under its key.
+        decision, found = (None, "") if cached is None else sweep.verify(cached)
+        if decision is None:
+            measured = sweep.measure(config.auto_budget_s)
+            if folder is not None and key is not None and not measured.disagreed:
+                dispatch_cache.store(folder, key, measured)
+            replaced = f"; replaced the cached decision, which no longer held: {found}" if cached is not None else ""
+            decision = replace(measured, reason=measured.reason + replaced)
+    except Exception as error:
+        raise RuntimeError(
+            f"fairring: rank {topology.rank}: measuring the engine against {delegate} for "
+            f"FAIRRING_FLAT_THRESHOLD=auto failed, at the group's first {many[:-1]} the engine could take: {error}"
+        ) from error
     if topology.rank == 0:
         logger.info("%s %s (FAIRRING_FLAT_THRESHOLD=auto): %s", device.type, many, decision.reason)
     return decision

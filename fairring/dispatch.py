@@ -23,7 +23,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -47,6 +47,11 @@ CLEAR_WIN = 1.25
 CLEAR_FROM = 256 * KiB
 # Slower by at most this is noise: it does not end a run of sizes the engine takes.
 NOISE = 0.05
+# A cached decision is measured again only where the check finds the other path faster by more
+# than this: the sizes checked lie around the decision's bounds, where the two paths are close by
+# construction, and noise alone must not throw a good decision away (a changed network moves them
+# by more: 1.4x in the case that asked for the check).
+STALE_MARGIN = 1.2
 # Each size costs about this many times the one before it, once bandwidth is what counts.
 GROWTH = 4
 INTEGER_CHECK_BYTES = 256 * KiB
@@ -259,6 +264,43 @@ class Sweep:
         verdict = explain(threshold, ceiling, sizes, self._delegate)
         reason = f"{verdict} (measured {measured_text(ascending, self._ladder)} in {elapsed:.1f} s{stopped})"
         return Decision(threshold, reason, "measured", sizes, ceiling=ceiling)
+
+    def verify(self, cached: Decision) -> tuple[Decision | None, str]:
+        """Checks an earlier job's decision at the sizes on either side of each of its bounds, before
+        trusting it: (the decision to use, or None to measure again; what the check found).
+
+        A cache outlives its network (a NIC, a switch or a shaper changed, a home folder shared
+        between clusters), and nothing in its key may show it. At each size checked, neither path
+        may now be faster by STALE_MARGIN where the decision gives the size to the other.
+        """
+        expected = {nbytes: cached.threshold <= nbytes < cached.ceiling for nbytes in self._check_sizes(cached)}
+        if not expected:
+            return None, "its sizes are not this sweep's"
+        started = time.perf_counter()
+        for nbytes, engine_takes in expected.items():
+            timing, disagreement, _ = self._time_size(nbytes, started)
+            if disagreement is not None:
+                return self._refused(disagreement), ""
+            now = f"the engine {timing.speedup:.2f}x {self._delegate} at {format_size(nbytes)}"
+            if engine_takes and timing.engine_s > timing.delegate_s * STALE_MARGIN:
+                return None, f"{now}, which it gives the engine"
+            if not engine_takes and timing.engine_s * STALE_MARGIN < timing.delegate_s:
+                return None, f"{now}, which it gives {self._delegate}"
+        checked = ", ".join(format_size(nbytes) for nbytes in expected)
+        reason = f"{cached.reason}; checked now at {checked} in {time.perf_counter() - started:.1f} s: kept"
+        return replace(cached, reason=reason), ""
+
+    def _check_sizes(self, cached: Decision) -> list[int]:
+        """The ladder's sizes on either side of each bound of `cached`, and its largest where the
+        engine's run reaches it or never starts; none where a bound is not one of the ladder's."""
+        bounds = [bound for bound in (cached.threshold, cached.ceiling) if bound != NO_CEILING]
+        if any(bound not in self._ladder for bound in bounds):
+            return []
+        sizes = {self._ladder[-1]} if len(bounds) < 2 else set()
+        for bound in bounds:
+            index = self._ladder.index(bound)
+            sizes.update(self._ladder[max(index - 1, 0) : index + 1])
+        return sorted(sizes)
 
     def _source(self, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
         """This rank's input at one size: for a reduce-scatter or an all-gather, N whole chunks."""

@@ -2,9 +2,12 @@
 
 One JSON file per key, in FAIRRING_AUTO_CACHE (default: the user's cache folder,
 fairring/). The key is everything the measurement depends on that a job can
-see: the collective, the layout, the rails transport and interface, the device and delegate
-and their versions, the engine's settings, and this fairring build. A file is
-written whole and renamed into place, so a reader never sees half of one.
+see: the collective, the layout, the rails transport and interface, rank 0's
+address and its NIC's reported speed, the device and delegate and their
+versions, the engine's settings, and this fairring build. A decision read
+back is still checked before it is trusted (fairring/auto_threshold.py). A
+file is written whole and renamed into place, so a reader never sees half of
+one.
 """
 
 from __future__ import annotations
@@ -50,6 +53,11 @@ def cache_key(
         "rails_transport": network.transport,
         "nixl_backend": network.nixl_backend if network.transport == "nixl" else None,
         "interface": network.interface_name,
+        # What identifies the network itself, as rank 0 sees it: a cache read on another network
+        # (a home folder shared between clusters) misses. A change these miss (a shaper, a switch)
+        # is left to the check of a cached decision at its first use (Sweep.verify).
+        "address": network.listen_address,
+        "nic_speed_mbps": nic_speed_mbps(network.interface_name),
         "transports": list(network.transports),
         "channels": list(network.cuda_channels if device.type == "cuda" else network.cpu_channels),
         "total_memory": config.total_memory,
@@ -104,6 +112,16 @@ def store(folder: str, key: dict[str, Any], decision: Decision) -> None:
         os.replace(file.name, path)
     except OSError as error:
         logger.warning("could not cache the measured threshold in %s (%s)", folder, error)
+
+
+def nic_speed_mbps(interface: str) -> int | None:
+    """The speed the kernel reports for `interface`, or None (loopback, veths down, virtual NICs)."""
+    try:
+        with open(f"/sys/class/net/{interface}/speed") as file:
+            speed = int(file.read().strip())
+    except (OSError, ValueError):
+        return None
+    return speed if speed > 0 else None
 
 
 def _build_identity() -> str:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from fairring import dispatch
+from fairring.bench.netns import NetnsCluster, netns_available
 from fairring.config import ENGINE_OFF_THRESHOLD
 from fairring.dispatch import (
     CHUNKED_LADDER,
@@ -85,9 +86,16 @@ def routes_by(sizes: list[int]) -> list[tuple[int, int]]:
     return counts
 
 
+def trust_the_cache() -> None:
+    """In this rank: take a cached decision unchecked. For the tests of caching and routing; the check
+    has its own (below), which on a loaded 2-core machine could re-measure around a bound."""
+    dispatch.Sweep.verify = lambda self, cached: (cached, "")
+
+
 def second_group_decides() -> dict:
     import fairring
 
+    trust_the_cache()
     group = dist.new_group(backend="fairring")
     all_reduce_checked(1000, seed=2, group=group)
     backend = fairring.backend_of(group)
@@ -132,6 +140,7 @@ def seeded_cache_then_first_use(threshold: int) -> dict:
     from fairring import dispatch_cache
     from fairring.config import load_config
 
+    trust_the_cache()
     group = dist.new_group(backend="fairring")
     backend = fairring.backend_of(group)
     config = load_config()
@@ -155,6 +164,52 @@ def test_a_cached_decision_routes_every_rank_alike(cache: Path) -> None:
         assert result["decided"]["reason"].startswith("seeded by the test; from the cache ")
         # At the threshold: the engine, one op and no sweep; below it: Gloo.
         assert result["ops"] == 1 and (result["after"]["ops"], result["after"]["flat_ops"]) == (1, 1)
+
+
+def cached_then_first_use(threshold: int, ceiling: int) -> dict:
+    """Rank 0 caches (threshold, ceiling) for a new group, as a job on another network could have
+    left it; the group's first all-reduce reads it, checks it, and keeps or replaces it."""
+    import fairring
+    from fairring import dispatch_cache
+    from fairring.config import load_config
+
+    group = dist.new_group(backend="fairring")
+    backend = fairring.backend_of(group)
+    if dist.get_rank() == 0:
+        config = load_config()
+        key = dispatch_cache.cache_key(config, backend.topology, backend.config.network, torch.device("cpu"))
+        decision = dispatch.Decision(threshold, "cached elsewhere", ceiling=ceiling)
+        dispatch_cache.store(config.auto_cache, key, decision)
+    dist.barrier()
+    all_reduce_checked(1000, seed=5, group=group)
+    return backend.measured_threshold("cpu")
+
+
+def test_a_decision_cached_on_another_network_is_checked_and_replaced(cache: Path) -> None:
+    """The case that asked for the check: a 2x2 job on loopback cached "the engine from 4 KiB to below
+    256 KiB, Gloo above"; the next, on hosts whose NICs are shaped to 1 Gbit/s, found it under its
+    key and sent 64 MiB to Gloo at 0.7x the engine's speed. Negative control: a decision that holds
+    there is kept, after its check."""
+    available, why = netns_available()
+    if not available:
+        pytest.skip(f"needs network namespaces shaped by tc: {why}")
+    with NetnsCluster(LAYOUT.machines, rate="1gbit") as cluster:
+        spec = InitSpec(
+            method="tcp", host=cluster.hosts[0].address, port=29500, timeout=timedelta(seconds=60),
+            extra_env={**AUTO_ENV, "FAIRRING_AUTO_CACHE": str(cache)},
+        )  # fmt: skip
+        with RankPool(LAYOUT, spec, hosts=cluster.hosts) as pool:
+            stale = pool.run(cached_then_first_use, 4 * KiB, 256 * KiB)
+            holds = pool.run(cached_then_first_use, 4 * KiB, NO_CEILING)
+    for decided in stale:
+        assert decided == stale[0], "ranks decided differently"
+        assert decided["source"] == "measured", decided["reason"]
+        assert "replaced the cached decision, which no longer held: the engine" in decided["reason"]
+        assert "at 256KiB, which it gives gloo" in decided["reason"]
+        assert decided["threshold"] <= 16 * MiB < decided["ceiling"], decided["reason"]
+    for decided in holds:
+        assert decided["source"] == "cache" and decided["threshold"] == 4 * KiB, decided["reason"]
+        assert "checked now at 4KiB, 16MiB in" in decided["reason"] and decided["reason"].endswith(": kept")
 
 
 def each_kind_measures_at_its_first_use() -> dict:
@@ -311,8 +366,13 @@ class ScriptedCluster:
         return torch.tensor([row] * self.world_size, dtype=torch.float64)
 
     def sweep(self, budget_s: float = 5.0) -> dispatch.Decision:
-        cpu = torch.device("cpu")
-        return Sweep(self.run, self.exchange, cpu, 0, self.world_size, "gloo", self._collective).measure(budget_s)
+        return self._sweep().measure(budget_s)
+
+    def verify(self, threshold: int, ceiling: int = NO_CEILING) -> tuple[dispatch.Decision | None, str]:
+        return self._sweep().verify(dispatch.Decision(threshold, "cached", "cache", ceiling=ceiling))
+
+    def _sweep(self) -> Sweep:
+        return Sweep(self.run, self.exchange, torch.device("cpu"), 0, self.world_size, "gloo", self._collective)
 
 
 def bandwidth(engine_speedup: float, latency_s: float = 1e-3) -> callable:
@@ -405,3 +465,56 @@ def no_stray_variables() -> Iterator[None]:
     """The corrupting switch must never leak into this process's own environment."""
     yield
     assert dispatch.CORRUPT_ENGINE_RESULT not in os.environ
+
+
+# -- a cached decision is checked before it is trusted --------------------------------------------
+
+
+def speedups(by_size: dict[int, float]) -> callable:
+    """The engine `by_size[n]` times gloo's speed at n bytes (1 ms for gloo), as fast as gloo elsewhere."""
+    return lambda nbytes, on_engine: 1e-3 / (by_size.get(nbytes, 1.0) if on_engine else 1.0)
+
+
+def test_a_cached_decision_that_holds_is_kept_after_checking_around_its_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The engine from 64 KiB to below 1 MiB: it wins there, and loses on both sides.
+    cluster = ScriptedCluster(monkeypatch, speedups({16 * KiB: 0.9, 64 * KiB: 1.1, 256 * KiB: 1.1, MiB: 0.9}))
+    kept, found = cluster.verify(64 * KiB, MiB)
+    assert kept is not None and found == "" and (kept.threshold, kept.ceiling, kept.source) == (64 * KiB, MiB, "cache")
+    assert "checked now at 16KiB, 64KiB, 256KiB, 1MiB in" in kept.reason and kept.reason.endswith(": kept")
+    # Only the sizes around the bounds ran, each as the sweep runs one, and no sweep.
+    assert sorted(set(cluster.sizes_run)) == [16 * KiB, 64 * KiB, 256 * KiB, MiB]
+    assert len(cluster.sizes_run) == 4 * 2 * (1 + dispatch.REPS)
+    # Noise is not a change: the engine 1.15x gloo where the decision gives gloo still holds.
+    noisy = ScriptedCluster(monkeypatch, speedups({16 * KiB: 1.15, 64 * KiB: 1.1, 256 * KiB: 1.1, MiB: 1.15}))
+    assert noisy.verify(64 * KiB, MiB)[0] is not None
+
+
+@pytest.mark.parametrize(
+    ("threshold", "ceiling", "now", "found"),
+    [
+        # The loopback decision read on shaped hosts: the engine now wins above its ceiling.
+        (4 * KiB, 256 * KiB, {256 * KiB: 1.5}, "the engine 1.50x gloo at 256KiB, which it gives gloo"),
+        # A NIC slowed down under a decision that gave the engine everything from 64 KiB.
+        (
+            64 * KiB,
+            NO_CEILING,
+            {16 * MiB: 0.6, 64 * KiB: 1.2},
+            "the engine 0.60x gloo at 16MiB, which it gives the engine",
+        ),
+        # "gloo at every size", where the engine now wins the largest.
+        (ENGINE_OFF_THRESHOLD, NO_CEILING, {16 * MiB: 1.3}, "the engine 1.30x gloo at 16MiB, which it gives gloo"),
+        # Bounds that are not on this sweep's ladder (another version's sizes): measured again, unchecked.
+        (3 * KiB, NO_CEILING, {}, "its sizes are not this sweep's"),
+    ],
+)
+def test_a_cached_decision_that_no_longer_holds_is_measured_again(
+    monkeypatch: pytest.MonkeyPatch, threshold: int, ceiling: int, now: dict[int, float], found: str
+) -> None:
+    # Elsewhere the engine is as the decision says: ahead inside its run, behind outside.
+    inside = {n: 1.1 if threshold <= n < ceiling else 0.9 for n in LADDER}
+    assert ScriptedCluster(monkeypatch, speedups({**inside, **now})).verify(threshold, ceiling) == (None, found)
+
+
+def test_a_check_that_finds_wrong_results_turns_the_engine_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    refused, found = ScriptedCluster(monkeypatch, speedups({}), error=1e-3).verify(4 * KiB)
+    assert refused is not None and refused.disagreed and refused.threshold == ENGINE_OFF_THRESHOLD and found == ""
