@@ -31,6 +31,9 @@ TOTAL_MEMORY = "FAIRRING_TOTAL_MEMORY"
 SLICE_SIZE = "FAIRRING_SLICE_SIZE"
 SLICES_IN_FLIGHT = "FAIRRING_SLICES_IN_FLIGHT"
 FLAT_THRESHOLD = "FAIRRING_FLAT_THRESHOLD"
+# One device type's threshold, over FAIRRING_FLAT_THRESHOLD for that device type.
+CPU_FLAT_THRESHOLD = "FAIRRING_CPU_FLAT_THRESHOLD"
+CUDA_FLAT_THRESHOLD = "FAIRRING_CUDA_FLAT_THRESHOLD"
 MIN_SHARD_SIZE = "FAIRRING_MIN_SHARD_SIZE"
 MACHINE_ID = "FAIRRING_MACHINE_ID"
 LOG_LEVEL = "FAIRRING_LOG_LEVEL"
@@ -203,6 +206,9 @@ class Config:
     # All-reduces smaller than this skip the Herring path for a flat one; 0: none do; None: by
     # device type (cpu_flat_threshold, cuda_flat_threshold); AUTO: measured.
     flat_threshold: int | str | None = None
+    # FAIRRING_CPU_FLAT_THRESHOLD and FAIRRING_CUDA_FLAT_THRESHOLD: one device type's, over flat_threshold.
+    cpu_flat_threshold_setting: int | str | None = None
+    cuda_flat_threshold_setting: int | str | None = None
     # Slices grow so that no shard is shorter, within the staging memory; 0: no floor.
     min_shard: int = DEFAULT_MIN_SHARD_SIZE
     # Overrides machine discovery: ranks with equal ids share a machine.
@@ -271,15 +277,17 @@ class Config:
     @property
     def cpu_flat_threshold(self) -> int:
         """Bytes, or MEASURED_THRESHOLD."""
-        return self._flat_threshold_of(DEFAULT_CPU_FLAT_THRESHOLD, measured_by_default=False)
+        return self._flat_threshold_of(self.cpu_flat_threshold_setting, DEFAULT_CPU_FLAT_THRESHOLD, False)
 
     @property
     def cuda_flat_threshold(self) -> int:
         """Bytes, or MEASURED_THRESHOLD."""
-        return self._flat_threshold_of(DEFAULT_CUDA_FLAT_THRESHOLD, measured_by_default=self.cuda_engine_auto)
+        return self._flat_threshold_of(
+            self.cuda_flat_threshold_setting, DEFAULT_CUDA_FLAT_THRESHOLD, self.cuda_engine_auto
+        )
 
-    def _flat_threshold_of(self, default: int, measured_by_default: bool) -> int:
-        threshold = self.flat_threshold
+    def _flat_threshold_of(self, own: int | str | None, default: int, measured_by_default: bool) -> int:
+        threshold = self.flat_threshold if own is None else own
         if threshold == AUTO or (threshold is None and measured_by_default):
             return MEASURED_THRESHOLD
         return default if threshold is None else int(threshold)
@@ -296,24 +304,33 @@ class Config:
         FAIRRING_ENGINE_DISABLE=1 overrides: the group is then off the engine, as with engine=False."""
         if self.engine_disable:
             engine, flat_threshold = False, None
-        config = self if flat_threshold is None else replace(self, flat_threshold=flat_threshold)
+        # A group's threshold, like engine=False's, is the group's for both device types.
+        config = self if flat_threshold is None else self._with_flat_threshold(flat_threshold)
         if high_priority_streams:
             config = replace(config, high_priority_streams=True)
         if engine is None:
             return config
         # Off: no all-reduce is large enough to leave the delegate.
-        threshold = ENGINE_OFF_THRESHOLD if engine is False else config.flat_threshold
-        return replace(config, group_engine=engine, cuda_engine=engine, flat_threshold=threshold)
+        if engine is False:
+            config = config._with_flat_threshold(ENGINE_OFF_THRESHOLD)
+        return replace(config, group_engine=engine, cuda_engine=engine)
+
+    def _with_flat_threshold(self, threshold: int | str) -> Config:
+        return replace(
+            self, flat_threshold=threshold, cpu_flat_threshold_setting=None, cuda_flat_threshold_setting=None
+        )
 
     def must_agree(self) -> dict[str, int | str]:
         """Settings that every rank of a group must share, by variable name."""
         return {
-            GROUP_ENGINE: "unset" if self.group_engine is None else str(self.group_engine),
+            GROUP_ENGINE: _or_unset(None if self.group_engine is None else str(self.group_engine)),
             ENGINE_DISABLE: int(self.engine_disable),
             TOTAL_MEMORY: self.total_memory,
             SLICE_SIZE: self.slice_size,
             MIN_SHARD_SIZE: self.min_shard,
-            FLAT_THRESHOLD: "unset" if self.flat_threshold is None else self.flat_threshold,
+            FLAT_THRESHOLD: _or_unset(self.flat_threshold),
+            CPU_FLAT_THRESHOLD: _or_unset(self.cpu_flat_threshold_setting),
+            CUDA_FLAT_THRESHOLD: _or_unset(self.cuda_flat_threshold_setting),
             CUDA_ENGINE: AUTO if self.cuda_engine_auto else int(self.cuda_engine),
             RAILS_TRANSPORT: self.rails_transport,
             RAIL_FAILOVER: int(self.rail_failover),
@@ -355,7 +372,7 @@ class Config:
         )
 
     def _flat_threshold_text(self) -> str:
-        if self.flat_threshold is None:
+        if self.cpu_flat_threshold != self.cuda_flat_threshold or self.flat_threshold is None:
             return f"(CPU {threshold_text(self.cpu_flat_threshold)}, CUDA {threshold_text(self.cuda_flat_threshold)})"
         return threshold_text(self.cpu_flat_threshold)
 
@@ -432,7 +449,9 @@ def load_config(env: Mapping[str, str] | None = None, tensorpipe_built: bool | N
         total_memory=total_memory,
         slice_size=slice_size,
         slices_in_flight=slices_in_flight,
-        flat_threshold=AUTO if _is_auto(env.get(FLAT_THRESHOLD)) else _optional_size(env, FLAT_THRESHOLD),
+        flat_threshold=_threshold_setting(env, FLAT_THRESHOLD),
+        cpu_flat_threshold_setting=_threshold_setting(env, CPU_FLAT_THRESHOLD),
+        cuda_flat_threshold_setting=_threshold_setting(env, CUDA_FLAT_THRESHOLD),
         min_shard=size(MIN_SHARD_SIZE, DEFAULT_MIN_SHARD_SIZE, allow_zero=True),
         machine_id=machine_id.strip() if machine_id else None,
         log_level=log_level,
@@ -521,6 +540,16 @@ def _optional_count(env: Mapping[str, str], name: str) -> int | None:
         return int(raw.strip())
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+
+
+def _or_unset(value: int | str | None) -> int | str:
+    """A setting as ranks compare it: "unset" counts as a value of its own."""
+    return "unset" if value is None else value
+
+
+def _threshold_setting(env: Mapping[str, str], name: str) -> int | str | None:
+    """A flat threshold variable: bytes, "auto", or None where unset."""
+    return AUTO if _is_auto(env.get(name)) else _optional_size(env, name)
 
 
 def _optional_size(env: Mapping[str, str], name: str) -> int | None:

@@ -77,6 +77,8 @@ def test_values_from_environment() -> None:
         "FAIRRING_SLICE_SIZE": 4 * 2**20,
         "FAIRRING_MIN_SHARD_SIZE": 64 * 2**10,
         "FAIRRING_FLAT_THRESHOLD": 2**20,
+        "FAIRRING_CPU_FLAT_THRESHOLD": "unset",
+        "FAIRRING_CUDA_FLAT_THRESHOLD": "unset",
         "FAIRRING_CUDA_ENGINE": 1,
         "FAIRRING_RAILS_TRANSPORT": "tensorpipe",
         "FAIRRING_RAIL_FAILOVER": 0,
@@ -277,3 +279,31 @@ def test_a_gpu_in_launch_order_sends_cuda_all_reduces_to_nccl_unless_told() -> N
     assert load_config({"CUDA_DEVICE_MAX_CONNECTIONS": "1"}).must_agree()["FAIRRING_SERIALIZED_LAUNCHES"] == "unused"
     with pytest.raises(ConfigError, match="FAIRRING_SERIALIZED_LAUNCHES='ncl' is not one of nccl, engine"):
         load_config({"FAIRRING_SERIALIZED_LAUNCHES": "ncl"})
+
+
+def test_each_device_type_has_its_own_flat_threshold() -> None:
+    from fairring.config import DEFAULT_CUDA_FLAT_THRESHOLD, ENGINE_OFF_THRESHOLD, MEASURED_THRESHOLD
+
+    mib = 2**20
+    # FAIRRING_FLAT_THRESHOLD alone still sets both.
+    one = load_config({"FAIRRING_FLAT_THRESHOLD": "1MiB"})
+    assert (one.cpu_flat_threshold, one.cuda_flat_threshold) == (mib, mib)
+    both = load_config({"FAIRRING_FLAT_THRESHOLD": "1MiB", "FAIRRING_CUDA_FLAT_THRESHOLD": "8MiB"})
+    assert (both.cpu_flat_threshold, both.cuda_flat_threshold) == (mib, 8 * mib)
+    cpu_auto = load_config({"FAIRRING_CPU_FLAT_THRESHOLD": "auto"})
+    assert (cpu_auto.cpu_flat_threshold, cpu_auto.cuda_flat_threshold) == (
+        MEASURED_THRESHOLD,
+        DEFAULT_CUDA_FLAT_THRESHOLD,
+    )
+    assert "FAIRRING_FLAT_THRESHOLD=(CPU auto, CUDA 4MiB)" in cpu_auto.describe()
+    # A group's own threshold, or its engine=False, is the group's for both device types.
+    assert {
+        both.with_group_options(None, 0).cuda_flat_threshold,
+        both.with_group_options(None, 0).cpu_flat_threshold,
+    } == {0}
+    off = both.with_group_options(False, None)
+    assert off.cpu_flat_threshold == off.cuda_flat_threshold == ENGINE_OFF_THRESHOLD
+    # Every rank must agree on each.
+    assert both.must_agree()["FAIRRING_CUDA_FLAT_THRESHOLD"] == 8 * mib
+    with pytest.raises(ConfigError, match="FAIRRING_CUDA_FLAT_THRESHOLD"):
+        load_config({"FAIRRING_CUDA_FLAT_THRESHOLD": "lots"})
