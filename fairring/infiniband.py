@@ -65,6 +65,11 @@ class IbDevice:
     def port(self, number: int) -> IbPort | None:
         return next((port for port in self.ports if port.number == number), None)
 
+    @property
+    def efa(self) -> bool:
+        """An AWS Elastic Fabric Adapter: libibverbs lists it as efa_N, its ports' link layer Unspecified."""
+        return self.name.startswith("efa") or any(port.link_layer.lower() == "unspecified" for port in self.ports)
+
     def describe(self) -> str:
         ports = ", ".join(port.describe() for port in self.ports) or "no ports"
         return f"{self.name} ({ports})"

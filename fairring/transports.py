@@ -52,6 +52,8 @@ from .config import (
     IB_DISABLE,
     IB_HCA,
     NETWORK_TRANSPORTS,
+    NIXL_BACKEND,
+    RAILS_TRANSPORT,
     TENSORPIPE_PORT,
     TRANSPORTS,
     ConfigError,
@@ -261,6 +263,13 @@ def _ib_blocker(facts: HostFacts) -> str | None:
 
 def _port_problem(device: IbDevice, roce_ok: bool) -> str | None:
     """Why `device` cannot carry TensorPipe's traffic; None where it can."""
+    if device.efa:
+        # EFA offers SRD queue pairs; TensorPipe's ibv and cuda_gdr create reliable-connected ones.
+        return (
+            f"{device.name} is an AWS EFA device, which has no reliable-connected queue pairs, and TensorPipe's "
+            f"ibv needs them: set {IB_DISABLE}=1 (the rails on TCP), or use the NIXL rails over EFA "
+            f"({RAILS_TRANSPORT}=nixl {NIXL_BACKEND}=LIBFABRIC)"
+        )
     port = device.port(TENSORPIPE_PORT)
     if port is None:
         return f"{device.name} has no port {TENSORPIPE_PORT}"

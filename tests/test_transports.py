@@ -232,6 +232,21 @@ def test_roce_is_used_only_when_asked_for() -> None:
     assert decision({"FAIRRING_CHANNELS": "cuda_gdr"}, roce_gpus, cuda=True).gdr_nics == ("mlx5_0", "mlx5_0")
 
 
+def test_efa_is_never_tensorpipes() -> None:
+    """EFA has SRD queue pairs, not the reliable-connected ones TensorPipe's ibv and cuda_gdr create: fairring
+    refuses it itself, naming the two ways on, rather than leaving TensorPipe to fail on it."""
+    efa = host(device("efa_0", link="Unspecified"), **GDR_HOST)
+    automatic = decision({}, efa, cuda=True)
+    assert automatic.transports == ("uv",) and automatic.cuda_channels == ("cuda_basic",)
+    why = "efa_0 is an AWS EFA device, which has no reliable-connected queue pairs"
+    assert why in automatic.reason("ibv") and why in automatic.reason("cuda_gdr")
+    for asked in ({"FAIRRING_TRANSPORTS": "ibv"}, {"FAIRRING_IB_HCA": "efa_0", "FAIRRING_TRANSPORTS": "ibv"}):
+        with pytest.raises(ConfigError, match=r"FAIRRING_IB_DISABLE=1.*FAIRRING_RAILS_TRANSPORT=nixl"):
+            decision(asked, efa)
+    # Negative control: an InfiniBand HCA in its place is used.
+    assert decision({}, host(IB0)).transports == ("ibv", "uv")
+
+
 @pytest.mark.timeout(10)
 def test_ibv_follows_ib_hca_only_through_the_first_device() -> None:
     both = host(IB0, IB1, **GDR_HOST)
