@@ -23,7 +23,7 @@ import torch
 from fairring.bench import free_port
 from fairring.bench.launch import MASTER_PORT_IN_NAMESPACE, stop_agents
 from fairring.bench.netns import Host, NetnsCluster, netns_available
-from fairring.validate import check, cli, launch, network, report
+from fairring.validate import check, cli, launch, network, report, sweep
 from fairring.validate.sweep import geometric_sizes
 
 ROOT = Path(__file__).parents[1]
@@ -115,18 +115,43 @@ def test_cpu_two_machines_under_torchrun(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
-def test_reduce_scatter_and_all_gather_in_place(tmp_path: Path, collective: str) -> None:
+@pytest.mark.parametrize(
+    ("collective", "flags"),
+    [
+        ("reduce_scatter", []),
+        ("all_gather", []),
+        # nccl-tests' other column and its back-to-back ops: each op its own buffers, each result checked.
+        ("all_gather", ["--out-of-place", "--in-flight", "3"]),
+    ],
+    ids=["reduce_scatter", "all_gather", "all_gather-out-of-place-3-in-flight"],
+)
+def test_reduce_scatter_and_all_gather(tmp_path: Path, collective: str, flags: list[str]) -> None:
     """--collective: each checked against its own expected result, with nccl-tests' busbw and (M-1)/M bound."""
     out = tmp_path / "v.json"
-    arguments = ["--device", "cpu", "--collective", collective, "-b", "64KiB", "-e", "1MiB", "-f", "16"]
+    arguments = ["--device", "cpu", "--collective", collective, "-b", "64KiB", "-e", "1MiB", "-f", "16", *flags]
     finished = run_validate(tmp_path, [*arguments, "-n", "2", "-w", "1", "--nic-gbps", "1", "--json", str(out)])
     assert finished.codes == [0, 0], finished.logs
     document = results_of(out)
     assert_complete(document, {"fairring", "gloo"}, [64 * KiB, MiB], passes=1)
     assert document["collective"] == collective and f"# fairring.validate: {collective}" in finished.logs[0]
+    assert (document["in_place"], document["in_flight"]) == (not flags, 3 if flags else 1)
+    assert f"# fairring, {'out of place' if flags else 'in place'}" in finished.logs[0]
     row = document["comparison"][-1]
     assert row["bound_us"] == pytest.approx((2 - 1) / 2 * MiB / 125e6 * 1e6)  # (M-1)/M x S over 1 Gbit/s
+
+
+@pytest.mark.parametrize("out_of_place", [False, True], ids=["in-place", "out-of-place"])
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
+def test_an_output_the_op_never_wrote_is_wrong(collective: str, out_of_place: bool) -> None:
+    """Negative control of the buffers: before each op its output is poisoned, so one it skipped counts."""
+    world, rank, count, cpu = 4, 1, 4 * 1001, torch.device("cpu")
+    source = check.rank_input(rank, count, torch.float32, cpu)
+    expected = check.expected_result(collective, rank, world, count, torch.float32, cpu)
+    slot = sweep.Buffers.make(source, rank, world, collective, out_of_place)
+    slot.reset(source, rank, world)  # and no op: what it would have written is missing
+    # An all-gather in place already holds this rank's own chunk; nothing else is right.
+    right = 1001 if collective == "all_gather" and not out_of_place else 0
+    assert check.count_wrong(slot.result, expected) == expected.numel() - right
 
 
 @pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])

@@ -46,6 +46,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "all_gather_perf count them, and each runs in place",
     )  # fmt: skip
     parser.add_argument(
+        "--in-flight", type=int, default=1, metavar="K",
+        help="ops issued back to back before any is waited for, each on its own buffers; times are per op, "
+        "as nccl-tests reports them (default 1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--out-of-place", action="store_true",
+        help="a reduce-scatter's output and an all-gather's input in buffers of their own, as nccl-tests' "
+        "out-of-place column (c10d's all_reduce is in place only)",
+    )  # fmt: skip
+    parser.add_argument(
         "--share-gpu", action="store_true", help="every rank on GPU 0, each its own NCCL host (one-GPU test machines)"
     )
     parser.add_argument("-b", "--minbytes", help="smallest size (default 1MiB on cuda, 64KiB on cpu)")
@@ -72,6 +82,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(str(error))
     if args.nic_gbps is not None and args.nic_gbps <= 0:
         parser.error("--nic-gbps must be positive")
+    if args.in_flight < 1:
+        parser.error("--in-flight must be >= 1")
+    if args.out_of_place and args.collective == "all_reduce":
+        parser.error(
+            "--out-of-place is for --collective reduce_scatter or all_gather: c10d's all_reduce writes its input"
+        )
     if args.share_gpu and args.device != "cuda":
         parser.error("--share-gpu is for --device cuda")
     return args
@@ -145,7 +161,8 @@ def header(args: argparse.Namespace, where: Placement, paths: list[Contender], d
         f"on {args.device}" + (f" (the emulated CUDA device: {EMULATED_DEVICE}={emulated})" if emulated else ""),
         f"# {where.world_size} ranks: {layout} (ranks per machine {sizes}), started by {where.launcher}",
         f"# sizes {args.sizes[0]} to {args.sizes[-1]} B, factor {args.stepfactor}; {args.iters} timed iterations "
-        f"after {args.warmup_iters} warm-up(s) per size and path; the paths take turns, order alternating",
+        f"after {args.warmup_iters} warm-up(s) per size and path; the paths take turns, order alternating; "
+        f"{placement_text(args)}, {args.in_flight} op(s) in flight",
         *lines,
     ]
     if not topology.serves_engine:
@@ -154,6 +171,10 @@ def header(args: argparse.Namespace, where: Placement, paths: list[Contender], d
             f"numbers of ranks): its {args.collective} takes the delegate's, so both columns time the delegate"
         )
     return [*out, *(f"# path {path.name}: {path.description}" for path in paths), "#"]
+
+
+def placement_text(args: argparse.Namespace) -> str:
+    return "out of place" if args.out_of_place else "in place"
 
 
 def redop_of(collective: str) -> str | None:
@@ -174,8 +195,9 @@ def progress(rows: dict[str, Row]) -> str:
 def sweep_all(args: argparse.Namespace, paths: list[Contender], device: torch.device) -> dict[str, list[Row]]:
     dtype = DTYPES[args.datatype]
     sweep = Sweep(
-        paths, dist.group.WORLD, device, dtype, args.iters, args.warmup_iters, args.corrupt_for_test, args.collective
-    )
+        paths, dist.group.WORLD, device, dtype, args.iters, args.warmup_iters, args.corrupt_for_test, args.collective,
+        args.in_flight, args.out_of_place,
+    )  # fmt: skip
     rows: dict[str, list[Row]] = {path.name: [] for path in paths}
     chunks = 1 if args.collective == "all_reduce" else dist.get_world_size()
     for count in element_counts(args.sizes, dtype, chunks):
@@ -246,6 +268,8 @@ def summarize(
         "machine_sizes": list(topology.machine_sizes),
         "iters": args.iters,
         "warmup_iters": args.warmup_iters,
+        "in_flight": args.in_flight,
+        "in_place": not args.out_of_place,
         "paths": {path.name: {"description": path.description, "results": results[path.name]} for path in paths},
         "comparison": report.comparison(results, delegate, bound, topology.num_machines, collective),
         "bound": dataclasses.asdict(bound),
@@ -266,7 +290,7 @@ def report_lines(run: Run, paths: list[Contender], document: dict[str, Any]) -> 
     lines = []
     redop = redop_of(run.args.collective) or "none"
     for path in paths:
-        lines += report.path_table(path.name, results[path.name], type_name, redop)
+        lines += report.path_table(path.name, results[path.name], type_name, redop, placement_text(run.args))
     delegate = delegate_name(run.device)
     lines += report.comparison_table(document["comparison"], results, delegate, document["bound_note"])
     lines += report.rails_lines(document["rails"], document["rails_chosen_by_first_all_reduce"])

@@ -42,9 +42,11 @@ def _line(cells: list[str]) -> str:
     return " ".join(f"{cell:>{width}}" for cell, (_, _, width) in zip(cells, COLUMNS, strict=True))
 
 
-def path_table(name: str, records: list[dict[str, Any]], type_name: str, redop: str = "sum") -> list[str]:
-    """One path's results in nccl-tests' layout (in place only: the collective writes its input)."""
-    lines = [f"# {name}, in place", "#" + _line([column for column, _, _ in COLUMNS])[1:]]
+def path_table(
+    name: str, records: list[dict[str, Any]], type_name: str, redop: str = "sum", placement: str = "in place"
+) -> list[str]:
+    """One path's results in nccl-tests' layout, in place or out of place (one column set either way)."""
+    lines = [f"# {name}, {placement}", "#" + _line([column for column, _, _ in COLUMNS])[1:]]
     lines.append("#" + _line([unit for _, unit, _ in COLUMNS])[1:])
     for record in records:
         cells = [str(record["bytes"]), str(record["count"]), type_name, redop, "-1", f"{record['time_us']:.2f}"]

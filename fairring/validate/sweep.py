@@ -75,6 +75,40 @@ def synchronizer(device: torch.device) -> Callable[[], None]:
     return lambda: None
 
 
+@dataclass(frozen=True)
+class Buffers:
+    """One op's memory: the N-chunk tensor and this rank's chunk, a view of it in place or apart."""
+
+    whole: torch.Tensor
+    chunk: torch.Tensor
+    collective: str
+    apart: bool  # out of place: the chunk is not a view of the whole
+
+    @staticmethod
+    def make(source: torch.Tensor, rank: int, world: int, collective: str, out_of_place: bool) -> Buffers:
+        whole = torch.empty_like(source)
+        # In place, as nccl-tests' in-place column and FSDP have it: the chunk is this rank's of the whole.
+        mine = whole.view(world, -1)[rank]
+        return Buffers(whole, torch.empty_like(mine) if out_of_place else mine, collective, out_of_place)
+
+    @property
+    def result(self) -> torch.Tensor:
+        return self.chunk if self.collective == "reduce_scatter" else self.whole
+
+    def reset(self, source: torch.Tensor, rank: int, world: int) -> None:
+        """The op's input from `source`; an output apart from it poisoned (NaN), so one left unwritten is wrong."""
+        if self.collective == "all_gather":
+            self.whole.fill_(float("nan"))
+            self.chunk.copy_(source.view(world, -1)[rank])
+        else:
+            self.whole.copy_(source)
+            if (
+                self.collective == "reduce_scatter"
+                and self.chunk.data_ptr() != self.whole.view(world, -1)[rank].data_ptr()
+            ):
+                self.chunk.fill_(float("nan"))
+
+
 @dataclass
 class Sweep:
     """Times every path at one size on the same tensor, the paths' order alternating per iteration."""
@@ -87,42 +121,44 @@ class Sweep:
     warmup: int
     corrupt: bool = False  # negative control: rank 0 damages the engine's results before they are checked
     collective: str = "all_reduce"
+    in_flight: int = 1  # ops issued back to back before any is waited for
+    out_of_place: bool = False  # a reduce-scatter's output, an all-gather's input: buffers of their own
 
     def measure(self, count: int) -> dict[str, Measurement]:
         rank, world = dist.get_rank(), dist.get_world_size()
         source = rank_input(rank, count, self.dtype, self.device)
         expected = expected_result(self.collective, rank, world, count, self.dtype, self.device)
-        tensor = torch.empty_like(source)
-        # In place, as nccl-tests' in-place column and FSDP have it: a reduce-scatter's output and an
-        # all-gather's input are this rank's chunk of the N-chunk tensor.
-        mine = tensor.view(world, -1)[rank]
-        result = tensor if self.collective != "reduce_scatter" else mine
+        # One set of buffers per op in flight: each op its own memory, as back-to-back buckets have.
+        slots = [Buffers.make(source, rank, world, self.collective, self.out_of_place) for _ in range(self.in_flight)]
         sync = synchronizer(self.device)
         measured = {path.name: Measurement() for path in self.paths}
         for iteration in range(self.warmup + self.iters):
             order = self.paths if iteration % 2 == 0 else self.paths[::-1]
             for path in order:
-                tensor.copy_(source)
+                for slot in slots:
+                    slot.reset(source, rank, world)
                 sync()
                 dist.barrier(group=self.coordinator)
                 start = time.perf_counter()
-                self._issue(tensor, mine, path.group)
+                works = [self._issue(slot, path.group) for slot in slots]
+                for work in works:
+                    work.wait()
                 sync()
-                elapsed = time.perf_counter() - start
+                # Per op, as nccl-tests divides the time of its ops issued back to back.
+                elapsed = (time.perf_counter() - start) / len(slots)
                 if self.corrupt and rank == 0 and path.name == ENGINE:
-                    result[0] += 1
-                measured[path.name].wrong += count_wrong(result, expected)
+                    slots[-1].result[0] += 1
+                measured[path.name].wrong += sum(count_wrong(slot.result, expected) for slot in slots)
                 if iteration >= self.warmup:
                     measured[path.name].seconds.append(elapsed)
         return measured
 
-    def _issue(self, tensor: torch.Tensor, mine: torch.Tensor, group: dist.ProcessGroup) -> None:
+    def _issue(self, slot: Buffers, group: dist.ProcessGroup) -> dist.Work:
         if self.collective == "all_reduce":
-            dist.all_reduce(tensor, group=group)
-        elif self.collective == "reduce_scatter":
-            dist.reduce_scatter_tensor(mine, tensor, group=group)
-        else:
-            dist.all_gather_into_tensor(tensor, mine, group=group)
+            return dist.all_reduce(slot.whole, group=group, async_op=True)
+        if self.collective == "reduce_scatter":
+            return dist.reduce_scatter_tensor(slot.chunk, slot.whole, group=group, async_op=True)
+        return dist.all_gather_into_tensor(slot.whole, slot.chunk, group=group, async_op=True)
 
     def across_ranks(self, count: int, measured: dict[str, Measurement]) -> dict[str, Row]:
         """Each path's slowest median (MAX over ranks) and total wrong elements (SUM over ranks)."""
