@@ -119,11 +119,11 @@ def test_cpu_two_machines_under_torchrun(tmp_path: Path) -> None:
     ("collective", "flags"),
     [
         ("reduce_scatter", []),
-        ("all_gather", []),
         # nccl-tests' other column and its back-to-back ops: each op its own buffers, each result checked.
+        # (An in-place all-gather runs in the GPU check's CPU flow and tests/test_reduce_scatter_all_gather.py.)
         ("all_gather", ["--out-of-place", "--in-flight", "3"]),
     ],
-    ids=["reduce_scatter", "all_gather", "all_gather-out-of-place-3-in-flight"],
+    ids=["reduce_scatter-in-place", "all_gather-out-of-place-3-in-flight"],
 )
 def test_reduce_scatter_and_all_gather(tmp_path: Path, collective: str, flags: list[str]) -> None:
     """--collective: each checked against its own expected result, with nccl-tests' busbw and (M-1)/M bound."""

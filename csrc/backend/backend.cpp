@@ -265,15 +265,20 @@ const Engine* Backend::engine(c10::DeviceType type) const {
 AllreduceRoute Backend::choosePath(const AllreduceArgs& args) {
   const AllreduceRoute route = chooseAllreducePath(
       args, topology_.servesEngine(), config_, engineSizesFor(args));
-  static std::atomic<bool> capturedNoted{false}; // once per process
-  if (args.captured && args.deviceType == c10::kCUDA && config_.cudaEngine &&
-      topology_.servesEngine() && !capturedNoted.exchange(true)) {
-    innerGroups_->noticeOnce(
-        "CUDA all-reduces issued during CUDA graph capture go to NCCL, which "
-        "captures its own kernels: the engine waits on the host, which a "
-        "graph cannot hold");
+  if (args.captured && args.deviceType == c10::kCUDA) {
+    noteCapturedGoesToNccl();
   }
   return route;
+}
+
+void Backend::noteCapturedGoesToNccl() {
+  static std::atomic<bool> noted{false}; // once per process, for every kind
+  if (config_.cudaEngine && topology_.servesEngine() && !noted.exchange(true)) {
+    innerGroups_->noticeOnce(
+        "CUDA all-reduces, reduce-scatters and all-gathers issued during CUDA "
+        "graph capture go to NCCL, which captures its own kernels: the engine "
+        "waits on the host, which a graph cannot hold");
+  }
 }
 
 EngineSizes Backend::engineSizesInForce(

@@ -330,6 +330,9 @@ class Backend final : public c10d::Backend {
   // the operation the funnel takes for it (which counts it in
   // belowThresholdAllreduces where the threshold sent it to the delegate).
   AllreduceRoute choosePath(const AllreduceArgs& args);
+  // Once per process: a captured CUDA collective the engine would have taken
+  // goes to NCCL instead.
+  void noteCapturedGoesToNccl();
   // The sizes the engine takes for `args`' device type. A threshold still to
   // be measured is measured here, by the first all-reduce the engine could
   // take (a point every rank reaches alike), unless it is issued inside a
