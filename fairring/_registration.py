@@ -148,30 +148,34 @@ def log_inherited_settings(config: Config) -> None:
 
 def warn_if_engine_disabled(config: Config) -> None:
     """Once per process, at WARNING: FAIRRING_ENGINE_DISABLE=1 keeps every group off the engine."""
-    if not config.engine_disable or "disabled" in _noticed:
-        return
-    _noticed.add("disabled")
-    logger.warning(
-        "%s=1: no fairring group uses the engine, whatever its fairring.Options say; collectives go to Gloo "
-        "(CPU tensors) and NCCL (CUDA tensors), as without fairring. Unset it to use the engine again.",
-        ENGINE_DISABLE,
-    )
+    if config.engine_disable and _first_time("disabled"):
+        logger.warning(
+            "%s=1: no fairring group uses the engine, whatever its fairring.Options say; collectives go to Gloo "
+            "(CPU tensors) and NCCL (CUDA tensors), as without fairring. Unset it to use the engine again.",
+            ENGINE_DISABLE,
+        )
 
 
 def warn_if_routed_to_nccl(config: Config) -> None:
     """Once per process, at WARNING: the CUDA engine is asked for, but its all-reduces go to NCCL."""
-    if not config.cuda_engine_routed_to_nccl or "serialized" in _noticed:
-        return
-    _noticed.add("serialized")
-    logger.warning(
-        "CUDA all-reduces go to NCCL, not the engine: %s, so this GPU may run every kernel in the order "
-        "it was launched, where the engine's launches, timed by the network, could deadlock against another "
-        "communicator's (tensor- or pipeline-parallel groups, another fairring group). If no other "
-        "communicator has collectives in flight while this group's all-reduces are, set %s=engine to keep "
-        "them on the engine (docs/design.md, 'Serialized launches').",
-        config.launch_order_hazard,
-        SERIALIZED_LAUNCHES,
-    )
+    if config.cuda_engine_routed_to_nccl and _first_time("serialized"):
+        logger.warning(
+            "CUDA all-reduces go to NCCL, not the engine: %s, so this GPU may run every kernel in the order "
+            "it was launched, where the engine's launches, timed by the network, could deadlock against another "
+            "communicator's (tensor- or pipeline-parallel groups, another fairring group). If no other "
+            "communicator has collectives in flight while this group's all-reduces are, set %s=engine to keep "
+            "them on the engine (docs/design.md, 'Serialized launches').",
+            config.launch_order_hazard,
+            SERIALIZED_LAUNCHES,
+        )
+
+
+def _first_time(notice: str) -> bool:
+    """Whether this process has not yet given `notice` (and, from now on, has)."""
+    if notice in _noticed:
+        return False
+    _noticed.add(notice)
+    return True
 
 
 def check_staging_fits(config: Config, topology: _C.Topology) -> None:
@@ -325,8 +329,7 @@ class InnerGroups:
 
     def notice_once(self, text: str) -> None:
         """A route or fallback the group took, said at INFO once per process for each text."""
-        if text not in _noticed:
-            _noticed.add(text)
+        if _first_time(text):
             logger.info("rank %d: %s", self._topology.rank, text)
 
     def split(self, store: dist.Store, ranks: list[int], timeout: timedelta, group_name: str) -> _C.Backend:
