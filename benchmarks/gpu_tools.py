@@ -33,7 +33,8 @@ def _installed(package: str) -> bool:
 
 
 def _package(deb: Path) -> str:
-    return subprocess.run(["dpkg-deb", "-f", str(deb), "Package"], capture_output=True, text=True, check=True).stdout
+    found = subprocess.run(["dpkg-deb", "-f", str(deb), "Package"], capture_output=True, text=True, check=True)
+    return found.stdout.strip()
 
 
 def provide(folder: Path = FOLDER, tools: tuple[str, ...] = TOOLS) -> str:
@@ -49,7 +50,7 @@ def provide(folder: Path = FOLDER, tools: tuple[str, ...] = TOOLS) -> str:
     root = Path(tempfile.mkdtemp(prefix="fairring-gpu-tools-"))
     unpacked = []
     for deb in debs:
-        package = _package(deb).strip()
+        package = _package(deb)
         if not _installed(package):
             subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
             unpacked.append(package)

@@ -323,7 +323,7 @@ class Config:
     def must_agree(self) -> dict[str, int | str]:
         """Settings that every rank of a group must share, by variable name."""
         return {
-            GROUP_ENGINE: _or_unset(None if self.group_engine is None else str(self.group_engine)),
+            GROUP_ENGINE: "unset" if self.group_engine is None else str(self.group_engine),
             ENGINE_DISABLE: int(self.engine_disable),
             TOTAL_MEMORY: self.total_memory,
             SLICE_SIZE: self.slice_size,

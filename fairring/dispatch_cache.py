@@ -27,6 +27,7 @@ from . import _C
 from ._version import __version__
 from .config import Config
 from .dispatch import Decision, SizeTiming
+from .interfaces import nic_speed_mbps
 
 logger = logging.getLogger("fairring")
 
@@ -112,16 +113,6 @@ def store(folder: str, key: dict[str, Any], decision: Decision) -> None:
         os.replace(file.name, path)
     except OSError as error:
         logger.warning("could not cache the measured threshold in %s (%s)", folder, error)
-
-
-def nic_speed_mbps(interface: str) -> int | None:
-    """The speed the kernel reports for `interface`, or None (loopback, veths down, virtual NICs)."""
-    try:
-        with open(f"/sys/class/net/{interface}/speed") as file:
-            speed = int(file.read().strip())
-    except (OSError, ValueError):
-        return None
-    return speed if speed > 0 else None
 
 
 def _build_identity() -> str:

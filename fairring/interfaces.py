@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from .errors import ConfigError
@@ -260,3 +261,16 @@ def choose_rail_interface(
         rule = f"{RAIL_INTERFACES}: rail {local_rank} takes entry {local_rank % len(mapping)}"
     names = ", ".join(a.name for a in matched)
     return RailInterface(chosen.name, chosen.address, f"{how} matches {names}; {rule}")
+
+
+SYSFS_NET = Path("/sys/class/net")
+
+
+def nic_speed_mbps(interface: str, sysfs: Path = SYSFS_NET) -> int | None:
+    """The link speed the kernel reports for `interface` in Mbit/s; None where it reports none
+    (loopback, most virtual NICs: the file is unreadable or holds -1)."""
+    try:
+        speed = int((sysfs / interface / "speed").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return speed if speed > 0 else None

@@ -134,21 +134,29 @@ def test_first_all_reduce_measures_then_routes_and_caches(cache: Path) -> None:
         assert all(result["engine"] is None or result["engine"]["ops"] <= 1 for result in second)
 
 
-def seeded_cache_then_first_use(threshold: int) -> dict:
-    """Rank 0 caches a decision for a new group's key; the group's first all-reduce must take it."""
+def group_with_a_cached_decision(decision: dispatch.Decision) -> dist.ProcessGroup:
+    """A new group whose key rank 0 has cached `decision` under, before its first use."""
     import fairring
     from fairring import dispatch_cache
     from fairring.config import load_config
 
-    trust_the_cache()
     group = dist.new_group(backend="fairring")
-    backend = fairring.backend_of(group)
-    config = load_config()
     if dist.get_rank() == 0:
+        backend, config = fairring.backend_of(group), load_config()
         key = dispatch_cache.cache_key(config, backend.topology, backend.config.network, torch.device("cpu"))
-        sizes = [SizeTiming(threshold, 1.0, 2.0)]
-        dispatch_cache.store(config.auto_cache, key, dispatch.Decision(threshold, "seeded by the test", sizes=sizes))
+        dispatch_cache.store(config.auto_cache, key, decision)
     dist.barrier()
+    return group
+
+
+def seeded_cache_then_first_use(threshold: int) -> dict:
+    """Rank 0 caches a decision for a new group's key; the group's first all-reduce must take it."""
+    import fairring
+
+    trust_the_cache()
+    sizes = [SizeTiming(threshold, 1.0, 2.0)]
+    group = group_with_a_cached_decision(dispatch.Decision(threshold, "seeded by the test", sizes=sizes))
+    backend = fairring.backend_of(group)
     all_reduce_checked(threshold // 4, seed=3, group=group)
     stats = backend.engine_stats("cpu")
     below = torch.ones(threshold // 8)
@@ -170,19 +178,10 @@ def cached_then_first_use(threshold: int, ceiling: int) -> dict:
     """Rank 0 caches (threshold, ceiling) for a new group, as a job on another network could have
     left it; the group's first all-reduce reads it, checks it, and keeps or replaces it."""
     import fairring
-    from fairring import dispatch_cache
-    from fairring.config import load_config
 
-    group = dist.new_group(backend="fairring")
-    backend = fairring.backend_of(group)
-    if dist.get_rank() == 0:
-        config = load_config()
-        key = dispatch_cache.cache_key(config, backend.topology, backend.config.network, torch.device("cpu"))
-        decision = dispatch.Decision(threshold, "cached elsewhere", ceiling=ceiling)
-        dispatch_cache.store(config.auto_cache, key, decision)
-    dist.barrier()
+    group = group_with_a_cached_decision(dispatch.Decision(threshold, "cached elsewhere", ceiling=ceiling))
     all_reduce_checked(1000, seed=5, group=group)
-    return backend.measured_threshold("cpu")
+    return fairring.backend_of(group).measured_threshold("cpu")
 
 
 def test_a_decision_cached_on_another_network_is_checked_and_replaced(cache: Path) -> None:

@@ -265,15 +265,15 @@ const Engine* Backend::engine(c10::DeviceType type) const {
 AllreduceRoute Backend::choosePath(const AllreduceArgs& args) {
   const AllreduceRoute route = chooseAllreducePath(
       args, topology_.servesEngine(), config_, engineSizesFor(args));
-  if (args.captured && args.deviceType == c10::kCUDA) {
-    noteCapturedGoesToNccl();
-  }
+  noteIfCapturedGoesToNccl(args.captured, args.deviceType);
   return route;
 }
 
-void Backend::noteCapturedGoesToNccl() {
+void Backend::noteIfCapturedGoesToNccl(
+    bool captured, c10::DeviceType deviceType) {
   static std::atomic<bool> noted{false}; // once per process, for every kind
-  if (config_.cudaEngine && topology_.servesEngine() && !noted.exchange(true)) {
+  if (captured && deviceType == c10::kCUDA && config_.cudaEngine &&
+      topology_.servesEngine() && !noted.exchange(true)) {
     innerGroups_->noticeOnce(
         "CUDA all-reduces, reduce-scatters and all-gathers issued during CUDA "
         "graph capture go to NCCL, which captures its own kernels: the engine "

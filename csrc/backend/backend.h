@@ -330,9 +330,9 @@ class Backend final : public c10d::Backend {
   // the operation the funnel takes for it (which counts it in
   // belowThresholdAllreduces where the threshold sent it to the delegate).
   AllreduceRoute choosePath(const AllreduceArgs& args);
-  // Once per process: a captured CUDA collective the engine would have taken
-  // goes to NCCL instead.
-  void noteCapturedGoesToNccl();
+  // Once per process, where the collective is a captured CUDA one the engine
+  // would have taken: it goes to NCCL instead.
+  void noteIfCapturedGoesToNccl(bool captured, c10::DeviceType deviceType);
   // The sizes the engine takes for `args`' device type. A threshold still to
   // be measured is measured here, by the first all-reduce the engine could
   // take (a point every rank reaches alike), unless it is issued inside a
@@ -484,7 +484,6 @@ class Backend final : public c10d::Backend {
   // The flat thresholds in force (kMeasuredThreshold until measured), and
   // the ceilings auto measured (stored before their threshold), by
   // sizesIndex().
-  static constexpr size_t kCollectiveKinds = 3;
   static size_t sizesIndex(c10::DeviceType type, Collective kind) {
     return indexOfType(type) * kCollectiveKinds + static_cast<size_t>(kind);
   }

@@ -111,9 +111,7 @@ c10::intrusive_ptr<c10d::Work> Backend::chunked(
   // Asked once, of the device the funnel would ask about.
   call.op.captured = graphCaptureUnderway(deviceOf(call.op));
   args.captured = *call.op.captured;
-  if (args.captured && args.deviceType == c10::kCUDA) {
-    noteCapturedGoesToNccl();
-  }
+  noteIfCapturedGoesToNccl(args.captured, args.deviceType);
   args.inCoalescingBlock = coalescingBlockOpen();
   // FAIRRING_FLAT_THRESHOLD=auto measures this kind here, at its first use
   // the engine could take.

@@ -39,6 +39,7 @@ namespace fairring {
 // each rank its machine's partials of its rail's chunks), an all-gather its
 // steps 4 and 5 (docs/design.md, "Reduce-scatter and all-gather").
 enum class Collective { kAllReduce, kReduceScatter, kAllGather };
+constexpr size_t kCollectiveKinds = 3;
 
 constexpr const char* collectiveName(Collective kind) {
   switch (kind) {
@@ -60,8 +61,8 @@ struct EngineStats {
   std::string localSteps; // LocalSteps::name()
   // By Collective: ops issued, and the bytes of their N-chunk tensors (an
   // all-reduce's tensor, a reduce-scatter's input, an all-gather's output).
-  std::array<int64_t, 3> opsByKind;
-  std::array<int64_t, 3> bytesByKind;
+  std::array<int64_t, kCollectiveKinds> opsByKind;
+  std::array<int64_t, kCollectiveKinds> bytesByKind;
 };
 
 // The Herring all-reduce for one process group and one device (the CPU, or
@@ -451,8 +452,9 @@ class Engine {
   std::atomic<int> localStepsStopped_{0};
   std::atomic<uint64_t> nextSeq_{0};
   std::atomic<int64_t> slicesDone_{0};
-  std::array<std::atomic<int64_t>, 3> opsByKind_{}; // EngineStats
-  std::array<std::atomic<int64_t>, 3> bytesByKind_{};
+  std::array<std::atomic<int64_t>, kCollectiveKinds>
+      opsByKind_{}; // EngineStats
+  std::array<std::atomic<int64_t>, kCollectiveKinds> bytesByKind_{};
 
   mutable std::mutex mutex_;
   std::condition_variable progress_; // any change to the state below

@@ -43,7 +43,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--collective", choices=sorted(COLLECTIVES), default="all_reduce",
         help="default all_reduce; sizes are of the N-chunk tensor, as nccl-tests' reduce_scatter_perf and "
-        "all_gather_perf count them, and each runs in place",
+        "all_gather_perf count them, in place unless --out-of-place",
     )  # fmt: skip
     parser.add_argument(
         "--in-flight", type=int, default=1, metavar="K",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import platform
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,8 +12,8 @@ import torch.distributed as dist
 
 import fairring
 from fairring.bench.collectives import COLLECTIVES
+from fairring.interfaces import SYSFS_NET, nic_speed_mbps
 
-SYSFS_NET = Path("/sys/class/net")
 # Fields that differ between ranks of one setup; ranks are grouped on the rest.
 PER_RANK = ("rank", "host", "address", "machine", "nic_mbps", "rails")
 
@@ -38,16 +37,6 @@ def network_fields(group: dist.ProcessGroup, device: torch.device) -> dict[str, 
         # fairring exports its UCX choices when NIXL's engine is made; the user's own are kept.
         "ucx": {name: value for name, value in sorted(os.environ.items()) if name.startswith("UCX_")} if nixl else {},
     }
-
-
-def nic_speed_mbps(interface: str, sysfs: Path = SYSFS_NET) -> int | None:
-    """The link speed the kernel reports for `interface` in Mbit/s; None where it reports none
-    (loopback, most virtual NICs: the file is unreadable or holds -1)."""
-    try:
-        speed = int((sysfs / interface / "speed").read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return speed if speed > 0 else None
 
 
 def describe_rank(group: dist.ProcessGroup, device: torch.device, before: dict[str, Any]) -> dict[str, Any]:
