@@ -174,6 +174,18 @@ launch-order-cost: build
 delegated-cost: build
 	$(PY) benchmarks/delegated_cost.py $(DELEGATED_COST_ARGS)
 
+# fairring against every supported torch, outside CI (which takes the oldest and the newest): each
+# from PyPI in .venv-torch/<version>, built out of tree, imported, then a 2x2 smoke
+# (benchmarks/torch_versions.py; TORCH_VERSIONS_ARGS="--versions 2.13.0" for one).
+.PHONY: test-torch-versions
+test-torch-versions:
+	$(PYTHON) benchmarks/torch_versions.py $(TORCH_VERSIONS_ARGS)
+
+# What counting and timing each collective for fairring.summary() costs, against a 4-byte all-reduce.
+.PHONY: summary-cost
+summary-cost: build
+	$(PY) benchmarks/summary_cost.py
+
 lint: $(INSTALLED)
 	$(PY) -m ruff check setup.py fairring tests benchmarks
 	$(PY) -m ruff format --check setup.py fairring tests benchmarks

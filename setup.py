@@ -67,6 +67,7 @@ COMMON_SOURCES = [
     "backend/pending_report.cpp",
     "backend/premul.cpp",
     "backend/reconfigurable.cpp",
+    "backend/usage.cpp",
     "backend/work.cpp",
     "bindings.cpp",
     "device/capture.cpp",

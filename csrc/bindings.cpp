@@ -136,6 +136,17 @@ class PyInnerGroupFactory final : public fairring::InnerGroupFactory {
     call([&] { factory_.attr("notice_once")(text); });
   }
 
+  void shuttingDown(const c10::intrusive_ptr<c10d::Backend>& backend) override {
+    if (!Py_IsInitialized()) {
+      return;
+    }
+    try {
+      call([&] { factory_.attr("shutting_down")(backend); });
+    } catch (const std::exception&) {
+      // the summary is a courtesy: never a reason for shutdown to fail
+    }
+  }
+
   c10::intrusive_ptr<c10d::Backend> split(
       const c10::intrusive_ptr<c10d::Store>& store,
       const std::vector<int>& ranks,
@@ -715,6 +726,45 @@ PYBIND11_MODULE(_C, module) {
           "Counters of the engine for `device` (ops, slices, rail bytes, and "
           "by_collective: ops and bytes of the N-chunk tensors per kind); "
           "None where there is none.")
+      .def(
+          "usage",
+          [](fairring::Backend& backend) {
+            py::list rows;
+            for (const fairring::UsageRow& row : backend.usage()) {
+              py::dict entry;
+              entry["device"] = c10::DeviceTypeName(row.deviceType, true);
+              entry["collective"] = fairring::collectiveName(row.kind);
+              entry["path"] = row.path == fairring::UsagePath::kEngine
+                  ? "engine"
+                  : "delegate";
+              entry["ops"] = row.ops;
+              entry["bytes"] = row.bytes;
+              entry["timed_ops"] = row.timedOps;
+              entry["timed_bytes"] = row.timedBytes;
+              entry["busy_s"] = row.busySeconds;
+              py::list bySize;
+              for (size_t bucket = 0; bucket < fairring::kSizeBuckets;
+                   ++bucket) {
+                if (row.opsBySize[bucket] > 0) {
+                  bySize.append(
+                      py::make_tuple(
+                          int64_t{1} << bucket,
+                          row.opsBySize[bucket],
+                          row.bytesBySize[bucket]));
+                }
+              }
+              entry["by_size"] = std::move(bySize);
+              rows.append(std::move(entry));
+            }
+            return rows;
+          },
+          "What the group's all-reduces, reduce-scatters and all-gathers "
+          "went through (backend/usage.h), one dict per device, collective "
+          "and path ('engine' or 'delegate') that counted an op: ops, bytes "
+          "(of the N-chunk tensors), timed_ops and timed_bytes (those whose "
+          "time is in busy_s), busy_s (seconds with at least one in flight) "
+          "and by_size: (smallest bytes of the power-of-two bucket, ops, "
+          "bytes). fairring.summary() reads it.")
       .def(
           "engine_footprint",
           [](const fairring::Backend& backend,

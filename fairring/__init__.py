@@ -110,6 +110,7 @@ from ._introspection import backend_of  # noqa: E402
 from ._registration import BACKEND_NAME, register  # noqa: E402
 from ._shrink import register_shrunk_groups_as_fairring  # noqa: E402
 from .options import Options  # noqa: E402
+from .summary import PathUsage, Summary, summary  # noqa: E402
 
 register()
 name_fairring_in_ddp_logging(BACKEND_NAME)
@@ -120,10 +121,13 @@ __all__ = [
     "Config",
     "ConfigError",
     "Options",
+    "PathUsage",
+    "Summary",
     "TopologyError",
     "__version__",
     "backend_of",
     "build_info",
     "load_config",
     "pending",
+    "summary",
 ]

@@ -32,6 +32,7 @@ from .rails_network import rails_network
 from .rendezvous import rendezvous
 from .shared_memory import shared_memory_steps
 from .sizes import format_size
+from .summary import log_at_shutdown
 from .topology import TopologyError, identify_self
 
 logger = logging.getLogger("fairring")
@@ -331,6 +332,10 @@ class InnerGroups:
         """A route or fallback the group took, said at INFO once per process for each text."""
         if _first_time(text):
             logger.info("rank %d: %s", self._topology.rank, text)
+
+    def shutting_down(self, backend: _C.Backend) -> None:
+        """destroy_process_group: what the group's collectives went through (fairring/summary.py)."""
+        log_at_shutdown(backend, self._config)
 
     def split(self, store: dist.Store, ranks: list[int], timeout: timedelta, group_name: str) -> _C.Backend:
         """A fairring backend for the group of `ranks` (of this group), this rank among them."""

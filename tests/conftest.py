@@ -38,6 +38,24 @@ def flight_recorder_dumps() -> Iterator[Path]:
     shutil.rmtree(directory, ignore_errors=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def temporary_files_of_started_processes() -> Iterator[Path]:
+    """TMPDIR for every process the tests start: a directory removed after the run.
+
+    torchrun's agents make a torchelastic_* log directory there and never remove it;
+    a test that kills a process leaves what it had open there too.
+    """
+    directory = Path(tempfile.mkdtemp(prefix="fairring-tests-tmp-"))
+    previous = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(directory)
+    yield directory
+    if previous is None:
+        del os.environ["TMPDIR"]
+    else:
+        os.environ["TMPDIR"] = previous
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 # Machine layouts every collective test runs on. The 3x2 layout interleaves
 # machines (rank r on machine r % 3), so nothing may assume machine-major order.
 LAYOUTS = [

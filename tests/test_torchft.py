@@ -116,6 +116,9 @@ def run_replica(replica: int, attempt: int, backend: str, lighthouse: str, scrat
         if replica == 0 and manager.current_step() == REJOIN_STEP:
             (folder / "rejoin").write_text("")  # replica 1 restarts only now: the steps before are ours alone
             wait_for(folder / "ready-1-1")  # the restarted replica asks first; the lighthouse waits for this one
+            # Its manager heartbeats every 100 ms from a thread of its own: ready is not yet heard. Without
+            # this wait, a loaded machine let this step's quorum form without it (it joined a step later).
+            time.sleep(1.0)
         dies = replica == 1 and attempt == 0 and manager.current_step() == FAIL_STEP
         if dies and kill == "between-steps":
             os.kill(os.getpid(), signal.SIGKILL)

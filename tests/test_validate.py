@@ -112,6 +112,10 @@ def test_cpu_two_machines_under_torchrun(tmp_path: Path) -> None:
     assert output.rstrip().endswith(verdict) and verdict.startswith("fairring's engine")
     assert "#wrong" in output and "# Out of bounds values : 0 OK" in output
     assert document["rails"][0]["interface"] == "lo" and document["rails"][0]["transport"] == "tensorpipe"
+    # fairring.summary() of the engine's group: only engine all-reduces, each timed, and said in the output.
+    [engine] = document["fairring_summary"]
+    assert (engine["collective"], engine["path"], engine["timed_ops"]) == ("all_reduce", "engine", engine["ops"])
+    assert "fairring.summary(engine group): rank 0: cpu all_reduce: engine " in output
 
 
 @pytest.mark.timeout(90)

@@ -167,7 +167,20 @@ c10::intrusive_ptr<c10d::Work> Backend::issue(Operation op, Launch launch) {
       followEngineLaunches(op.type);
     }
   }
+  // Timed unless a capture or a coalescing block decides when it runs.
+  const auto interval = op.counted
+      ? usage_.start(
+            deviceOf(op), !captured && membership == BlockMembership::kNone)
+      : nullptr;
   auto work = launch(static_cast<const Runner&>(runner));
+  if (interval) {
+    usage_.count(
+        interval,
+        op.counted->kind,
+        runner.engine != nullptr ? UsagePath::kEngine : UsagePath::kDelegate,
+        op.counted->bytes,
+        work);
+  }
   if (runner.seq && onGloo) {
     work = delegated_.watch(work, work->retrieveOpType(), *runner.seq, {});
   }
@@ -377,12 +390,11 @@ void Backend::allreduceOnPath(at::Tensor& tensor, bool onEngine) {
       "fairring: the engine cannot take this all-reduce (",
       args.signature,
       ")");
-  issue(
-      allreduceOperation("allreduce", args, route, tensors),
-      [&](const Runner& runner) {
-        return launchAllreduce(runner, tensors, opts, route);
-      })
-      ->wait();
+  Operation op = allreduceOperation("allreduce", args, route, tensors);
+  op.counted.reset(); // auto's own, not the job's
+  issue(std::move(op), [&](const Runner& runner) {
+    return launchAllreduce(runner, tensors, opts, route);
+  })->wait();
 }
 
 // The one place engines are made: at the group's first all-reduce on the
@@ -769,7 +781,8 @@ Operation Backend::allreduceOperation(
       // Its launch copies what it needs: all_reduce's own (the coalesced
       // form keeps its caller's arguments, and waits).
       .launchesInTurn = std::string_view(name) == "allreduce",
-      .captured = args.captured};
+      .captured = args.captured,
+      .counted = Operation::Counted{Collective::kAllReduce, args.bytes}};
 }
 
 // One all-reduce, in the order it happens: its arguments checked into one
@@ -1303,6 +1316,11 @@ void Backend::abort() {
 }
 
 void Backend::shutdown() {
+  // torch shuts a group down once per device type it registered for.
+  if (!summarized_.exchange(true)) {
+    innerGroups_->shuttingDown(
+        c10::intrusive_ptr<c10d::Backend>::reclaim_copy(this));
+  }
   leaving_ = true;
   torchHooks_.quiet();
   awaitDumps();

@@ -25,6 +25,7 @@
 #include "backend/measured_threshold.h"
 #include "backend/memory_order.h"
 #include "backend/operation.h"
+#include "backend/usage.h"
 #include "config.h"
 #include "engine/engine.h"
 #include "topology.h"
@@ -80,6 +81,11 @@ class Backend final : public c10d::Backend {
   // were below the flat threshold.
   int64_t belowThresholdAllreduces(c10::DeviceType type) const {
     return belowThreshold_[indexOfType(type)].load();
+  }
+  // What the group's all-reduces, reduce-scatters and all-gathers went
+  // through, by device type, kind and path (backend/usage.h).
+  std::vector<UsageRow> usage() {
+    return usage_.rows();
   }
   // What the engine for tensors of `type` holds, and what making it added to
   // the process (engine/footprint.h); empty until it is made.
@@ -504,6 +510,8 @@ class Backend final : public c10d::Backend {
   // handed out goes through torchHooks_.report().
   BackendHooks torchHooks_;
   MemoryOrder memoryOrder_; // collectives in flight, by the memory they touch
+  Usage usage_; // what the collectives went through (fairring.summary)
+  std::atomic<bool> summarized_{false}; // said at the first shutdown()
 
   // Serialises the creation of CUDA groups, engines and splits, which calls
   // into Python; never held by a thread that holds the GIL.

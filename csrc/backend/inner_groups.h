@@ -42,6 +42,12 @@ class InnerGroupFactory {
   // all-reduce the engine would take went elsewhere, and why, or a fallback
   // the group took. Any issuing thread.
   virtual void noticeOnce(const std::string& text) = 0;
+  // The group is shutting down (destroy_process_group): what its
+  // collectives went through is said once, from `backend`'s usage
+  // (fairring/summary.py). Must not throw.
+  virtual void shuttingDown(const c10::intrusive_ptr<c10d::Backend>& backend) {
+    (void)backend;
+  }
   // FAIRRING_FLAT_THRESHOLD=auto: the threshold for tensors of `device`'s
   // type, measured with `run` (or read from an earlier job's measurement).
   // Collective over every rank of the group: each calls it at the same

@@ -4,6 +4,7 @@
 // steps every collective shares need to know, taken from its arguments at
 // the door.
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -13,6 +14,8 @@
 #include <c10/core/Device.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include "engine/collective.h"
 
 namespace fairring {
 
@@ -101,6 +104,14 @@ struct Operation {
   // Whether it is issued during CUDA graph capture (graphCaptureUnderway),
   // where the door already asked to choose its path; else the funnel asks.
   std::optional<bool> captured;
+  // A caller's all-reduce, reduce-scatter or all-gather, counted in the
+  // group's Usage (fairring.summary) as `kind` of `bytes` (its N-chunk
+  // tensors'); auto's own measurements are not.
+  struct Counted {
+    Collective kind = Collective::kAllReduce;
+    int64_t bytes = 0;
+  };
+  std::optional<Counted> counted;
 
   // A collective on `tensors` (each a tensor, a list or a list of lists):
   // its signature is its name and device type.

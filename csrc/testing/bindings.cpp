@@ -21,6 +21,8 @@
 #include "backend/delegated.h"
 #include "backend/ledger.h"
 #include "backend/memory_order.h"
+#include "backend/usage.h"
+#include "backend/work.h"
 #include "bindings_shared.h"
 #include "device/capture.h"
 #include "engine/launch_order.h"
@@ -68,6 +70,45 @@ c10d::ReduceOp::RedOpType localOpNamed(const std::string& name) {
 } // namespace
 
 void bindTesting(py::module_& testing) {
+  // What counting and timing one op costs the funnel (backend/usage.h):
+  // `ops` starts and counts of a CPU op whose Work has completed, so its
+  // callback runs and its interval is folded in, as a fast op's would be.
+  testing.def(
+      "usage_seconds_per_op",
+      [](int64_t ops) {
+        auto future = c10::make_intrusive<c10::ivalue::Future>(
+            c10::ListType::create(c10::TensorType::get()));
+        future->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
+        const c10::intrusive_ptr<c10d::Work> work =
+            c10::make_intrusive<fairring::FutureWork>(
+                future,
+                c10d::OpType::ALLREDUCE,
+                "usage",
+                0,
+                std::vector<at::Tensor>{});
+        fairring::Usage usage;
+        py::gil_scoped_release noGil;
+        const auto started = std::chrono::steady_clock::now();
+        for (int64_t op = 0; op < ops; ++op) {
+          const auto interval = usage.start(c10::Device(c10::kCPU), true);
+          usage.count(
+              interval,
+              fairring::Collective::kAllReduce,
+              fairring::UsagePath::kDelegate,
+              4,
+              work);
+        }
+        const std::chrono::duration<double> took =
+            std::chrono::steady_clock::now() - started;
+        const auto rows = usage.rows();
+        TORCH_CHECK(
+            rows.size() == 1 && rows[0].ops == ops && rows[0].timedOps == ops,
+            "usage_seconds_per_op: every op must be counted and timed");
+        return took.count() / static_cast<double>(ops);
+      },
+      py::arg("ops"),
+      "Seconds one op's counting and timing costs the funnel.");
+
   // The all-reduce's path decision on its own (backend/allreduce_path.h).
   testing.def(
       "allreduce_path",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,6 +86,9 @@ def run_agents(
         environment.update(TP_SOCKET_IFNAME="eth0", GLOO_SOCKET_IFNAME="eth0", NCCL_SOCKET_IFNAME="eth0")
     agents: list[subprocess.Popen[bytes]] = []
     logs: list[tempfile._TemporaryFileWrapper[bytes] | None] = []
+    # torchrun's agents make a torchelastic_* log directory in TMPDIR and never remove it.
+    scratch = tempfile.mkdtemp(prefix="fairring-bench-agents-")
+    environment["TMPDIR"] = scratch
     try:
         for node in range(run.machines):
             command = agent_command(args, run, node, master, port, output)
@@ -97,6 +101,7 @@ def run_agents(
         return wait_for(agents, logs, args.timeout)
     finally:
         stop_agents(agents)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def stop_agents(agents: list[subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:

@@ -247,6 +247,8 @@ def main(argv: list[str] | None = None) -> None:
     ours["engine_all_reduces"] = stats.get("ops", 0)
     # Ops and bytes (the N-chunk tensors') per collective kind, warm-up steps and loss checks included.
     ours["engine_by_collective"] = stats.get("by_collective", {})
+    # What fairring.summary() says of the run, as a job's log would (warm-up steps and loss checks included).
+    summary_line = fairring.summary().line()
     theirs = {**common, "backend": baseline_name, **measure(args, baseline, device)}
     ours["speedup_vs_baseline"] = theirs["median_s"] / ours["median_s"]
     settle_overlap([ours, theirs])
@@ -256,6 +258,7 @@ def main(argv: list[str] | None = None) -> None:
         print_header()
         print_row(theirs)
         print_row(ours)
+        print(f"fairring.summary: {summary_line}", flush=True)
         payload = {"environment": environment(device.type), "records": [theirs, ours]}
         args.json.write_text(json.dumps(payload))
     dist.barrier(group=baseline)

@@ -231,8 +231,12 @@ def validate(run: Run, timeout: timedelta) -> int:
     rows = sweep_all(run.args, paths, run.device)
     ranks: list[Any] = [None] * run.where.world_size
     dist.all_gather_object(ranks, describe_rank(engine.group, run.device, before))
+    # What fairring's own summary says of the engine's group: the figures a real job's would give.
+    said = fairring.summary(engine.group, nic_gbps=run.args.nic_gbps)
     if run.where.rank == 0:
         document = summarize(run, paths, rows, ranks)
+        document["fairring_summary"] = [vars(row) for row in said.rows]
+        print(f"fairring.summary(engine group): {said.line()}", flush=True)
         print("\n".join(report_lines(run, paths, document)), flush=True)
     return sum(row.wrong for path_rows in rows.values() for row in path_rows)
 
