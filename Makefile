@@ -58,11 +58,11 @@ test-nixl: build
 # extension built out of tree (build/oldest), and the tests that do not
 # depend on timing or namespaces run against it.
 OLDEST_VENV := .venv-oldest
+# The emulated device and the memory order exercise fairring's own ordering code, not torch's:
+# `make test` runs them; here they would only repeat it, at minutes of CI time.
 OLDEST_TESTS ?= tests/test_build.py tests/test_engine.py tests/test_plans.py tests/test_collectives.py \
 	tests/test_rails_protocol.py tests/test_registration.py tests/test_cuda.py \
-	tests/test_drop_in.py tests/test_tracing.py tests/test_memory_order.py tests/test_emulated_device.py
-# The emulated device's random runs exercise fairring's own ordering code, not torch's: `make
-# test` runs them; here they would only repeat it, at minutes of CI time.
+	tests/test_drop_in.py tests/test_tracing.py tests/test_summary.py
 OLDEST_DESELECT ?= not random_all_reduces
 $(OLDEST_VENV)/.installed: requirements-oldest.txt
 	$(PYTHON) -m venv $(OLDEST_VENV)
@@ -89,7 +89,9 @@ test-oldest: $(OLDEST_VENV)/.installed
 # .ci/sanitize_check.py, which fails unless the test process and a spawned rank import that
 # build. SANITIZE_DESELECT keeps it within CI's time: DDP models, the 1x4 and 2x3 pools (the
 # others cover their paths), the emulated device's 3x2 run (its 2x2 run stays), the launch
-# order's negative control (a deadlock that waits out its timeout; the ordered case stays) and the
+# order's negative control (a deadlock that waits out its timeout; the ordered case stays), the
+# emulated device's random run with rails kept for resends (its plain 2x2 run stays), the failover
+# episode's negative control without failover (make test runs both) and the
 # namespace test (it runs iproute2's `ip` under ASan, which reports ip's own overlapping
 # strncpy).
 # Python is not instrumented, so the runtimes are preloaded, and every spawned rank inherits
@@ -114,7 +116,8 @@ SANITIZE_TESTS ?= .ci/sanitize_check.py tests/test_untrusted_peers.py tests/test
 	tests/test_flight_recorder.py tests/test_group_steps.py tests/test_launch_order.py \
 	tests/test_rails_failover.py
 SANITIZE_DESELECT ?= not ddp_matches_gloo and not 1x4 and not (2x3 and not interleaved) and not link_goes_down \
-	and not (random_all_reduces and interleaved) and not in_order_unordered_launch
+	and not (random_all_reduces and interleaved) and not in_order_unordered_launch \
+	and not kept-for-resends and not without_failover
 SANITIZE_LOGS := build/sanitize-logs
 .PHONY: sanitize
 sanitize: $(INSTALLED)
