@@ -37,11 +37,11 @@ class Outcome:
     seconds: float
 
 
-def run(command: list[str], log: Path, env: dict[str, str] | None = None) -> bool:
+def run(command: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path = ROOT) -> bool:
     with log.open("a") as out:
         out.write(f"$ {' '.join(command)}\n")
         out.flush()
-        return subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env).returncode == 0
+        return subprocess.run(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode == 0
 
 
 def last_line(log: Path, containing: str = "") -> str:
@@ -78,9 +78,12 @@ def one_version(version: str, log: Path) -> Outcome:
     if not run(build, log, env):
         return outcome("build", last_line(log, "error") or last_line(log))
     check = "import fairring, torch; i = fairring.build_info(); assert i['cuda_path'], i; print(torch.__version__, i)"
-    if not run([python, "-c", check], log, {**env, "PYTHONPATH": str(out)}):
+    # From the build folder: `python -c` puts its working folder first on sys.path, and the checkout's
+    # fairring/ holds the extension built against another torch.
+    if not run([python, "-c", check], log, env, cwd=out):
         return outcome("import", last_line(log))
-    smoke = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", f"pythonpath={out}", *SMOKE_TESTS]
+    # pytest's own script, not `python -m pytest`, which would put the checkout first on sys.path too.
+    smoke = [str(venv / "bin" / "pytest"), "-q", "-p", "no:cacheprovider", "-o", f"pythonpath={out}", *SMOKE_TESTS]
     if not run(smoke, log, env):
         return outcome("smoke", last_line(log, "failed") or last_line(log))
     return outcome("passed", last_line(log, "passed"))

@@ -236,7 +236,7 @@ def validate(run: Run, timeout: timedelta) -> int:
     if run.where.rank == 0:
         document = summarize(run, paths, rows, ranks)
         document["fairring_summary"] = [vars(row) for row in said.rows]
-        print(f"fairring.summary(engine group): {said.line()}", flush=True)
+        print(f"# fairring.summary(engine group): {said.line()}", flush=True)
         print("\n".join(report_lines(run, paths, document)), flush=True)
     return sum(row.wrong for path_rows in rows.values() for row in path_rows)
 
