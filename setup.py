@@ -256,6 +256,17 @@ def _sanitizer_flags() -> tuple[list[str], list[str]]:
     return compile_args, [sanitize]
 
 
+def _torch_feature_flags() -> list[str]:
+    """What of c10d's Backend this torch declares, where no header's presence tells.
+
+    torch 2.14 has Hooks.hpp with abort hooks only; completion hooks, completion keys and the
+    supports* queries came with 2.15 (csrc/backend/hooks.h).
+    """
+    backend = Path(torch.utils.cpp_extension.include_paths()[0]) / "torch/csrc/distributed/c10d/Backend.hpp"
+    declares = backend.read_text() if backend.is_file() else ""
+    return [f"-DFAIRRING_HAS_BACKEND_HOOKS={int('supportsCompletionHooks' in declares)}"]
+
+
 def _extension() -> CppExtension:
     cuda = _cuda_build()
     sources = [*COMMON_SOURCES, *(CUDA_SOURCES if cuda else CPU_ONLY_SOURCES)]
@@ -285,6 +296,7 @@ def _extension() -> CppExtension:
             # debug info too. The sanitizer flags, after these, put line tables back.
             "-g0",
             "-Winvalid-pch",
+            *_torch_feature_flags(),
             *sanitize_compile,
         ],
         extra_link_args=sanitize_link,

@@ -13,13 +13,16 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 // torch's completion and abort hooks (the flight recorder's way of learning
-// that a backend's op finished, and when to dump) came with the backend-
-// agnostic flight recorder hook; older torch has neither.
-#if __has_include(<torch/csrc/distributed/c10d/hooks/FlightRecorderHook.hpp>)
-#define FAIRRING_HAS_BACKEND_HOOKS 1
+// that a backend's op finished, and when to dump), with Work's completion
+// keys and the Backend's supports* queries, came in torch 2.15; 2.14 has its
+// abort hooks alone, older torch neither. setup.py reads which from torch's
+// Backend.hpp (no header's presence tells) and sets
+// FAIRRING_HAS_BACKEND_HOOKS; without the full set fairring offers none.
+#ifndef FAIRRING_HAS_BACKEND_HOOKS
+#error "FAIRRING_HAS_BACKEND_HOOKS is set by setup.py"
+#endif
+#if FAIRRING_HAS_BACKEND_HOOKS
 #include <torch/csrc/distributed/c10d/Hooks.hpp>
-#else
-#define FAIRRING_HAS_BACKEND_HOOKS 0
 #endif
 
 namespace fairring {
