@@ -112,9 +112,11 @@ def test_cpu_two_machines_under_torchrun(tmp_path: Path) -> None:
     assert output.rstrip().endswith(verdict) and verdict.startswith("fairring's engine")
     assert "#wrong" in output and "# Out of bounds values : 0 OK" in output
     assert document["rails"][0]["interface"] == "lo" and document["rails"][0]["transport"] == "tensorpipe"
-    # fairring.summary() of the engine's group: only engine all-reduces, each timed, and said in the output.
+    # fairring.summary() of the engine's group: only engine all-reduces, timed (the last one's interval may
+    # end just after its wait returned), and said in the output.
     [engine] = document["fairring_summary"]
-    assert (engine["collective"], engine["path"], engine["timed_ops"]) == ("all_reduce", "engine", engine["ops"])
+    assert (engine["collective"], engine["path"]) == ("all_reduce", "engine")
+    assert engine["ops"] - 1 <= engine["timed_ops"] <= engine["ops"] and engine["busy_s"] > 0, engine
     assert "fairring.summary(engine group): rank 0: cpu all_reduce: engine " in output
 
 
