@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -70,9 +71,9 @@ def one_version(version: str, log: Path) -> Outcome:
             return outcome("install", last_line(log) or "pip failed")
         (venv / ".installed").touch()
     out = ROOT / "build" / f"torch-{version}"
-    subprocess.run(["rm", "-rf", str(out)], check=True)
-    (out / "fairring").mkdir(parents=True)
-    subprocess.run(f"cp -r fairring/*.py fairring/bench fairring/validate {out}/fairring/", shell=True, cwd=ROOT)
+    shutil.rmtree(out, ignore_errors=True)
+    # The package without the checkout's extension, which was built against another torch.
+    shutil.copytree(ROOT / "fairring", out / "fairring", ignore=shutil.ignore_patterns("_C*.so", "__pycache__"))
     env = {**os.environ, "FAIRRING_WITH_CUDA": "1", "MAX_JOBS": os.environ.get("MAX_JOBS", "2")}
     build = [python, "setup.py", "--quiet", "build_ext", "--build-lib", str(out), "--build-temp", f"{out}-temp"]
     if not run(build, log, env):

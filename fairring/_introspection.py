@@ -11,6 +11,11 @@ from . import _C
 _WRAPPER = getattr(torch._C._distributed_c10d, "_ProcessGroupWrapper", None)
 
 
+def delegate_name(device: str | torch.device) -> str:
+    """What fairring hands `device`'s tensors to where its engine does not take them: NCCL (CUDA), else Gloo."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
 def backend_of(group: dist.ProcessGroup | None = None, device: str | torch.device = "cpu") -> _C.Backend:
     """The fairring backend that serves `device` tensors in `group` (default: the world group).
 

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C, dispatch_cache
+from ._introspection import delegate_name
 from .config import Config
 from .dispatch import COLLECTIVES, Decision, Exchange, Run, SizeTiming, Sweep
 
@@ -39,7 +40,7 @@ def measure_flat_threshold(
     network: _C.RailsNetwork,
 ) -> Decision:
     """The threshold for `device`'s `collective`s in this group; collective over its ranks."""
-    delegate = "nccl" if device.type == "cuda" else "gloo"
+    delegate = delegate_name(device)
     many = COLLECTIVES[collective]
     folder = config.auto_cache if topology.rank == 0 else None  # rank 0's cache decides
     key = dispatch_cache.cache_key(config, topology, network, device, collective) if folder is not None else None

@@ -21,15 +21,13 @@ from typing import Any
 import torch.distributed as dist
 
 from . import _C
-from ._introspection import backend_of
+from ._introspection import backend_of, delegate_name
 from .bench.collectives import COLLECTIVES
 from .config import Config, load_config
 from .interfaces import choose_rail_interface, host_addresses, nic_speed_mbps
 from .sizes import format_bytes
 
 logger = logging.getLogger("fairring")
-
-DELEGATES = {"cpu": "gloo", "cuda": "nccl"}
 
 
 @dataclass(frozen=True)
@@ -56,7 +54,7 @@ class PathUsage:
             if self.of_bound is not None:
                 text += f" ({self.of_bound * 100:.0f}% of bound)"
         if self.saved_s is not None:
-            other = "engine" if self.path != "engine" else DELEGATES[self.device]
+            other = "engine" if self.path != "engine" else delegate_name(self.device)
             verb = "saved" if self.saved_s >= 0 else "lost"
             text += f", {verb} ~{abs(self.saved_s):.3g} s against {other}"
         return text
@@ -103,7 +101,7 @@ def summarize(backend: _C.Backend, config: Config, nic_gbps: float | None = None
             PathUsage(
                 device=device,
                 collective=collective,
-                path="engine" if on_engine else DELEGATES[device],
+                path="engine" if on_engine else delegate_name(device),
                 ops=usage["ops"],
                 bytes=usage["bytes"],
                 timed_ops=usage["timed_ops"],

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 import fairring
+from fairring._introspection import delegate_name
 from fairring.bench.collectives import COLLECTIVES
 from fairring.config import ConfigError
 from fairring.sizes import SIZE_HELP, format_size, parse_size
@@ -24,7 +25,7 @@ from . import report
 from .check import DTYPES, TYPE_NAMES, max_ranks
 from .launch import LaunchError, Placement, die_with_parent, placement, rank_device
 from .network import describe_rank, grouped, network_fields, nic_bound
-from .sweep import ENGINE, Contender, Row, Sweep, delegate_name, element_counts, geometric_sizes, make_paths
+from .sweep import ENGINE, Contender, Row, Sweep, element_counts, geometric_sizes, make_paths
 
 # -b, -e, -f by device: sizes where a cluster's network, not latency, decides.
 DEFAULT_SIZES = {"cuda": ("1MiB", "1GiB"), "cpu": ("64KiB", "64MiB")}

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 import fairring
+from fairring._introspection import delegate_name
 
 from .check import count_wrong, expected_result, rank_input
 
@@ -44,10 +45,6 @@ class Row:
     count: int
     median_s: float
     wrong: int
-
-
-def delegate_name(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
 
 
 def make_paths(device: torch.device, timeout: timedelta) -> list[Contender]:
