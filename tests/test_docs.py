@@ -356,3 +356,155 @@ def test_the_internal_module_check_flags_one() -> None:
     assert internal_modules_recommended("torchrun --nnodes 4 -m fairring.bench.worker --sizes 1MiB") == [
         "fairring.bench.worker"
     ]
+
+
+# -- a figure in prose is its table's ---------------------------------------------------------
+#
+# Pinned narrowly, so that it flags contradictions and not prose: a sentence that names one
+# size which keys a row of a table in its section (or in a section it links), and quotes a
+# figure within a few words of it, quotes that row; a sentence that calls fairring faster or
+# slower than Gloo or NCCL at sizes a table rates against that baseline says what the table's
+# ratio says. Spreads ("234-264 ms") and figures of another run, said as such, are not a row's.
+
+_SIZE = r"\d+(?:\.\d+)? ?[KMG]iB\b"
+_PINNED_FIGURE = re.compile(r"(?<![\w.\-])(\d+(?:\.\d+)?)(?: ?(?:ms|us|s)\b|x\b)")
+_RANGE_BEFORE = re.compile(r"(?:from|below|above|up to|over|under|to|-)\s*$")
+_COMPARED = re.compile(r"\b(faster|slower) than (Gloo|NCCL)\b", re.IGNORECASE)
+_AT_SIZES = re.compile(rf"\bat ((?:\d+(?:\.\d+)?(?:, | and | or ))*{_SIZE})")
+_FROM_TO = re.compile(rf"\bfrom ({_SIZE}) to ({_SIZE})")
+_NEAR = 40  # characters either side of a size in which a figure is that size's
+
+
+def _normal(size: str) -> str:
+    return " ".join(re.sub(r"(\d)([KMG]iB)", r"\1 \2", size).split())
+
+
+def _bytes(size: str) -> int:
+    return parse_size("size", size.replace(" ", ""))
+
+
+def _blocks(markdown: str) -> list[list[str]]:
+    """The lines between one heading and the next, outside fenced code."""
+    blocks: list[list[str]] = [[]]
+    fenced = False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        if not fenced and re.match(r"#+\s", line):
+            blocks.append([])
+        elif not fenced:
+            blocks[-1].append(line)
+    return blocks
+
+
+def _rows_by_size(lines: list[str]) -> dict[str, list[dict[str, str]]]:
+    """Each table row keyed by the size in its first two cells, as {header: cell}."""
+    rows: dict[str, list[dict[str, str]]] = {}
+    header: list[str] = []
+    for line in lines:
+        if not line.startswith("|"):
+            header = []
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if not header:
+            header = cells
+        elif not re.fullmatch(r"[\s:\-|]+", line):
+            row = dict(zip(header, cells, strict=False))
+            for cell in cells[:2]:
+                if re.fullmatch(_SIZE, cell):
+                    rows.setdefault(_normal(cell), []).append(row)
+    return rows
+
+
+def _sentences(lines: list[str]) -> list[str]:
+    prose = " ".join(line for line in lines if not line.startswith(("|", "    ")))
+    return re.split(r"(?<=[.;:])\s+(?=[A-Z(])", " ".join(prose.split()))
+
+
+def _states(rows: list[dict[str, str]], figure: str) -> bool:
+    """Whether a row holds the figure, to the figure's own precision."""
+    places = len(figure.partition(".")[2])
+    wanted = Decimal(figure)
+    for row in rows:
+        for cell in row.values():
+            for number in re.findall(r"\d+(?:\.\d+)?", cell):
+                if Decimal(number).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP) == wanted:
+                    return True
+    return False
+
+
+def _compared_sizes(after: str, rows: dict[str, list[dict[str, str]]]) -> list[str]:
+    """The sizes a verdict names right after it ("at 16 and 64 MiB", "at every size from 1 KiB to 1 MiB")."""
+    sizes = []
+    listed = _AT_SIZES.match(after)
+    if listed:
+        unit = re.search(r"[KMG]iB", listed.group(1)).group()
+        sizes += [f"{number} {unit}" for number in re.findall(r"\d+(?:\.\d+)?", listed.group(1))]
+    spanned = _FROM_TO.search(after)
+    if spanned and spanned.start() <= _NEAR:
+        low, high = spanned.groups()
+        sizes += [size for size in rows if _bytes(low) <= _bytes(size) <= _bytes(high)]
+    return [size for size in sizes if size in rows]
+
+
+def sentence_errors(sentence: str, rows: dict[str, list[dict[str, str]]]) -> list[str]:
+    """What a sentence says of a size's table row that the row does not."""
+    if re.search(r"another run|no record kept", sentence):
+        return []
+    errors = []
+    sizes = {_normal(s) for s in re.findall(_SIZE, sentence)}
+    pinned = [m for m in re.finditer(_SIZE, sentence) if not _RANGE_BEFORE.search(sentence[: m.start()])]
+    if len(sizes) == 1 and pinned and _normal(pinned[0].group()) in rows:
+        size = _normal(pinned[0].group())
+        near = sentence[max(0, pinned[0].start() - _NEAR) : pinned[0].end() + _NEAR]
+        errors += [f"{size}: {f} is not in its row" for f in _PINNED_FIGURE.findall(near) if not _states(rows[size], f)]
+    for compared in _COMPARED.finditer(sentence):
+        verdict, baseline = compared.groups()
+        for size in _compared_sizes(sentence[compared.end() :].lstrip(), rows):
+            for row in rows[size]:
+                ratios = [cell for column, cell in row.items() if column.lower().endswith(f"vs {baseline.lower()}")]
+                for ratio in ratios:
+                    faster = float(ratio.rstrip("x")) > 1
+                    if faster != (verdict.lower() == "faster"):
+                        errors.append(f"{size}: {verdict} than {baseline}, its row says {ratio}")
+    return errors
+
+
+def prose_table_errors(markdown: str, linked: str = "") -> list[str]:
+    """Every sentence of `markdown` against the tables of its block, or of the `linked` doc's section it links."""
+    errors = []
+    for block in _blocks(markdown):
+        for sentence in _sentences(block):
+            rows = _rows_by_size(block)
+            links = r"\]\(#([\w\-]+)\)" if markdown == linked else r"\]\([\w/.]*benchmarks\.md#([\w\-]+)\)"
+            for anchor in re.findall(links, sentence) if linked else []:
+                for size, extra in _rows_by_size(section(linked, anchor).splitlines()).items():
+                    rows.setdefault(size, []).extend(extra)
+            errors += [f"{e} :: {sentence[:100]}" for e in sentence_errors(sentence, rows)]
+    return errors
+
+
+@pytest.mark.parametrize("path", DOCS, ids=relative)
+def test_prose_figures_agree_with_their_tables(path: Path) -> None:
+    assert prose_table_errors(path.read_text(), (ROOT / "docs" / "benchmarks.md").read_text()) == []
+
+
+def test_the_prose_check_flags_a_wrong_figure_and_a_wrong_verdict() -> None:
+    benchmarks = (ROOT / "docs" / "benchmarks.md").read_text()
+    wrong_figure = (
+        "At 64 MiB the engine took 125.0 ms against NCCL's 165.0 ms ([On a GPU](docs/benchmarks.md#on-a-gpu))."
+    )
+    # The contradiction issue 50 found in the README: the table has the engine faster at 64 MiB.
+    wrong_verdict = "On one GPU it was slower than NCCL at 16 and 64 MiB ([On a GPU](docs/benchmarks.md#on-a-gpu))."
+    right = (
+        "On one GPU it was slower than NCCL at 16 MiB and took 121.1 ms at 64 MiB"
+        " ([On a GPU](docs/benchmarks.md#on-a-gpu))."
+    )
+    assert [e.split(" :: ")[0] for e in prose_table_errors(wrong_figure, benchmarks)] == [
+        "64 MiB: 125.0 is not in its row"
+    ]
+    verdicts = [e.split(" :: ")[0] for e in prose_table_errors(wrong_verdict, benchmarks)]
+    assert "64 MiB: slower than NCCL, its row says 1.36x" in verdicts
+    assert not [v for v in verdicts if v.startswith("16 MiB")], verdicts
+    assert prose_table_errors(right, benchmarks) == []
