@@ -2,7 +2,7 @@
 
 `make sanitize` builds fairring._C with AddressSanitizer and UBSan into
 build/sanitize and runs tests with that folder first on sys.path. This fails
-the run unless both the test process and a rank spawned as tests/harness.py
+the run unless both the test process and a rank spawned as benchmarks/harness.py
 spawns them (multiprocessing's spawn, which hands its sys.path on) import that
 build, rather than the in-place one in fairring/, and it links the sanitizer
 runtimes.

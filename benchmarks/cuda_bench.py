@@ -57,6 +57,7 @@ import torch
 import torch.distributed as dist
 
 import fairring
+from fairring.bench.turns import time_in_turns
 
 DEFAULT_WORLD = 2
 # Int8 sums of values in [0, 20] and products of values in {1, 2} stay exact up to this many ranks.
@@ -578,32 +579,38 @@ def run_compare(bench: Bench, results: Results) -> None:
         contenders.append(("gloo", bench.gloo))
     rows: list[dict[str, Any]] = []
     results.data["compare"] = {"contenders": [name for name, _ in contenders], "rows": rows}
-    expected = float(sum(r + 1 for r in range(bench.world)))
     for nbytes in bench.args.compare_sizes:
-        tensor = torch.empty(nbytes // 4, dtype=torch.float32, device=bench.device)
-        seconds: dict[str, list[float]] = {name: [] for name, _ in contenders}
-        correct = {name: True for name, _ in contenders}
-        for iteration in range(bench.args.warmup + bench.args.iters):
-            order = contenders if iteration % 2 == 0 else contenders[::-1]
-            for name, group in order:
-                tensor.fill_(bench.rank + 1)
-                bench.sync()
-                bench.barrier()
-                start = time.perf_counter()
-                dist.all_reduce(tensor, group=group, async_op=True).wait(bench.timeout)
-                bench.sync()
-                elapsed = time.perf_counter() - start
-                correct[name] = correct[name] and bool(torch.all(tensor == expected))
-                if iteration >= bench.args.warmup:
-                    seconds[name].append(elapsed)
-        row: dict[str, Any] = {"bytes": nbytes}
-        for name, _ in contenders:
-            row[name] = summary(bench.slowest(seconds[name]), correct[name])
+        row = compare_at(bench, dict(contenders), nbytes)
         rows.append(row)
         if bench.rank == 0:
             medians = {name: round(row[name]["median_s"] * 1e3, 3) for name, _ in contenders}
             print(f"compare: {nbytes} bytes: median ms {json.dumps(medians)}", flush=True)
         results.save()
+
+
+def compare_at(bench: Bench, groups: dict[str, Any], nbytes: int) -> dict[str, Any]:
+    """One row of run_compare: each group's all-reduce of `nbytes`, timed in turns (fairring.bench.turns)."""
+    tensor = torch.empty(nbytes // 4, dtype=torch.float32, device=bench.device)
+    expected = float(sum(r + 1 for r in range(bench.world)))
+    correct = {name: True for name in groups}
+
+    def check(name: str) -> None:
+        correct[name] = correct[name] and bool(torch.all(tensor == expected))
+
+    seconds = time_in_turns(
+        list(groups),
+        warmup=bench.args.warmup,
+        iters=bench.args.iters,
+        fill=lambda _: tensor.fill_(bench.rank + 1),
+        run=lambda name: dist.all_reduce(tensor, group=groups[name], async_op=True).wait(bench.timeout),
+        check=check,
+        sync=bench.sync,
+        barrier=bench.barrier,
+    )
+    row: dict[str, Any] = {"bytes": nbytes}
+    for name in groups:
+        row[name] = summary(bench.slowest(seconds[name]), correct[name])
+    return row
 
 
 def engine_counters(bench: Bench, results: Results) -> None:

@@ -5,7 +5,7 @@ networks, each NIC shaped to --rate; rail 0 on eth0, rail 1 on eth1. First the
 cost of failover when nothing fails (its acknowledgements): all-reduces with
 FAIRRING_RAIL_FAILOVER=1 and =0, timed alike. Then the episode: all-reduces
 without pause while machine 1's eth1 goes down at --down-at seconds and up at
---up-at; every result is checked (tests/failover_driver.py). It prints, per
+--up-at; every result is checked (failover_driver.py). It prints, per
 half second, the all-reduces done, their bandwidth, and what each NIC sent.
 
     python benchmarks/failover_episode.py            # or: make failover-episode
@@ -25,15 +25,14 @@ from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for _path in (ROOT, ROOT / "tests"):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+# Run as a script: the checkout's root, for `benchmarks` and the in-place build.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-from failover_driver import all_reduces, all_reduces_for, bytes_sent, prepare, rails  # noqa: E402
-
+from benchmarks.failover_driver import all_reduces, all_reduces_for, bytes_sent, prepare, rails  # noqa: E402
+from benchmarks.harness import InitSpec, Layout, RankPool  # noqa: E402
 from fairring.bench.netns import NetnsCluster, netns_available  # noqa: E402
 from fairring.sizes import parse_rate, parse_size  # noqa: E402
-from harness import InitSpec, Layout, RankPool  # noqa: E402
 
 LAYOUT = Layout(2, 2)
 BUCKET_S = 0.5

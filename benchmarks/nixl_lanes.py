@@ -33,14 +33,14 @@ from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for _path in (ROOT, ROOT / "tests"):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+# Run as a script: the checkout's root, for `benchmarks` and the in-place build.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
+from benchmarks.harness import InitSpec, Layout, RankPool  # noqa: E402
 from fairring.bench.netns import NetnsCluster, netns_available  # noqa: E402
 from fairring.config import ConfigError  # noqa: E402
 from fairring.nixl import UCX_SAME_HOST_EXCLUDED, UCX_TCP_SEGMENT, UCX_TCP_SEGMENTS, nixl_library  # noqa: E402
-from harness import InitSpec, Layout, RankPool  # noqa: E402
 
 SIZE = 8 << 20
 _state: dict[str, object] = {}

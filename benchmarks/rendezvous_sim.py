@@ -41,10 +41,10 @@ from typing import Any
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-# CountingStore is the tests' (tests/counting_store.py): tests/test_rendezvous.py counts with it too.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from counting_store import CountingStore
+# tests/test_rendezvous.py counts with the same CountingStore.
+
+from benchmarks.counting_store import CountingStore
 from fairring.config import MACHINE_ID, Config
 from fairring.rendezvous import RankView, rendezvous_steps
 from fairring.topology import RankIdentity, check_settings_agree, group_into_machines

@@ -1,7 +1,7 @@
 """Soak: thousands of random collectives through fairring, each checked, with threads, descriptors and memory flat.
 
-Every rank of a RankPool (tests/harness.py) draws the same sequence from one seed
-and checks every result; the ranks' code is tests/soak_driver.py, which says what
+Every rank of a RankPool (harness.py) draws the same sequence from one seed
+and checks every result; the ranks' code is soak_driver.py, which says what
 they run and check. tests/test_soak.py is the short run; this is the long one:
 
     python benchmarks/soak.py --minutes 10             # or: make soak
@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for _path in (ROOT, ROOT / "tests"):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+# Run as a script: the checkout's root, for `benchmarks` and the in-place build.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-from harness import InitSpec, Layout, RankPool  # noqa: E402
-from soak_driver import MiB, Plan, growth_problems, run_rank, summary  # noqa: E402
+from benchmarks.harness import InitSpec, Layout, RankPool  # noqa: E402
+from benchmarks.soak_driver import MiB, Plan, growth_problems, run_rank, summary  # noqa: E402
 
 
 def parse_layout(text: str) -> Layout:

@@ -10,8 +10,13 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+# The checkout's root, for the helpers the tests share with benchmarks/ (benchmarks.harness: ranks as
+# processes). Last on the path: where pytest's pythonpath is a build folder (make sanitize, make
+# test-oldest), that folder's fairring stays the one imported.
+if str(Path(__file__).parents[1]) not in sys.path:
+    sys.path.append(str(Path(__file__).parents[1]))
 
-from harness import Layout, RankPool
+from benchmarks.harness import Layout, RankPool
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from reference import all_ranks_reduced, assert_matches, rank_tensor
+from benchmarks.reference import all_ranks_reduced, assert_matches, rank_tensor
 
 
 def process_resources() -> tuple[int, int, int]:

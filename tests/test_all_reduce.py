@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import RankPool
-from reference import (
+from benchmarks.harness import RankPool
+from benchmarks.reference import (
     ARITHMETIC_OPS,
     BITWISE_OPS,
     FLOAT_DTYPES,

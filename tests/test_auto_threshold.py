@@ -21,6 +21,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from benchmarks.harness import InitSpec, Layout, RankPool
+from benchmarks.reference import rank_tensor
 from fairring import dispatch
 from fairring.bench.netns import NetnsCluster, netns_available
 from fairring.config import ENGINE_OFF_THRESHOLD
@@ -35,8 +37,6 @@ from fairring.dispatch import (
     float_bound,
 )
 from fairring.sizes import KiB, MiB
-from harness import InitSpec, Layout, RankPool
-from reference import rank_tensor
 
 LAYOUT = Layout(machines=2, ranks_per_machine=2)
 INTEGER_CHECK = dispatch.INTEGER_CHECK_BYTES

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import RankPool
-from reference import all_ranks_reduced, assert_matches, rank_tensor, reduce_reference
+from benchmarks.harness import RankPool
+from benchmarks.reference import all_ranks_reduced, assert_matches, rank_tensor, reduce_reference
 
 SHAPE = (5, 3)
 

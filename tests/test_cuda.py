@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import InitSpec, Layout, RankPool
-from reference import (
+from benchmarks.harness import InitSpec, Layout, RankPool
+from benchmarks.reference import (
     ARITHMETIC_OPS,
     FLOAT_DTYPES,
     INT_DTYPES,
@@ -27,6 +27,7 @@ from reference import (
     rank_tensor,
     reduce_reference,
 )
+from fairring.bench.shared_gpu import shared_gpu_env
 from scenarios import broadcast_then_two_all_reduces, shutdown_with_an_op_in_flight
 
 pytestmark = [
@@ -224,19 +225,10 @@ ONE_GPU = "cuda:0"
 GPU_PER_RANK = "cuda:{rank}"
 
 
-# How the GPU check runs NCCL with several processes on one GPU: its socket transport on loopback,
-# NVLink SHARP and multi-node NVLink off (docs/design.md, "One GPU, several processes").
-NCCL_ON_LOOPBACK = {
-    "NCCL_SOCKET_IFNAME": "lo",
-    "NCCL_IB_DISABLE": "1",
-    "NCCL_NVLS_ENABLE": "0",
-    "NCCL_MNNVL_ENABLE": "0",
-}
-
-
 def one_nccl_host_per_process(world: int) -> dict[int, dict[str, str]]:
-    """Each rank's NCCL_HOSTID, so that NCCL takes several processes on one GPU (see the docstring)."""
-    return {rank: {"NCCL_HOSTID": f"fairring-test-cuda-{rank}", **NCCL_ON_LOOPBACK} for rank in range(world)}
+    """Each rank's NCCL_HOSTID, so that NCCL takes several processes on one GPU (see the docstring), and
+    NCCL's socket transport on loopback, as the GPU check runs them."""
+    return {rank: shared_gpu_env(rank, "fairring-test-cuda", loopback=True) for rank in range(world)}
 
 
 def devices_for(layout: Layout) -> tuple[str, dict[int, dict[str, str]] | None]:

@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 
 import fairring
+from benchmarks.harness import InitSpec, Layout, RankFailure, RankPool
+from benchmarks.reference import assert_matches, expected_view, rank_tensor, reduce_reference, topology_view
 from fairring.bench import free_port
-from harness import InitSpec, Layout, RankFailure, RankPool
-from reference import assert_matches, expected_view, rank_tensor, reduce_reference, topology_view
 
 LAYOUT = Layout(2, 2)  # ranks 0, 1 on machine 0; 2, 3 on machine 1
 SHAPE = (1000,)

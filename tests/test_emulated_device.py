@@ -27,9 +27,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import InitSpec, Layout, RankFailure, RankPool
+from benchmarks.harness import InitSpec, Layout, RankFailure, RankPool
+from benchmarks.reference import REDUCE_OPS, all_ranks_reduced, assert_all_ranks_reduced, assert_matches, rank_tensor
 from nixl_support import rails_env
-from reference import REDUCE_OPS, all_ranks_reduced, assert_all_ranks_reduced, assert_matches, rank_tensor
 from scenarios import broadcast_then_two_all_reduces
 
 # Gloo local steps (the emulated NCCL), slices of 16 KiB so that most ops are

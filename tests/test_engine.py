@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from benchmarks.harness import InitSpec, Layout, RankPool
+from benchmarks.reference import REDUCE_OPS, all_ranks_reduced, assert_matches, rank_tensor
 from fairring import _C
-from harness import InitSpec, Layout, RankPool
-from reference import REDUCE_OPS, all_ranks_reduced, assert_matches, rank_tensor
 from scenarios import make_engine, shutdown_with_an_op_in_flight
 
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from benchmarks.harness import InitSpec, Layout, RankFailure, RankPool
 from fairring.bench.netns import Host, NetnsCluster, netns_available
-from harness import InitSpec, Layout, RankFailure, RankPool
 from nixl_support import RAILS_TRANSPORTS, needs_nixl, rails_env
 from scenarios import make_engine
 

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 import fairring
-from harness import ENGINE_AT_EVERY_SIZE, InitSpec, Layout, RankFailure, RankPool
+from benchmarks.harness import ENGINE_AT_EVERY_SIZE, InitSpec, Layout, RankFailure, RankPool
 
 pytestmark = pytest.mark.skipif(
     not hasattr(torch._C._distributed_c10d, "FlightRecorderHook"),

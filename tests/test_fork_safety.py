@@ -24,10 +24,10 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
 import fairring
+from benchmarks.harness import Layout, RankPool
+from benchmarks.reference import all_ranks_reduced, assert_matches, rank_tensor
 from fairring.config import load_config
 from fairring.transports import rails_transports
-from harness import Layout, RankPool
-from reference import all_ranks_reduced, assert_matches, rank_tensor
 
 REPO = Path(__file__).resolve().parent.parent
 FORK_SAFE_VARIABLES = ("RDMAV_FORK_SAFE", "IBV_FORK_SAFE")

@@ -26,9 +26,9 @@ import torch.distributed as dist
 from test_emulated_device import emulated
 
 import fairring
+from benchmarks.harness import Layout, RankPool
+from benchmarks.reference import all_ranks_reduced, assert_matches, rank_tensor
 from fairring import _C
-from harness import Layout, RankPool
-from reference import all_ranks_reduced, assert_matches, rank_tensor
 
 SHAPES = [(64,), (20_000,), (50_003,)]  # one slice, several, with padding
 

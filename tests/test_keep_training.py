@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from harness import InitSpec, Layout, RankFailure, RankPool
+from benchmarks.harness import InitSpec, Layout, RankFailure, RankPool
 
 pytestmark = pytest.mark.skipif(
     not hasattr(torch._C._distributed_c10d.Backend, "get_error"),

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import InitSpec, Layout, RankPool
+from benchmarks.harness import InitSpec, Layout, RankPool
+from benchmarks.reference import all_ranks_reduced, assert_matches, rank_tensor
 from nixl_support import RAILS_TRANSPORTS, rails_env
-from reference import all_ranks_reduced, assert_matches, rank_tensor
 from scenarios import assert_resources_settled, make_engine, process_resources, timed_stop
 
 

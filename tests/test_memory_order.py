@@ -19,8 +19,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import InitSpec, Layout, RankPool
-from reference import all_ranks_reduced, assert_matches, rank_tensor
+from benchmarks.harness import InitSpec, Layout, RankPool
+from benchmarks.reference import all_ranks_reduced, assert_matches, rank_tensor
 
 # 64 Ki floats travel as one slice, 1 Mi + 3 as several with a padded last one.
 NUMELS = [1 << 16, (1 << 20) + 3]

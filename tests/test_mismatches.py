@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 import fairring
+from benchmarks.harness import InitSpec, Layout, RankFailure, RankPool
 from fairring import _C
-from harness import InitSpec, Layout, RankFailure, RankPool
 
 # Heartbeats every timeout / 10: a mismatch shows within about a second.
 GROUP_TIMEOUT = timedelta(seconds=10)

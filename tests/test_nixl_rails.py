@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 
 import fairring
-from harness import InitSpec, Layout, RankPool
+from benchmarks.harness import InitSpec, Layout, RankPool
+from benchmarks.reference import assert_matches, rank_tensor
 from nixl_support import NIXL_ENV, needs_nixl
-from reference import assert_matches, rank_tensor
 
 pytestmark = needs_nixl
 

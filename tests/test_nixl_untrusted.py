@@ -18,7 +18,7 @@ import pytest
 import torch.distributed as dist
 
 import fairring
-from harness import InitSpec, Layout, RankPool
+from benchmarks.harness import InitSpec, Layout, RankPool
 from nixl_support import NIXL_ENV, needs_nixl
 from scenarios import checked_all_reduces
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from harness import RankPool
-from reference import assert_matches, rank_tensor
+from benchmarks.harness import RankPool
+from benchmarks.reference import assert_matches, rank_tensor
 
 SHAPE = (17,)
 

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 
 import fairring
+from benchmarks.harness import Layout, RankPool
 from fairring.config import ConfigError, parse_dump_signal
-from harness import Layout, RankPool
 
 LATE_S = 4.0  # how long rank 1 keeps rank 0 waiting
 

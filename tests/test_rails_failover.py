@@ -4,7 +4,7 @@ Each emulated machine is a host with two NICs on two networks, eth0 and eth1,
 and FAIRRING_SOCKET_IFNAME=eth puts rail 0 on eth0 and rail 1 on eth1 (the
 layout of tests/test_rails_interfaces.py). All-reduces run without pause while
 the test sets machine 1's eth1 down, and later up again; every result is
-checked (tests/failover_driver.py). The hosts' byte counters show which NIC
+checked (benchmarks/failover_driver.py). The hosts' byte counters show which NIC
 carried the rails before, during and after. The negative control turns
 failover off: the same episode then fails, as it always did.
 The long, timed episode is benchmarks/failover_episode.py (make failover-episode).
@@ -18,11 +18,11 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
-from failover_driver import all_reduces, all_reduces_for, bytes_sent, difference, prepare, rails
 from test_emulated_device import EMULATED_ENV
 
+from benchmarks.failover_driver import all_reduces, all_reduces_for, bytes_sent, difference, prepare, rails
+from benchmarks.harness import InitSpec, Layout, RankFailure, RankPool
 from fairring.bench.netns import NetnsCluster, netns_available
-from harness import InitSpec, Layout, RankFailure, RankPool
 from nixl_support import RAILS_TRANSPORTS, rails_env
 
 MiB = 1 << 20

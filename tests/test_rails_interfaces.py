@@ -16,13 +16,13 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.distributed as dist
-from failover_driver import bytes_sent, difference
 
 import fairring
+from benchmarks.failover_driver import bytes_sent, difference
+from benchmarks.harness import Layout, RankFailure, RankPool
+from benchmarks.reference import all_ranks_reduced, assert_matches, rank_tensor
 from fairring.bench.netns import NetnsCluster, netns_available
-from harness import Layout, RankFailure, RankPool
 from nixl_support import RAILS_TRANSPORTS, rails_env
-from reference import all_ranks_reduced, assert_matches, rank_tensor
 
 MiB = 1 << 20
 SIZE = 8 * MiB

@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from benchmarks.harness import Layout, RankPool
 from fairring import _C
-from harness import Layout, RankPool
 
 SHARDS, REDUCED = 0, 1
 _prefixes = itertools.count()

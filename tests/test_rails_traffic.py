@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from benchmarks.harness import Layout, RankPool
+from benchmarks.reference import all_ranks_reduced, assert_matches, rank_tensor
 from fairring.bench.netns import NetnsCluster, netns_available
-from harness import Layout, RankPool
-from reference import all_ranks_reduced, assert_matches, rank_tensor
 
 MiB = 1 << 20
 _state: dict[str, object] = {}

@@ -18,8 +18,8 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 import fairring
-from harness import COLLECTIVE_TIMEOUT, InitSpec, Layout, RankFailure, RankPool
-from reference import assert_matches, rank_tensor, reduce_reference
+from benchmarks.harness import COLLECTIVE_TIMEOUT, InitSpec, Layout, RankFailure, RankPool
+from benchmarks.reference import assert_matches, rank_tensor, reduce_reference
 
 pytestmark = pytest.mark.skipif(
     not hasattr(c10d, "_reconfigure"),

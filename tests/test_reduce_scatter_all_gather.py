@@ -1,7 +1,7 @@
 """The engine's reduce-scatter and all-gather (reduce_scatter_tensor, all_gather_into_tensor).
 
 Every expected value is a plain torch computation of the known per-rank inputs
-(tests/reference.py). Each check also asserts that the op ran on the engine (its
+(benchmarks/reference.py). Each check also asserts that the op ran on the engine (its
 op count grows), so a silent fall back to Gloo cannot pass for the Herring path.
 Sizes run from one element per rank through several slices (FAIRRING_SLICE_SIZE
 is small here) to sizes that are a multiple of nothing convenient, on layouts
@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 import fairring
-from harness import InitSpec, Layout, RankPool
-from reference import (
+from benchmarks.harness import InitSpec, Layout, RankPool
+from benchmarks.reference import (
     ARITHMETIC_OPS,
     BITWISE_OPS,
     FLOAT_DTYPES,

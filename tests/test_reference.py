@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference import assert_matches, assert_sum_within_rounding
+from benchmarks.reference import assert_matches, assert_sum_within_rounding
 
 # Six ranks' bfloat16 inputs whose partial sums reach 5, where bfloat16's step is 1/32, and cancel.
 INPUTS = [torch.tensor([value, 0.5], dtype=torch.bfloat16) for value in (5.0, 0.047, 0.047, 0.047, -5.0, 0.0)]

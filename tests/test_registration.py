@@ -8,10 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fairring.bench import free_port
-from harness import InitSpec, Layout, RankFailure, RankPool, init_process_group
-from nixl_support import rails_env
-from reference import (
+from benchmarks.harness import InitSpec, Layout, RankFailure, RankPool, init_process_group
+from benchmarks.reference import (
     all_ranks_reduced,
     assert_matches,
     expected_view,
@@ -19,6 +17,8 @@ from reference import (
     reduce_reference,
     topology_view,
 )
+from fairring.bench import free_port
+from nixl_support import rails_env
 
 
 def backend_state() -> dict[str, object]:

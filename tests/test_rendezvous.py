@@ -19,7 +19,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from counting_store import CountingStore
+from benchmarks.counting_store import CountingStore
 from fairring.config import FLAT_THRESHOLD, MACHINE_ID, SLICE_SIZE, ConfigError
 from fairring.rendezvous import RankView, Steps, WaitTimedOut, rendezvous, rendezvous_steps
 from fairring.topology import RankIdentity, TopologyError, group_into_machines

@@ -24,8 +24,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import Layout, RankPool
-from reference import all_ranks_reduced, assert_matches, rank_tensor
+from benchmarks.harness import Layout, RankPool
+from benchmarks.reference import all_ranks_reduced, assert_matches, rank_tensor
 
 pytestmark = pytest.mark.timeout(180)
 

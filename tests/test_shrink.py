@@ -19,8 +19,8 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import SHRINK_ABORT, SHRINK_DEFAULT
 
 import fairring
-from harness import InitSpec, Layout, RankFailure, RankPool
-from reference import assert_matches, rank_tensor, reduce_reference
+from benchmarks.harness import InitSpec, Layout, RankFailure, RankPool
+from benchmarks.reference import assert_matches, rank_tensor, reduce_reference
 from scenarios import assert_resources_settled, process_resources
 
 ErrorType = torch._C._distributed_c10d.ErrorType

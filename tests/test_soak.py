@@ -1,16 +1,16 @@
 """The short soak: about 2,000 random collectives on 2 machines x 2 ranks, each checked against plain
 torch arithmetic on every rank's input, with threads, descriptors and memory flat after a warm-up.
 
-The ranks' code is soak_driver.py; the long run outside CI (`make soak`) is benchmarks/soak.py.
+The ranks' code is benchmarks/soak_driver.py; the long run outside CI (`make soak`) is benchmarks/soak.py.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from harness import InitSpec, Layout, RankPool
+from benchmarks.harness import InitSpec, Layout, RankPool
+from benchmarks.soak_driver import MiB, Plan, growth_problems, run_rank, summary
 from nixl_support import needs_nixl, rails_env
-from soak_driver import MiB, Plan, growth_problems, run_rank, summary
 
 PLAN = Plan(ops=2000, seed=11, warmup_ops=300, max_bytes=4 * MiB)
 
@@ -35,7 +35,7 @@ def test_thousands_of_random_collectives_are_correct_and_leave_nothing_behind(
     assert all(report.ops >= plan.ops for report in reports)
     assert [failure for report in reports for failure in report.failures] == []
     # Threads and descriptors must not grow at all once idle completion workers have left; RSS,
-    # read after malloc_trim, by at most RSS_GROWTH_LIMIT (see soak_driver.py for what was measured).
+    # read after malloc_trim, by at most RSS_GROWTH_LIMIT (see benchmarks/soak_driver.py for what was measured).
     assert [problem for report in reports for problem in growth_problems(report)] == []
     # Both paths had traffic: the world group's engine, and the threshold group's engine and delegate.
     stats = reports[0].end_stats

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import fairring
-from harness import InitSpec, Layout, RankPool
+from benchmarks.harness import InitSpec, Layout, RankPool
 
 LAYOUT = Layout(2, 2)
 THRESHOLD = {"FAIRRING_FLAT_THRESHOLD": "64KiB"}

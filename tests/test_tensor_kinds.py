@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import Layout, RankPool, make_flat_group
-from reference import REDUCE_OPS, TOLERANCES, rank_tensor, reduce_reference
+from benchmarks.harness import Layout, RankPool, make_flat_group
+from benchmarks.reference import REDUCE_OPS, TOLERANCES, rank_tensor, reduce_reference
 
 LAYOUT = Layout(2, 2)
 PATHS = ("engine", "flat")

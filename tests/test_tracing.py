@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import Layout, RankPool
-from reference import assert_matches, rank_tensor, reduce_reference
+from benchmarks.harness import Layout, RankPool
+from benchmarks.reference import assert_matches, rank_tensor, reduce_reference
 
 LAYOUT = Layout(2, 2)
 STAGES = ("reduce-scatter", "reduce", "all-gather")

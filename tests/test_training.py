@@ -22,9 +22,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import fairring
+from benchmarks.harness import ENGINE_AT_EVERY_SIZE, InitSpec, Layout, RankPool
+from benchmarks.reference import rank_tensor, reduce_reference
 from fairring.bench import free_port
-from harness import ENGINE_AT_EVERY_SIZE, InitSpec, Layout, RankPool
-from reference import rank_tensor, reduce_reference
 
 STEPS = 8
 FLOAT32 = 1e-5

@@ -29,10 +29,10 @@ import torch
 import torch.distributed as dist
 
 import fairring
+from benchmarks.harness import InitSpec, Layout, RankPool
+from benchmarks.reference import rank_tensor
 from fairring import _C
-from harness import InitSpec, Layout, RankPool
 from nixl_support import rails_env
-from reference import rank_tensor
 from scenarios import checked_all_reduces
 
 LAYOUT = Layout(machines=2, ranks_per_machine=2)

@@ -30,6 +30,7 @@ from fairring.config import FLAT_THRESHOLD, SLICES_IN_FLIGHT, Config, load_confi
 from fairring.sizes import format_size, parse_size
 
 from .collectives import COLLECTIVES, Buffers, Collective
+from .shared_gpu import default_shared_gpu_env
 
 COLUMNS = (
     ("size", 10),
@@ -218,7 +219,8 @@ def rank_device() -> torch.device | None:
         return None
     gpus = torch.cuda.device_count()
     if gpus < int(os.environ.get("WORLD_SIZE", 1)):
-        os.environ.setdefault("NCCL_HOSTID", f"fairring-bench-rank-{os.environ.get('RANK', 0)}")
+        # The host id only: launch.py gives NCCL its network (loopback, or the emulated hosts' NIC).
+        default_shared_gpu_env(os.environ, os.environ.get("RANK", 0), "fairring-bench-rank", loopback=False)
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % gpus)
     torch.cuda.set_device(device)
     return device

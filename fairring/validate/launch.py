@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fairring.bench.shared_gpu import default_shared_gpu_env
+
 # prctl(2): have the kernel send this signal when the parent dies.
 PR_SET_PDEATHSIG = 1
 # SLURM_TASKS_PER_NODE's items: "4" or "4(x3)" (4 tasks on each of 3 nodes).
@@ -105,7 +107,8 @@ def rank_device(device_type: str, where: Placement, share_gpu: bool, environ: Mu
         raise LaunchError("--device cuda: torch sees no CUDA device here (use --device cpu)")
     gpus = torch.cuda.device_count()
     if share_gpu:
-        environ.setdefault("NCCL_HOSTID", f"fairring-validate-rank-{where.rank}")
+        # The host id only: NCCL's network is the user's to give (docs/validating.md).
+        default_shared_gpu_env(environ, where.rank, "fairring-validate-rank", loopback=False)
         index = 0
     elif gpus < where.local_world_size:
         raise LaunchError(

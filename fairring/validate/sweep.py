@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -13,6 +12,7 @@ import torch.distributed as dist
 
 import fairring
 from fairring._introspection import delegate_name
+from fairring.bench.turns import time_in_turns
 
 from .check import count_wrong, expected_result, rank_input
 
@@ -127,27 +127,36 @@ class Sweep:
         expected = expected_result(self.collective, rank, world, count, self.dtype, self.device)
         # One set of buffers per op in flight: each op its own memory, as back-to-back buckets have.
         slots = [Buffers.make(source, rank, world, self.collective, self.out_of_place) for _ in range(self.in_flight)]
-        sync = synchronizer(self.device)
-        measured = {path.name: Measurement() for path in self.paths}
-        for iteration in range(self.warmup + self.iters):
-            order = self.paths if iteration % 2 == 0 else self.paths[::-1]
-            for path in order:
-                for slot in slots:
-                    slot.reset(source, rank, world)
-                sync()
-                dist.barrier(group=self.coordinator)
-                start = time.perf_counter()
-                works = [self._issue(slot, path.group) for slot in slots]
-                for work in works:
-                    work.wait()
-                sync()
-                # Per op, as nccl-tests divides the time of its ops issued back to back.
-                elapsed = (time.perf_counter() - start) / len(slots)
-                if self.corrupt and rank == 0 and path.name == ENGINE:
-                    slots[-1].result[0] += 1
-                measured[path.name].wrong += sum(count_wrong(slot.result, expected) for slot in slots)
-                if iteration >= self.warmup:
-                    measured[path.name].seconds.append(elapsed)
+        groups = {path.name: path.group for path in self.paths}
+        measured = {name: Measurement() for name in groups}
+
+        def fill(_: str) -> None:
+            for slot in slots:
+                slot.reset(source, rank, world)
+
+        def run(name: str) -> None:
+            works = [self._issue(slot, groups[name]) for slot in slots]
+            for work in works:
+                work.wait()
+
+        def check(name: str) -> None:
+            if self.corrupt and rank == 0 and name == ENGINE:
+                slots[-1].result[0] += 1
+            measured[name].wrong += sum(count_wrong(slot.result, expected) for slot in slots)
+
+        seconds = time_in_turns(
+            list(groups),
+            warmup=self.warmup,
+            iters=self.iters,
+            fill=fill,
+            run=run,
+            check=check,
+            sync=synchronizer(self.device),
+            barrier=lambda: dist.barrier(group=self.coordinator),
+        )
+        for name, times in seconds.items():
+            # Per op, as nccl-tests divides the time of its ops issued back to back.
+            measured[name].seconds = [elapsed / len(slots) for elapsed in times]
         return measured
 
     def _issue(self, slot: Buffers, group: dist.ProcessGroup) -> dist.Work:

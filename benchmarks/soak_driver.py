@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 
 import fairring
-from harness import make_flat_group
-from reference import REDUCE_OPS, reduce_reference
+from benchmarks.harness import make_flat_group
+from benchmarks.reference import REDUCE_OPS, reduce_reference
 
 MiB = 1 << 20
 FLAT_GROUP_THRESHOLD = "256KiB"
@@ -124,7 +124,7 @@ def premul_factor(rank: int) -> float:
 
 
 def rank_input(step: Step, rank: int, seed: int) -> torch.Tensor:
-    """Rank `rank`'s input to `step`, which every rank can recompute (drawn as tests/reference.py's
+    """Rank `rank`'s input to `step`, which every rank can recompute (drawn as reference.py's
     rank_tensor draws, but in float32, which is ten times faster than float64 at these sizes)."""
     generator = torch.Generator().manual_seed((seed * 1_000_003 + step.index) * 7919 + rank)
     shape = (step.numel,)

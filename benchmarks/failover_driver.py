@@ -2,7 +2,7 @@
 
 Shared by tests/test_rails_failover.py (the short, checked run) and
 benchmarks/failover_episode.py (the episode, timed). Every all-reduce's result
-is checked against a plain torch sum of all ranks' inputs (tests/reference.py).
+is checked against a plain torch sum of all ranks' inputs (reference.py).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 import fairring
+from benchmarks.reference import all_ranks_reduced, assert_matches, rank_tensor
 from fairring.bench.netns import NetnsCluster
-from reference import all_ranks_reduced, assert_matches, rank_tensor
 
 _state: dict[str, torch.Tensor] = {}
 

@@ -1,0 +1,51 @@
+"""The correctness stages: every dtype and op on the layouts of --worlds, local steps on real NCCL groups."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from fairring.config import DEFAULT_CPU_FLAT_THRESHOLD, DEFAULT_CUDA_FLAT_THRESHOLD, FLAT_THRESHOLD, SERIALIZED_LAUNCHES
+
+from .cli import parse_layout
+from .ranks import check_phases, run_ranks, summarize
+from .stage import Stage, conclude
+
+
+def world_stage(spec: str) -> str:
+    machines, local = parse_layout(spec)
+    if local == 1:
+        return f"correctness: {machines} processes as {machines} machines"
+    return f"correctness: {machines * local} processes as {machines} machines x {local} ranks"
+
+
+def as_users_run(args: argparse.Namespace, spec: str) -> dict[str, str]:
+    """The first layout with local steps runs as a Megatron-style job would: the GPU in launch order
+    (CUDA_DEVICE_MAX_CONNECTIONS=1) and the default flat threshold, so that NCCL's own all-reduces
+    of the small cases are launched among the engine's; the others run the engine at every size.
+    The engine is kept there (FAIRRING_SERIALIZED_LAUNCHES=engine): the check runs one group's
+    collectives at a time, which is what that setting vouches for."""
+    first = next((other for other in args.world_list if parse_layout(other)[1] > 1), None)
+    if spec != first:
+        return {}
+    default = DEFAULT_CUDA_FLAT_THRESHOLD if args.device == "cuda" else DEFAULT_CPU_FLAT_THRESHOLD
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1", SERIALIZED_LAUNCHES: "engine", FLAT_THRESHOLD: str(default)}
+
+
+def as_an_nccl_job(args: argparse.Namespace, spec: str) -> bool:
+    """The second layout with local steps starts as a job set up for NCCL does (cuda_bench's
+    --as-nccl-job: ProcessGroupNCCL.Options as pg_options, device_id), so those reach real NCCL
+    groups; the first keeps fairring's defaults."""
+    local_layouts = [other for other in args.world_list if parse_layout(other)[1] > 1]
+    return len(local_layouts) > 1 and spec == local_layouts[1]
+
+
+def run_world(args: argparse.Namespace, spec: str, timeout: float) -> tuple[Stage, dict[str, Any]]:
+    nccl_job = as_an_nccl_job(args, spec)
+    stage = Stage(world_stage(spec) + (", as an NCCL job starts (pg_options, device_id)" if nccl_job else ""))
+    machines, local = parse_layout(spec)
+    extra = as_users_run(args, spec)
+    phases = check_phases(args) + (["--as-nccl-job"] if nccl_job else [])
+    ranks, problems = run_ranks(args, stage, machines * local, phases, extra, timeout, local)
+    summary = summarize(ranks, args, [])
+    return conclude(stage, summary, problems, f"all {summary['correctness']['planned_per_rank']} cases correct")
