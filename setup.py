@@ -55,12 +55,16 @@ except ImportError:
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
 COMMON_SOURCES = [
+    "backend/allreduce.cpp",
     "backend/allreduce_args.cpp",
     "backend/backend.cpp",
     "backend/chunked_collectives.cpp",
     "backend/chunked_pack.cpp",
     "backend/engine_factory.cpp",
     "backend/delegated.cpp",
+    "backend/delegated_collectives.cpp",
+    "backend/engines.cpp",
+    "backend/group_life.cpp",
     "backend/hooks.cpp",
     "backend/ledger.cpp",
     "backend/memory_order.cpp",
@@ -69,7 +73,10 @@ COMMON_SOURCES = [
     "backend/reconfigurable.cpp",
     "backend/usage.cpp",
     "backend/work.cpp",
-    "bindings.cpp",
+    "bindings/backend.cpp",
+    "bindings/engine_parts.cpp",
+    "bindings/module.cpp",
+    "bindings/settings.cpp",
     "device/capture.cpp",
     "device/device.cpp",
     "device/emulated.cpp",
@@ -98,7 +105,9 @@ COMMON_SOURCES = [
     "rails/watch.cpp",
     "reduction.cpp",
     "testing/bindings.cpp",
+    "testing/rails_bindings.cpp",
     "testing/fake_nixl.cpp",
+    "testing/fake_nixl_transfers.cpp",
     "testing/fake_nixl_pair.cpp",
     "topology.cpp",
 ]
@@ -107,8 +116,11 @@ CUDA_SOURCES = ["device/cuda.cpp"]
 CPU_ONLY_SOURCES = ["device/cuda_none.cpp"]
 # The TensorPipe rails and their harnesses; without TensorPipe, what stands in for them.
 TENSORPIPE_SOURCES = [
+    "rails/tensorpipe/acceptor.cpp",
+    "rails/tensorpipe/connection.cpp",
     "rails/tensorpipe/factory.cpp",
     "rails/tensorpipe/mesh.cpp",
+    "rails/tensorpipe/rail_switch.cpp",
     "testing/endpoint.cpp",
     "testing/tensorpipe_bindings.cpp",
     "testing/wire_probe.cpp",

@@ -17,6 +17,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "backend/allreduce_path.h"
+#include "backend/c10d_collectives.h"
 #include "backend/chunked_path.h"
 #include "backend/delegated.h"
 #include "backend/hooks.h"
@@ -160,95 +161,12 @@ class Backend final : public c10d::Backend {
     return delegated_.failure();
   }
 
-  c10::intrusive_ptr<c10d::Work> broadcast(
-      std::vector<at::Tensor>& tensors,
-      const c10d::BroadcastOptions& opts) override;
-
-  c10::intrusive_ptr<c10d::Work> allreduce(
-      std::vector<at::Tensor>& tensors,
-      const c10d::AllreduceOptions& opts) override;
-
-  c10::intrusive_ptr<c10d::Work> allreduce_sparse(
-      std::vector<at::Tensor>& tensors,
-      const c10d::AllreduceOptions& opts) override;
-
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
-      std::vector<at::Tensor>& tensors,
-      const c10d::AllreduceCoalescedOptions& opts) override;
-
-  c10::intrusive_ptr<c10d::Work> reduce(
-      std::vector<at::Tensor>& tensors,
-      const c10d::ReduceOptions& opts) override;
-
-  c10::intrusive_ptr<c10d::Work> allgather(
-      std::vector<std::vector<at::Tensor>>& outputs,
-      std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions& opts) override;
-
-  c10::intrusive_ptr<c10d::Work> _allgather_base(
-      at::Tensor& output,
-      at::Tensor& input,
-      const c10d::AllgatherOptions& opts) override;
-
-  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
-      std::vector<std::vector<at::Tensor>>& outputLists,
-      std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions& opts) override;
-
-  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
-      std::vector<at::Tensor>& outputs,
-      std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions& opts) override;
-
-  c10::intrusive_ptr<c10d::Work> gather(
-      std::vector<std::vector<at::Tensor>>& outputs,
-      std::vector<at::Tensor>& inputs,
-      const c10d::GatherOptions& opts) override;
-
-  c10::intrusive_ptr<c10d::Work> scatter(
-      std::vector<at::Tensor>& outputs,
-      std::vector<std::vector<at::Tensor>>& inputs,
-      const c10d::ScatterOptions& opts) override;
-
-  c10::intrusive_ptr<c10d::Work> reduce_scatter(
-      std::vector<at::Tensor>& outputs,
-      std::vector<std::vector<at::Tensor>>& inputs,
-      const c10d::ReduceScatterOptions& opts) override;
-
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
-      at::Tensor& output,
-      at::Tensor& input,
-      const c10d::ReduceScatterOptions& opts) override;
-
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
-      std::vector<at::Tensor>& outputs,
-      std::vector<at::Tensor>& inputs,
-      const c10d::ReduceScatterOptions& opts) override;
-
-  c10::intrusive_ptr<c10d::Work> alltoall_base(
-      at::Tensor& output,
-      at::Tensor& input,
-      std::vector<int64_t>& outputSplitSizes,
-      std::vector<int64_t>& inputSplitSizes,
-      const c10d::AllToAllOptions& opts) override;
-
-  c10::intrusive_ptr<c10d::Work> alltoall(
-      std::vector<at::Tensor>& outputs,
-      std::vector<at::Tensor>& inputs,
-      const c10d::AllToAllOptions& opts) override;
-
-  c10::intrusive_ptr<c10d::Work> send(
-      std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
-
-  c10::intrusive_ptr<c10d::Work> recv(
-      std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
-
-  c10::intrusive_ptr<c10d::Work> recvAnysource(
-      std::vector<at::Tensor>& tensors, int tag) override;
-
-  // Barriers run on the CPU group, which every rank has whatever its device.
-  c10::intrusive_ptr<c10d::Work> barrier(
-      const c10d::BarrierOptions& opts) override;
+  // The collectives (backend/c10d_collectives.h). Barriers run on the CPU
+  // group, which every rank has whatever its device.
+#define FAIRRING_DECLARE_COLLECTIVE(name, parameters, arguments) \
+  c10::intrusive_ptr<c10d::Work> name parameters override;
+  FAIRRING_C10D_COLLECTIVES(FAIRRING_DECLARE_COLLECTIVE)
+#undef FAIRRING_DECLARE_COLLECTIVE
 
   void monitoredBarrier(
       const c10d::BarrierOptions& opts, bool waitAllRanks) override;
@@ -537,5 +455,16 @@ class Backend final : public c10d::Backend {
   std::mutex coalescingMutex_;
   std::optional<CoalescingBlock> coalescing_; // guarded by coalescingMutex_
 };
+
+template <typename Call>
+void Backend::forEachEngine(Call&& call) {
+  // Failing ops runs their callbacks here, which may call back into this
+  // backend: call outside the lock.
+  for (Engine* engine : madeEngines()) {
+    if (engine != nullptr) {
+      call(*engine);
+    }
+  }
+}
 
 } // namespace fairring

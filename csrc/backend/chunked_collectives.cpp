@@ -122,7 +122,7 @@ c10::intrusive_ptr<c10d::Work> Backend::chunked(
   }
   const bool onEngine =
       chunkedOnEngine(args, topology_.servesEngine(), config_, sizes);
-  call.op.counted = Operation::Counted{call.kind, args.bytes};
+  call.op = std::move(call.op).countedAs(call.kind, args.bytes);
   return launchChunked(
       args, onEngine, std::move(call), std::forward<OnDelegate>(onDelegate));
 }

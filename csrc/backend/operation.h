@@ -106,7 +106,8 @@ struct Operation {
   std::optional<bool> captured;
   // A caller's all-reduce, reduce-scatter or all-gather, counted in the
   // group's Usage (fairring.summary) as `kind` of `bytes` (its N-chunk
-  // tensors'); auto's own measurements are not.
+  // tensors'). One rule: the door a caller's collective enters by sets it
+  // (countedAs); auto's measurements enter past those doors, uncounted.
   struct Counted {
     Collective kind = Collective::kAllReduce;
     int64_t bytes = 0;
@@ -139,6 +140,12 @@ struct Operation {
          tensors, [&](const at::Tensor& t) { op.touches.push_back(t); }),
      ...);
     return op;
+  }
+
+  // This operation is a caller's `kind` of `bytes` (see `counted`).
+  Operation countedAs(Collective kind, int64_t bytes) && {
+    counted = Counted{kind, bytes};
+    return std::move(*this);
   }
 
   // This operation reduces `tensors` with `op`.

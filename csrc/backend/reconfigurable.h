@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "backend/backend.h"
+#include "backend/c10d_collectives.h"
 #include "backend/hooks.h"
 
 // torch >= 2.15 has c10d's reconfigure contract; older torch has none.
@@ -76,116 +77,12 @@ class ReconfigurableBackend final : public c10d::Backend {
     current()->eagerConnectSingleDevice(device);
   }
 
-  c10::intrusive_ptr<c10d::Work> broadcast(
-      std::vector<at::Tensor>& tensors,
-      const c10d::BroadcastOptions& opts) override {
-    return current()->broadcast(tensors, opts);
+#define FAIRRING_FORWARD_COLLECTIVE(name, parameters, arguments) \
+  c10::intrusive_ptr<c10d::Work> name parameters override {      \
+    return current()->name arguments;                            \
   }
-  c10::intrusive_ptr<c10d::Work> allreduce(
-      std::vector<at::Tensor>& tensors,
-      const c10d::AllreduceOptions& opts) override {
-    return current()->allreduce(tensors, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> allreduce_sparse(
-      std::vector<at::Tensor>& tensors,
-      const c10d::AllreduceOptions& opts) override {
-    return current()->allreduce_sparse(tensors, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
-      std::vector<at::Tensor>& tensors,
-      const c10d::AllreduceCoalescedOptions& opts) override {
-    return current()->allreduce_coalesced(tensors, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> reduce(
-      std::vector<at::Tensor>& tensors,
-      const c10d::ReduceOptions& opts) override {
-    return current()->reduce(tensors, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> allgather(
-      std::vector<std::vector<at::Tensor>>& outputs,
-      std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions& opts) override {
-    return current()->allgather(outputs, inputs, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> _allgather_base(
-      at::Tensor& output,
-      at::Tensor& input,
-      const c10d::AllgatherOptions& opts) override {
-    return current()->_allgather_base(output, input, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
-      std::vector<std::vector<at::Tensor>>& outputLists,
-      std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions& opts) override {
-    return current()->allgather_coalesced(outputLists, inputs, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
-      std::vector<at::Tensor>& outputs,
-      std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions& opts) override {
-    return current()->allgather_into_tensor_coalesced(outputs, inputs, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> gather(
-      std::vector<std::vector<at::Tensor>>& outputs,
-      std::vector<at::Tensor>& inputs,
-      const c10d::GatherOptions& opts) override {
-    return current()->gather(outputs, inputs, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> scatter(
-      std::vector<at::Tensor>& outputs,
-      std::vector<std::vector<at::Tensor>>& inputs,
-      const c10d::ScatterOptions& opts) override {
-    return current()->scatter(outputs, inputs, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> reduce_scatter(
-      std::vector<at::Tensor>& outputs,
-      std::vector<std::vector<at::Tensor>>& inputs,
-      const c10d::ReduceScatterOptions& opts) override {
-    return current()->reduce_scatter(outputs, inputs, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
-      at::Tensor& output,
-      at::Tensor& input,
-      const c10d::ReduceScatterOptions& opts) override {
-    return current()->_reduce_scatter_base(output, input, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
-      std::vector<at::Tensor>& outputs,
-      std::vector<at::Tensor>& inputs,
-      const c10d::ReduceScatterOptions& opts) override {
-    return current()->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> alltoall_base(
-      at::Tensor& output,
-      at::Tensor& input,
-      std::vector<int64_t>& outputSplitSizes,
-      std::vector<int64_t>& inputSplitSizes,
-      const c10d::AllToAllOptions& opts) override {
-    return current()->alltoall_base(
-        output, input, outputSplitSizes, inputSplitSizes, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> alltoall(
-      std::vector<at::Tensor>& outputs,
-      std::vector<at::Tensor>& inputs,
-      const c10d::AllToAllOptions& opts) override {
-    return current()->alltoall(outputs, inputs, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> send(
-      std::vector<at::Tensor>& tensors, int dstRank, int tag) override {
-    return current()->send(tensors, dstRank, tag);
-  }
-  c10::intrusive_ptr<c10d::Work> recv(
-      std::vector<at::Tensor>& tensors, int srcRank, int tag) override {
-    return current()->recv(tensors, srcRank, tag);
-  }
-  c10::intrusive_ptr<c10d::Work> recvAnysource(
-      std::vector<at::Tensor>& tensors, int tag) override {
-    return current()->recvAnysource(tensors, tag);
-  }
-  c10::intrusive_ptr<c10d::Work> barrier(
-      const c10d::BarrierOptions& opts) override {
-    return current()->barrier(opts);
-  }
+  FAIRRING_C10D_COLLECTIVES(FAIRRING_FORWARD_COLLECTIVE)
+#undef FAIRRING_FORWARD_COLLECTIVE
   void monitoredBarrier(
       const c10d::BarrierOptions& opts, bool waitAllRanks) override {
     current()->monitoredBarrier(opts, waitAllRanks);

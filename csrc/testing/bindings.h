@@ -8,4 +8,8 @@ namespace fairring::testing {
 // module's _testing submodule (one extension: the sources compile once).
 void bindTesting(pybind11::module_& testing);
 
+// The rails' part of it: the peers' formats, the fake NIXL pair
+// (rails_bindings.cpp).
+void bindRailsTesting(pybind11::module_& testing);
+
 } // namespace fairring::testing

@@ -9,6 +9,7 @@
 
 #include "testing/endpoint.h"
 #include "rails/tensorpipe/factory.h"
+#include "rails/tensorpipe/acceptor.h"
 #include "rails/tensorpipe/mesh.h"
 #include "testing/wire_probe.h"
 

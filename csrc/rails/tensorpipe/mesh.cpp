@@ -1,33 +1,32 @@
 #include <torch_headers.h> // first: the precompiled torch headers
 
+// The TensorPipe mesh's construction and slots: its context with the
+// transports and channels allowed, the listener and the address published,
+// the dials to higher peers and the wait for the lower ones' pipes
+// (acceptor.h), then the connections (connection.h) by machine and lane.
+// Rail switches are in rail_switch.cpp.
+
 #include "rails/tensorpipe/mesh.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <limits>
 #include <mutex>
-#include <optional>
-#include <set>
 #include <sstream>
 #include <string_view>
-#include <thread>
 
 #include <c10/util/Exception.h>
 #include <tensorpipe/tensorpipe.h>
 
 #include "rails/interfaces.h"
 #include "rails/peer_text.h"
+#include "rails/tensorpipe/acceptor.h"
+#include "rails/tensorpipe/connection.h"
 #include "rails/tensorpipe/cuda.h"
 #include "rails/tensorpipe/wire.h"
 
 namespace fairring::rails {
 
 namespace {
-
-// The lane number a hello gives for a control connection.
-constexpr int kControlLane = kLanes;
-// Rejected pipes noted for a timeout's error; later ones are only counted.
-constexpr size_t kRejectionsNoted = 8;
 
 tensorpipe::Device tensorpipeDevice(c10::Device device) {
   TORCH_CHECK(
@@ -38,300 +37,6 @@ tensorpipe::Device tensorpipeDevice(c10::Device device) {
       ? tensorpipe::Device{tensorpipe::kCudaDeviceType, device.index()}
       : tensorpipe::Device{tensorpipe::kCpuDeviceType, 0};
 }
-
-// A device index a peer may name: 0 on the CPU; a CUDA device index.
-bool plausibleDeviceIndex(int index, bool cuda) {
-  return cuda
-      ? index >= 0 && index <= std::numeric_limits<c10::DeviceIndex>::max()
-      : index == 0;
-}
-
-// Whether `rank` connects to this rank, and on which lanes: rail peers on
-// lower machines open every lane; ranks of this machine with a lower local
-// index open a control connection only.
-bool connectsHere(const Topology& topology, int rank, int lane) {
-  const int machine = topology.machineOf(rank); // -1 if not in the group
-  if (machine >= 0 && machine < topology.machine()) {
-    return topology.railPeers()[machine] == rank && lane >= 0 &&
-        lane <= kControlLane;
-  }
-  return machine == topology.machine() &&
-      topology.localIndexOf(rank) < topology.localRank() &&
-      lane == kControlLane;
-}
-
-} // namespace
-
-struct AcceptedPipe {
-  Hello hello;
-  std::shared_ptr<tensorpipe::Pipe> pipe;
-};
-
-// Pipes accepted so far, and those rejected; written by TensorPipe's loop
-// thread, read by the constructing thread and, for the rejections, by
-// describe().
-struct Accepted {
-  // Why a hello's text is refused, or empty with `hello` set.
-  using Check = std::function<std::string(const std::string&, Hello&)>;
-  explicit Accepted(Check check) : check(std::move(check)) {}
-  const Check check;
-  std::mutex mutex;
-  std::condition_variable changed;
-  std::vector<AcceptedPipe> pipes;
-  std::set<std::pair<int, int>> seen; // (rank, lane)
-  std::vector<std::string> rejections;
-  size_t rejected = 0;
-  std::string error; // the listener failed
-
-  void reject(const std::shared_ptr<tensorpipe::Pipe>& pipe, std::string why) {
-    pipe->close();
-    std::lock_guard<std::mutex> lock(mutex);
-    if (rejections.size() < kRejectionsNoted) {
-      rejections.push_back(std::move(why));
-    }
-    ++rejected;
-  }
-
-  // "rejected N connection(s): [why] ..."; with `mutex` held.
-  std::string noted() const {
-    std::string text =
-        "rejected " + std::to_string(rejected) + " connection(s):";
-    for (const auto& why : rejections) {
-      text += " [" + why + "]";
-    }
-    return text;
-  }
-};
-
-namespace {
-
-void admit(
-    const std::shared_ptr<tensorpipe::Pipe>& pipe,
-    const std::shared_ptr<Accepted>& accepted) {
-  pipe->readDescriptor(
-      [pipe, accepted](
-          const tensorpipe::Error& error, tensorpipe::Descriptor descriptor) {
-        if (error) {
-          accepted->reject(
-              pipe, "a connection closed before its hello: " + error.what());
-          return;
-        }
-        if (!descriptor.tensors.empty() || !descriptor.payloads.empty()) {
-          accepted->reject(pipe, "a hello carried data");
-          return;
-        }
-        Hello hello;
-        std::string why = accepted->check(descriptor.metadata, hello);
-        if (why.empty()) {
-          std::lock_guard<std::mutex> lock(accepted->mutex);
-          if (!accepted->seen.emplace(hello.rank, hello.lane).second) {
-            why = "a second hello from rank " + std::to_string(hello.rank) +
-                " on lane " + std::to_string(hello.lane);
-          }
-        }
-        if (!why.empty()) {
-          accepted->reject(pipe, why);
-          return;
-        }
-        pipe->read(
-            tensorpipe::Allocation{},
-            [pipe, accepted, hello](const tensorpipe::Error& error) {
-              if (error) {
-                accepted->reject(
-                    pipe,
-                    "reading the hello of rank " + std::to_string(hello.rank) +
-                        ": " + error.what());
-                return;
-              }
-              std::lock_guard<std::mutex> lock(accepted->mutex);
-              accepted->pipes.push_back({hello, pipe});
-              accepted->changed.notify_all();
-            });
-      });
-}
-
-// Accepts pipes until the listener closes: expected ones are admitted, the
-// rest rejected.
-void acceptForever(
-    const std::shared_ptr<tensorpipe::Listener>& listener,
-    const std::shared_ptr<Accepted>& accepted) {
-  listener->accept([listener, accepted](
-                       const tensorpipe::Error& error,
-                       std::shared_ptr<tensorpipe::Pipe> pipe) {
-    if (error) {
-      std::lock_guard<std::mutex> lock(accepted->mutex);
-      accepted->error = "accepting a rail connection: " + error.what();
-      accepted->changed.notify_all();
-      return;
-    }
-    admit(pipe, accepted);
-    acceptForever(listener, accepted);
-  });
-}
-
-tensorpipe::Buffer tensorpipeBuffer(const Buffer& buffer) {
-  if (buffer.device.is_cpu()) {
-    return tensorpipe::CpuBuffer{buffer.data};
-  }
-  return cudaBuffer(buffer);
-}
-
-std::string errorText(const tensorpipe::Error& error) {
-  return error ? error.what() : std::string();
-}
-
-} // namespace
-
-// One pipe, as a Connection. Its callbacks run on TensorPipe's loop thread.
-// Reads check a message's shape against what is expected before TensorPipe
-// is given memory for it: TensorPipe trusts the sender's descriptor.
-class TensorpipeConnection final : public Connection {
- public:
-  // `own`: where this rank's buffers are; `target`: where the peer's are.
-  TensorpipeConnection(
-      std::shared_ptr<tensorpipe::Pipe> pipe,
-      tensorpipe::Device own,
-      tensorpipe::Device target)
-      : pipe_(std::move(pipe)), own_(own), target_(target) {}
-
-  void write(std::string tag, const Buffer& buffer, Done done) override {
-    tensorpipe::Message message;
-    message.metadata = std::move(tag);
-    // Naming the target device lets TensorPipe send the data at once instead
-    // of waiting for the reader to allocate: one round trip less per message.
-    message.tensors.push_back(
-        {tensorpipeBuffer(buffer), buffer.bytes, target_, ""});
-    pipe_->write(
-        std::move(message),
-        [done = std::move(done)](const tensorpipe::Error& error) {
-          done(errorText(error));
-        });
-  }
-
-  void read(std::string tag, const Buffer& target, Received received) override {
-    pipe_->readDescriptor(
-        [this, tag = std::move(tag), target, received = std::move(received)](
-            const tensorpipe::Error& error, tensorpipe::Descriptor descriptor) {
-          if (error) {
-            received(errorText(error), "", 0);
-            return;
-          }
-          if (descriptor.tensors.size() != 1 || !descriptor.payloads.empty()) {
-            received(
-                "a message with " + std::to_string(descriptor.tensors.size()) +
-                    " tensors and " +
-                    std::to_string(descriptor.payloads.size()) +
-                    " payloads arrived where one tensor was expected",
-                "",
-                0);
-            return;
-          }
-          const auto& tensor = descriptor.tensors[0];
-          if (tensor.sourceDevice.type != own_.type || !tensor.targetDevice ||
-              !(*tensor.targetDevice == own_)) {
-            received(
-                "a message from " + tensor.sourceDevice.toString() + " for " +
-                    (tensor.targetDevice ? tensor.targetDevice->toString()
-                                         : std::string("no named device")) +
-                    " arrived where " + own_.toString() + " was expected",
-                "",
-                0);
-            return;
-          }
-          const size_t bytes = tensor.length;
-          if (descriptor.metadata != tag || bytes != target.bytes) {
-            // Its payload stays unread: the reader fails the protocol.
-            received("", std::move(descriptor.metadata), bytes);
-            return;
-          }
-          tensorpipe::Allocation allocation;
-          allocation.tensors.push_back({tensorpipeBuffer(target)});
-          pipe_->read(
-              std::move(allocation),
-              [tag = std::move(descriptor.metadata), bytes, received](
-                  const tensorpipe::Error& error) mutable {
-                received(errorText(error), std::move(tag), bytes);
-              });
-        });
-  }
-
-  void writeNote(std::string text, Done done) override {
-    tensorpipe::Message message;
-    message.metadata = std::move(text);
-    pipe_->write(
-        std::move(message),
-        [done = std::move(done)](const tensorpipe::Error& error) {
-          done(errorText(error));
-        });
-  }
-
-  void readNote(Note note) override {
-    pipe_->readDescriptor([pipe = pipe_, note = std::move(note)](
-                              const tensorpipe::Error& error,
-                              tensorpipe::Descriptor descriptor) {
-      if (error) {
-        note(errorText(error), "");
-      } else if (!descriptor.tensors.empty() || !descriptor.payloads.empty()) {
-        note("a message with data arrived where a note was expected", "");
-      } else if (descriptor.metadata.size() > kMaxNoteBytes) {
-        note(
-            "a note of " + std::to_string(descriptor.metadata.size()) +
-                " bytes arrived (at most " + std::to_string(kMaxNoteBytes) +
-                " are allowed)",
-            "");
-      } else {
-        pipe->read(
-            tensorpipe::Allocation{},
-            [note, text = std::move(descriptor.metadata)](
-                const tensorpipe::Error& error) mutable {
-              note(errorText(error), error ? std::string() : std::move(text));
-            });
-      }
-    });
-  }
-
-  void close() {
-    pipe_->close();
-  }
-
- private:
-  const std::shared_ptr<tensorpipe::Pipe> pipe_;
-  const tensorpipe::Device own_;
-  const tensorpipe::Device target_;
-};
-
-std::string checkHello(
-    const std::string& text,
-    const Topology& topology,
-    bool cuda,
-    int& rank,
-    int& lane,
-    int& deviceIndex) {
-  std::string why;
-  const auto hello = parseHello(text, why);
-  if (!hello) {
-    return why;
-  }
-  if (hello->generation != 0) {
-    return "rank " + std::to_string(hello->rank) +
-        " sent a rail switch's hello while the mesh was being built";
-  }
-  if (!connectsHere(topology, hello->rank, hello->lane)) {
-    return "rank " + std::to_string(hello->rank) + " on lane " +
-        std::to_string(hello->lane) + " is not a peer that connects to rank " +
-        std::to_string(topology.rank());
-  }
-  if (!plausibleDeviceIndex(hello->deviceIndex, cuda)) {
-    return "rank " + std::to_string(hello->rank) + " named device index " +
-        std::to_string(hello->deviceIndex);
-  }
-  rank = hello->rank;
-  lane = hello->lane;
-  deviceIndex = hello->deviceIndex;
-  return "";
-}
-
-namespace {
 
 bool named(const std::vector<std::string>& names, std::string_view name) {
   return std::find(names.begin(), names.end(), name) != names.end();
@@ -370,7 +75,7 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
       store_(site.store),
       storePrefix_(site.storePrefix),
       ownDevice_(tensorpipeDevice(site.device)),
-      connections_(site.topology.numMachines()) {
+      slots_(site.topology.numMachines(), site.topology.neighbours().size()) {
   TORCH_CHECK(
       spareNames_.size() == spareAddresses_.size() &&
           (spareNames_.empty() || resends_),
@@ -382,7 +87,6 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
   neighbours_ = topology_.neighbours();
   const int rank = topology_.rank();
   const tensorpipe::Device ownDevice = ownDevice_;
-  controls_.resize(neighbours_.size());
   const auto neighbourIndex = [&](int peer) {
     return this->neighbourIndex(peer);
   };
@@ -502,11 +206,11 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
           std::move(pipe),
           ownDevice,
           tensorpipe::Device{ownDevice.type, record->deviceIndex});
-      if (lane == kControlLane) {
-        controls_[neighbourIndex(peer)] = std::move(connection);
-      } else {
-        connections_[topology_.machineOf(peer)][lane] = std::move(connection);
-      }
+      slots_.place(
+          topology_.machineOf(peer),
+          neighbourIndex(peer),
+          lane,
+          std::move(connection));
     }
   };
   // Rail peers on higher machines (every lane), then the ranks of this
@@ -566,12 +270,11 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
         entry.pipe,
         ownDevice,
         tensorpipe::Device{ownDevice.type, entry.hello.deviceIndex});
-    if (entry.hello.lane == kControlLane) {
-      controls_[neighbourIndex(entry.hello.rank)] = std::move(connection);
-    } else {
-      connections_[topology_.machineOf(entry.hello.rank)][entry.hello.lane] =
-          std::move(connection);
-    }
+    slots_.place(
+        topology_.machineOf(entry.hello.rank),
+        neighbourIndex(entry.hello.rank),
+        entry.hello.lane,
+        std::move(connection));
   }
   lock.unlock();
   {
@@ -612,35 +315,11 @@ void TensorpipeMesh::shutdown() {
 }
 
 void TensorpipeMesh::close() {
-  std::vector<TensorpipeConnection*> open;
-  {
-    std::lock_guard<std::mutex> lock(slotsMutex_);
-    for (const auto& lanes : connections_) {
-      for (const auto& connection : lanes) {
-        if (connection) {
-          open.push_back(connection.get());
-        }
-      }
-    }
-  }
-  closeUnlocked(open);
-}
-
-void TensorpipeMesh::closeUnlocked(
-    const std::vector<TensorpipeConnection*>& connections) {
-  // TensorPipe may run the loop, callbacks included, on the closing thread:
-  // they reach for the slots, so no lock may be held here. The connections
-  // themselves live until shutdown (replaced_).
-  for (TensorpipeConnection* connection : connections) {
-    connection->close();
-  }
+  slots_.apply(ConnectionSlots::Event::kCloseData, /*machine=*/-1, 0);
 }
 
 Connection& TensorpipeMesh::connection(int machine, Lane lane) {
-  std::lock_guard<std::mutex> lock(slotsMutex_);
-  const auto& connection = connections_.at(machine)[lane];
-  TORCH_CHECK(connection, "fairring: no rail connection to machine ", machine);
-  return *connection;
+  return slots_.data(machine, lane);
 }
 
 std::string TensorpipeMesh::downInterface() const {
@@ -659,12 +338,7 @@ std::string TensorpipeMesh::downInterface() const {
 }
 
 Connection& TensorpipeMesh::control(size_t index) {
-  std::lock_guard<std::mutex> lock(slotsMutex_);
-  TORCH_CHECK(
-      index < controls_.size() && controls_[index],
-      "fairring: no control connection to neighbour ",
-      index);
-  return *controls_[index];
+  return slots_.control(index);
 }
 
 std::vector<std::string> TensorpipeMesh::listenUrls(
@@ -686,240 +360,6 @@ size_t TensorpipeMesh::neighbourIndex(int rank) const {
 
 std::vector<std::string> TensorpipeMesh::spareInterfaces() const {
   return spareNames_;
-}
-
-std::unique_ptr<TensorpipeConnection> TensorpipeMesh::connectionTo(
-    const std::shared_ptr<tensorpipe::Pipe>& pipe, int deviceIndex) const {
-  return std::make_unique<TensorpipeConnection>(
-      pipe, ownDevice_, tensorpipe::Device{ownDevice_.type, deviceIndex});
-}
-
-void TensorpipeMesh::detach(int machine) {
-  std::vector<TensorpipeConnection*> closing;
-  {
-    std::lock_guard<std::mutex> lock(slotsMutex_);
-    for (const auto& connection : connections_.at(machine)) {
-      closing.push_back(connection.get());
-    }
-    closing.push_back(controls_.at(neighbourIndex(peerRank(machine))).get());
-  }
-  closeUnlocked(closing);
-}
-
-void TensorpipeMesh::install(
-    int machine, std::vector<std::unique_ptr<TensorpipeConnection>> made) {
-  std::lock_guard<std::mutex> lock(slotsMutex_);
-  for (int lane = 0; lane < kLanes; ++lane) {
-    replaced_.push_back(
-        std::exchange(connections_[machine][lane], std::move(made[lane])));
-  }
-  replaced_.push_back(
-      std::exchange(
-          controls_[neighbourIndex(peerRank(machine))],
-          std::move(made[kControlLane])));
-}
-
-namespace {
-
-// Waits on `condition` (under `lock`) until `done()`, `deadline` or
-// `cancelled()`: true if done.
-bool waitUntil(
-    std::condition_variable& condition,
-    std::unique_lock<std::mutex>& lock,
-    std::chrono::steady_clock::time_point deadline,
-    const std::function<bool()>& cancelled,
-    const std::function<bool()>& done) {
-  while (!done()) {
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline || cancelled()) {
-      return false;
-    }
-    condition.wait_until(
-        lock, std::min(deadline, now + std::chrono::milliseconds(50)));
-  }
-  return true;
-}
-
-} // namespace
-
-TensorpipeMesh::Switched TensorpipeMesh::acceptSwitch(
-    const SwitchCall& call, const std::string& interface) {
-  const int peer = call.peer;
-  const uint64_t generation = call.generation;
-  std::string address = interface == interfaceName_ ? listenHost_ : "";
-  for (size_t index = 0; index < spareNames_.size(); ++index) {
-    if (spareNames_[index] == interface) {
-      address = spareAddresses_[index];
-    }
-  }
-  TORCH_CHECK(!address.empty(), "no address known for interface ", interface);
-  const bool cuda = ownDevice_.type == tensorpipe::kCudaDeviceType;
-  auto accepted = std::make_shared<Accepted>(
-      [peer, generation, cuda](const std::string& text, Hello& hello) {
-        std::string why;
-        const auto parsed = parseHello(text, why);
-        if (!parsed) {
-          return why;
-        }
-        if (parsed->rank != peer || parsed->lane < 0 ||
-            parsed->lane > kControlLane || parsed->generation != generation ||
-            !plausibleDeviceIndex(parsed->deviceIndex, cuda)) {
-          return "'" + printable(text, 120) + "' is not rank " +
-              std::to_string(peer) + "'s hello for rail switch " +
-              std::to_string(generation);
-        }
-        hello = *parsed;
-        return std::string();
-      });
-  auto listener = context_->listen(listenUrls(address));
-  acceptForever(listener, accepted);
-  const std::string url = listener->url("uv");
-  const std::string published =
-      encode(SwitchRecord{ownDevice_.index, call.received, url});
-  store_->set(
-      call.key, std::vector<uint8_t>(published.begin(), published.end()));
-  std::unique_lock<std::mutex> lock(accepted->mutex);
-  const bool complete =
-      waitUntil(accepted->changed, lock, call.deadline, call.cancelled, [&] {
-        return !accepted->error.empty() ||
-            accepted->pipes.size() == static_cast<size_t>(kLanes + 1);
-      });
-  // Before closing, whose "listener closed" is no failure.
-  const std::string error = accepted->error;
-  // Closing runs the accept callback, which takes the lock, on this thread.
-  lock.unlock();
-  listener->close(); // this switch's pipes are in, or never will be
-  lock.lock();
-  Switched switched;
-  switched.pipes.resize(kLanes + 1);
-  if (!complete || !error.empty()) {
-    const auto taken = accepted->pipes;
-    lock.unlock(); // closing may run their callbacks here, which lock
-    for (const auto& entry : taken) {
-      entry.pipe->close();
-    }
-    lock.lock();
-    TORCH_CHECK(
-        false,
-        "rank ",
-        peer,
-        " did not connect to ",
-        url,
-        " (",
-        interface,
-        ")",
-        error.empty() ? "" : ": " + error,
-        accepted->rejected > 0 ? "; " + accepted->noted() : "");
-  }
-  for (const auto& entry : accepted->pipes) {
-    switched.pipes[entry.hello.lane] = entry.pipe;
-    switched.peerReceived = entry.hello.received;
-    switched.peerDevice = entry.hello.deviceIndex;
-  }
-  return switched;
-}
-
-TensorpipeMesh::Switched TensorpipeMesh::dialSwitch(const SwitchCall& call) {
-  const int peer = call.peer;
-  // The peer publishes where it listens once it has stopped using the old
-  // connections: wait for it here, off the transport's thread.
-  while (!store_->check({call.key})) {
-    TORCH_CHECK(
-        std::chrono::steady_clock::now() < call.deadline && !call.cancelled(),
-        "rank ",
-        peer,
-        " did not open a listener for rail switch ",
-        call.generation);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  const auto bytes = store_->get(call.key);
-  std::string why;
-  const auto record = parseSwitchRecord(
-      std::string_view(
-          reinterpret_cast<const char*>(bytes.data()), bytes.size()),
-      why);
-  TORCH_CHECK(
-      record &&
-          plausibleDeviceIndex(
-              record->deviceIndex,
-              ownDevice_.type == tensorpipe::kCudaDeviceType),
-      "rank ",
-      peer,
-      " published ",
-      why.empty() ? "an implausible device index" : why);
-  Switched switched{{}, record->received, record->deviceIndex};
-  struct Written {
-    std::mutex mutex;
-    std::condition_variable changed;
-    int done = 0;
-    std::string error;
-  };
-  auto written = std::make_shared<Written>();
-  for (int lane = 0; lane <= kControlLane; ++lane) {
-    auto pipe = context_->connect(record->url);
-    tensorpipe::Message hello;
-    hello.metadata = encode(
-        Hello{
-            topology_.rank(),
-            lane,
-            ownDevice_.index,
-            call.generation,
-            call.received});
-    pipe->write(std::move(hello), [written](const tensorpipe::Error& error) {
-      std::lock_guard<std::mutex> lock(written->mutex);
-      ++written->done;
-      if (error && written->error.empty()) {
-        written->error = error.what();
-      }
-      written->changed.notify_all();
-    });
-    switched.pipes.push_back(std::move(pipe));
-  }
-  std::unique_lock<std::mutex> lock(written->mutex);
-  const bool complete =
-      waitUntil(written->changed, lock, call.deadline, call.cancelled, [&] {
-        return written->done == kLanes + 1;
-      });
-  if (!complete || !written->error.empty()) {
-    lock.unlock(); // closing may run their callbacks here, which lock
-    for (const auto& pipe : switched.pipes) {
-      pipe->close();
-    }
-    lock.lock();
-    TORCH_CHECK(
-        false,
-        "connecting to rank ",
-        peer,
-        " at ",
-        record->url,
-        written->error.empty() ? " timed out" : " failed: " + written->error);
-  }
-  return switched;
-}
-
-ReceivedCounts TensorpipeMesh::reconnect(
-    int machine,
-    const std::string& interface,
-    uint64_t generation,
-    ReceivedCounts received,
-    std::chrono::steady_clock::time_point deadline,
-    const std::function<bool()>& cancelled) {
-  const int peer = peerRank(machine);
-  const int rank = topology_.rank();
-  const std::string key = storePrefix_ + "switch/" +
-      std::to_string(std::min(rank, peer)) + "-" +
-      std::to_string(std::max(rank, peer)) + "/" + std::to_string(generation);
-  const SwitchCall call{peer, generation, received, key, deadline, cancelled};
-  // As at construction, the lower machine's rank dials.
-  const Switched switched = machine < topology_.machine()
-      ? acceptSwitch(call, interface)
-      : dialSwitch(call);
-  std::vector<std::unique_ptr<TensorpipeConnection>> made;
-  for (const auto& pipe : switched.pipes) {
-    made.push_back(connectionTo(pipe, switched.peerDevice));
-  }
-  install(machine, std::move(made));
-  return switched.peerReceived;
 }
 
 } // namespace fairring::rails

@@ -14,6 +14,7 @@
 
 #include "config.h"
 #include "rails/mesh_site.h"
+#include "rails/tensorpipe/slots.h"
 #include "rails/transport.h"
 #include "topology.h"
 
@@ -25,7 +26,6 @@ class Pipe;
 
 namespace fairring::rails {
 
-class TensorpipeConnection;
 struct Accepted;
 
 // The rails mesh over TensorPipe: one pipe per rail peer and lane. Rail peers
@@ -48,19 +48,19 @@ struct Accepted;
 // returns once every pipe is up, or throws naming the peers still missing
 // after `timeout`.
 //
-// Peers are not trusted: an accepted pipe must open with a well-formed hello
-// from a rank expected to connect here, on a lane it may use, once. Any other
-// pipe is closed and noted (the note shows in a timeout's error and in
-// describe()), and accepting goes on until every expected pipe is in; then
-// the listener closes. Every message read later is checked against what the
-// reader expects (kind, count, length, devices) before TensorPipe is given
-// memory for it.
+// Peers are not trusted (acceptor.h): an accepted pipe must open with a
+// well-formed hello from a rank expected to connect here, on a lane it may
+// use, once. Any other pipe is closed and noted (the note shows in a
+// timeout's error and in describe()), and accepting goes on until every
+// expected pipe is in; then the listener closes. Every message read later is
+// checked against what the reader expects (kind, count, length, devices)
+// before TensorPipe is given memory for it (connection.h).
 //
 // Rail switches (rails/failover.h): detach() closes a rail peer's pipes and
 // reconnect() makes new ones through another of this machine's interfaces,
 // with a listener opened for that one switch and closed once its pipes are
-// in, so no listener stays open between switches. Replaced connections stay
-// allocated until shutdown: callbacks still due refer to them.
+// in, so no listener stays open between switches (rail_switch.cpp). What
+// happens to each connection, and when, is in one place: slots.h.
 //
 // TensorPipe runs every callback on its own loop thread; shutdown() (and the
 // destructor) close the context and join that thread.
@@ -115,13 +115,8 @@ class TensorpipeMesh final : public Mesh {
   // transports'.
   std::vector<std::string> listenUrls(const std::string& address) const;
   size_t neighbourIndex(int rank) const;
-  void closeUnlocked(const std::vector<TensorpipeConnection*>& connections);
   std::unique_ptr<TensorpipeConnection> connectionTo(
       const std::shared_ptr<tensorpipe::Pipe>& pipe, int deviceIndex) const;
-  // Replaces the rail peer on `machine`'s connections by `made` (by lane,
-  // the control lane last).
-  void install(
-      int machine, std::vector<std::unique_ptr<TensorpipeConnection>> made);
   // One side of a switch: what it gives, and what it gets.
   struct SwitchCall {
     int peer;
@@ -155,26 +150,8 @@ class TensorpipeMesh final : public Mesh {
   std::string url_;
   std::string transports_;
   std::shared_ptr<Accepted> accepted_; // shared with the listener's callbacks
-  // By machine; empty for this rank's own machine.
-  std::vector<std::array<std::unique_ptr<TensorpipeConnection>, kLanes>>
-      connections_;
   std::vector<int> neighbours_;
-  std::vector<std::unique_ptr<TensorpipeConnection>> controls_; // by neighbour
-  // Guards the connection slots above once construction is over: a switch
-  // replaces them while other threads use them.
-  mutable std::mutex slotsMutex_;
-  std::vector<std::unique_ptr<TensorpipeConnection>> replaced_;
+  ConnectionSlots slots_; // the connections, and what happened to them
 };
-
-// Parses a peer's hello (wire.h) and checks every field against what this
-// rank accepts (exposed for tests). Lane kLanes is the control lane. Returns
-// an empty string and sets the outputs if it is acceptable, else why not.
-std::string checkHello(
-    const std::string& hello,
-    const Topology& topology,
-    bool cuda,
-    int& rank,
-    int& lane,
-    int& deviceIndex);
 
 } // namespace fairring::rails

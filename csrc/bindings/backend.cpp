@@ -1,29 +1,19 @@
 #include <torch_headers.h> // first: the precompiled torch headers
 
-// The product's Python module, _C (the test-only objects: _C._testing,
-// testing/bindings.cpp).
+// The backend's bindings: fairring.Backend (made by fairring/_registration.py
+// with a Python InnerGroupFactory) and its accessors, the reconfigurable
+// group, and the process-wide reports of pending and failed work.
 
-#include "bindings_shared.h"
+#include "bindings/bindings.h"
 
 #include <type_traits>
 
 #include <pybind11/chrono.h>
-#include <torch/extension.h>
-#include <torch/headeronly/version.h>
 
 #include "backend/backend.h"
 #include "backend/pending_report.h"
 #include "backend/reconfigurable.h"
-#include "config.h"
-#include "device/device.h"
-#include "engine/plan.h"
-#include "reduction.h"
-#include "engine/staging.h"
 #include "local/shared_memory.h"
-#include "rails/interfaces.h"
-#include "rails/tensorpipe/factory.h"
-#include "testing/bindings.h"
-#include "topology.h"
 
 namespace py = pybind11;
 
@@ -80,20 +70,6 @@ fairring::Collective collectiveNamed(const std::string& name) {
       "fairring: unknown collective '",
       name,
       "'; use 'all_reduce', 'reduce_scatter' or 'all_gather'");
-}
-
-py::dict buildInfo() {
-  py::dict info;
-  info["torch"] = std::to_string(TORCH_VERSION_MAJOR) + "." +
-      std::to_string(TORCH_VERSION_MINOR) + "." +
-      std::to_string(TORCH_VERSION_PATCH);
-  info["cuda_path"] = fairring::cudaPathBuilt();
-  info["cuda"] = fairring::cudaPathBuilt()
-      ? py::object(py::str(fairring::cudaRuntimeVersion()))
-      : py::object(py::none());
-  info["tensorpipe"] = fairring::rails::tensorpipeBuilt();
-  info["cxx_standard"] = static_cast<long>(__cplusplus);
-  return info;
 }
 
 // The InnerGroupFactory that fairring/_registration.py implements in Python.
@@ -297,32 +273,9 @@ py::object engineDict(
 
 } // namespace
 
-namespace fairring {
+namespace fairring::bindings {
 
-py::dict stagingDict(const StagingStats& stats) {
-  py::dict result;
-  result["capacity_bytes"] = stats.capacityBytes;
-  result["bytes_in_use"] = stats.bytesInUse;
-  result["peak_bytes_in_use"] = stats.peakBytesInUse;
-  result["leases_in_use"] = stats.leasesInUse;
-  result["peak_leases_in_use"] = stats.peakLeasesInUse;
-  result["leases_granted"] = stats.leasesGranted;
-  return result;
-}
-
-} // namespace fairring
-
-PYBIND11_MODULE(_C, module) {
-  // Registers c10d's Backend and Store types, which ours build on.
-  py::module_::import("torch.distributed");
-
-  module.doc() = "fairring C++ extension";
-  module.def(
-      "build_info",
-      &buildInfo,
-      "What this extension was compiled with: the torch and CUDA versions "
-      "and whether the CUDA path is in (fairring.build_info() adds torch's "
-      "NCCL).");
+void bindBackend(py::module_& module) {
   module.def(
       "pending_report",
       &fairring::pendingReport,
@@ -335,198 +288,6 @@ PYBIND11_MODULE(_C, module) {
       py::arg("signal"),
       "From now on `signal` makes a thread of fairring's write the pending "
       "report to stderr (FAIRRING_DUMP_SIGNAL).");
-
-  py::class_<
-      fairring::SharedMemorySteps,
-      std::shared_ptr<fairring::SharedMemorySteps>>(
-      module,
-      "SharedMemorySteps",
-      "This rank's side of its machine's shared-memory local steps (CPU): "
-      "create, publish name, attach(every rank's name), unlink() once every "
-      "rank has attached; then give it to the engine.")
-      .def(
-          py::init<int, std::vector<int>>(),
-          py::arg("local_rank"),
-          py::arg("ranks"),
-          "Creates and allocates this rank's segment; raises RuntimeError, "
-          "saying why, where it cannot be.")
-      .def_property_readonly(
-          "segment_name", &fairring::SharedMemorySteps::segmentName)
-      .def(
-          "attach",
-          &fairring::SharedMemorySteps::attach,
-          py::arg("names"),
-          py::call_guard<py::gil_scoped_release>())
-      .def("unlink", &fairring::SharedMemorySteps::unlink)
-      .def("abort", &fairring::SharedMemorySteps::abort)
-      .def_property_readonly_static("segment_bytes", [](const py::object&) {
-        return fairring::SharedMemorySteps::segmentBytes();
-      });
-
-  py::class_<fairring::Topology>(module, "Topology")
-      .def(
-          py::init<int, std::vector<std::vector<int>>>(),
-          py::arg("rank"),
-          py::arg("machines"),
-          "From the whole layout (tests and tools).")
-      .def(
-          py::init<
-              int,
-              int,
-              int,
-              std::vector<int>,
-              std::vector<int>,
-              std::vector<int>>(),
-          py::arg("rank"),
-          py::arg("world_size"),
-          py::arg("machine"),
-          py::arg("local_ranks"),
-          py::arg("rail_peers"),
-          py::arg("machine_sizes"),
-          "From one rank's view, as the rendezvous gives it.")
-      .def_property_readonly("rank", &fairring::Topology::rank)
-      .def_property_readonly("world_size", &fairring::Topology::worldSize)
-      .def_property_readonly("num_machines", &fairring::Topology::numMachines)
-      .def_property_readonly("local_size", &fairring::Topology::localSize)
-      .def_property_readonly("regular", &fairring::Topology::regular)
-      .def_property_readonly("serves_engine", &fairring::Topology::servesEngine)
-      .def_property_readonly("machine", &fairring::Topology::machine)
-      .def_property_readonly("local_rank", &fairring::Topology::localRank)
-      .def_property_readonly("local_ranks", &fairring::Topology::localRanks)
-      .def_property_readonly("rail_peers", &fairring::Topology::railPeers)
-      .def_property_readonly("machine_sizes", &fairring::Topology::machineSizes)
-      .def("machine_of", &fairring::Topology::machineOf, py::arg("rank"))
-      .def("local_index_of", &fairring::Topology::localIndexOf, py::arg("rank"))
-      .def("__repr__", [](const fairring::Topology& topology) {
-        return "Topology(" + topology.describe() + ")";
-      });
-
-  py::class_<fairring::RailsNetwork>(module, "RailsNetwork")
-      .def(
-          py::init([](std::string listenAddress,
-                      std::string interfaceName,
-                      std::vector<std::string> spareInterfaces,
-                      std::vector<std::string> spareAddresses,
-                      bool railFailover,
-                      std::vector<std::string> transports,
-                      std::vector<std::string> cpuChannels,
-                      std::vector<std::string> cudaChannels,
-                      std::vector<std::string> gpuDirectNics,
-                      std::vector<std::string> required,
-                      std::string transport,
-                      std::string nixlBackend,
-                      std::string nixlLibrary) {
-            return fairring::RailsNetwork{
-                std::move(listenAddress),
-                std::move(interfaceName),
-                std::move(spareInterfaces),
-                std::move(spareAddresses),
-                railFailover,
-                std::move(transports),
-                std::move(cpuChannels),
-                std::move(cudaChannels),
-                std::move(gpuDirectNics),
-                std::move(required),
-                std::move(transport),
-                std::move(nixlBackend),
-                std::move(nixlLibrary)};
-          }),
-          py::arg("listen_address") = "127.0.0.1",
-          py::arg("interface_name") = "lo",
-          py::arg("spare_interfaces") = std::vector<std::string>{},
-          py::arg("spare_addresses") = std::vector<std::string>{},
-          py::arg("rail_failover") = false,
-          py::arg("transports") = std::vector<std::string>{"uv"},
-          py::arg("cpu_channels") = std::vector<std::string>{"basic"},
-          py::arg("cuda_channels") = std::vector<std::string>{"cuda_basic"},
-          py::arg("gpu_direct_nics") = std::vector<std::string>{},
-          py::arg("required") = std::vector<std::string>{},
-          py::arg("transport") = "tensorpipe",
-          py::arg("nixl_backend") = "UCX",
-          py::arg("nixl_library") = "",
-          "How the rails reach their peers (chosen by fairring.interfaces "
-          "and fairring.transports); the default is loopback TCP.")
-      .def_readonly("listen_address", &fairring::RailsNetwork::listenAddress)
-      .def_readonly("interface_name", &fairring::RailsNetwork::interfaceName)
-      .def_readonly(
-          "spare_interfaces", &fairring::RailsNetwork::spareInterfaces)
-      .def_readonly("spare_addresses", &fairring::RailsNetwork::spareAddresses)
-      .def_readonly("rail_failover", &fairring::RailsNetwork::railFailover)
-      .def_readonly("transports", &fairring::RailsNetwork::transports)
-      .def_readonly("cpu_channels", &fairring::RailsNetwork::cpuChannels)
-      .def_readonly("cuda_channels", &fairring::RailsNetwork::cudaChannels)
-      .def_readonly("gpu_direct_nics", &fairring::RailsNetwork::gpuDirectNics)
-      .def_readonly("required", &fairring::RailsNetwork::required)
-      .def_readonly("transport", &fairring::RailsNetwork::transport)
-      .def_readonly("nixl_backend", &fairring::RailsNetwork::nixlBackend)
-      .def_readonly("nixl_library", &fairring::RailsNetwork::nixlLibrary);
-
-  py::class_<fairring::Config>(module, "Config")
-      .def_static(
-          "from_settings",
-          [](const py::object& settings, fairring::RailsNetwork network) {
-            // The one place where fairring.config.Config's names meet the
-            // C++ ones (config.h).
-            fairring::Config config;
-            const auto integer = [&](const char* name) {
-              return settings.attr(name).cast<int64_t>();
-            };
-            config.totalMemoryBytes = integer("total_memory");
-            config.sliceSizeBytes = integer("slice_size");
-            config.maxSlicesInFlight = integer("slices_in_flight");
-            config.minShardBytes = integer("min_shard");
-            config.cpuFlatThresholdBytes = integer("cpu_flat_threshold");
-            config.cudaFlatThresholdBytes = integer("cuda_flat_threshold");
-            config.network = std::move(network);
-            config.cudaEngine =
-                settings.attr("cuda_engine_in_use").cast<bool>();
-            config.highPriorityStreams =
-                settings.attr("high_priority_streams").cast<bool>();
-            const py::object timeline = settings.attr("timeline_directory");
-            if (!timeline.is_none()) {
-              config.timelineDirectory = timeline.cast<std::string>();
-            }
-            return config;
-          },
-          py::arg("settings"),
-          py::arg("network") = fairring::RailsNetwork{},
-          "The C++ side of a fairring.config.Config, with the rails' network "
-          "(default: loopback TCP).")
-      .def_readonly("total_memory_bytes", &fairring::Config::totalMemoryBytes)
-      .def_readonly(
-          "max_slices_in_flight", &fairring::Config::maxSlicesInFlight)
-      .def_readonly("slice_size_bytes", &fairring::Config::sliceSizeBytes)
-      .def_readonly("min_shard_bytes", &fairring::Config::minShardBytes)
-      .def_readonly(
-          "cpu_flat_threshold_bytes", &fairring::Config::cpuFlatThresholdBytes)
-      .def_readonly(
-          "cuda_flat_threshold_bytes",
-          &fairring::Config::cudaFlatThresholdBytes)
-      .def_readonly("network", &fairring::Config::network)
-      .def_readonly("cuda_engine", &fairring::Config::cudaEngine)
-      .def_readonly(
-          "high_priority_streams", &fairring::Config::highPriorityStreams)
-      .def_readonly("timeline_directory", &fairring::Config::timelineDirectory);
-
-  module.def(
-      "interface_addresses",
-      [] {
-        std::vector<py::dict> listed;
-        for (const auto& address : fairring::rails::interfaceAddresses()) {
-          py::dict entry;
-          entry["name"] = address.name;
-          entry["family"] = address.ipv6 ? "ipv6" : "ipv4";
-          entry["address"] = address.address;
-          entry["up"] = address.up;
-          entry["loopback"] = address.loopback;
-          entry["link_local"] = address.linkLocal;
-          listed.push_back(std::move(entry));
-        }
-        return listed;
-      },
-      "Every IPv4 and IPv6 address of this host's interfaces, in "
-      "getifaddrs() order: [{name, family, address, up, loopback, "
-      "link_local}].");
   module.def(
       "await_failure_reports",
       [](double seconds) {
@@ -537,70 +298,6 @@ PYBIND11_MODULE(_C, module) {
       py::call_guard<py::gil_scoped_release>(), // a hook may need the GIL
       "Waits up to `seconds` for the abort hooks started by failures (the "
       "flight recorder's dumps) to end; False if some still run.");
-  module.attr("CUDA_MIN_SHARD_BYTES") = fairring::kCudaMinShardBytes;
-  module.def(
-      "plan_shape",
-      [](int64_t numel,
-         int64_t elementSize,
-         int localSize,
-         int machines,
-         int64_t transportMinShardBytes,
-         int64_t maxSliceBytes,
-         int64_t minShardBytes,
-         int64_t totalMemoryBytes,
-         int64_t maxSlicesInFlight) {
-        const fairring::PlanSettings settings{
-            localSize,
-            machines,
-            transportMinShardBytes,
-            maxSliceBytes,
-            minShardBytes,
-            totalMemoryBytes,
-            maxSlicesInFlight};
-        const auto shape = fairring::planShape(numel, elementSize, settings);
-        py::dict result;
-        result["unit"] = shape.unit;
-        result["slice_numel"] = shape.sliceNumel;
-        result["slices"] = shape.slices;
-        result["shard_bytes"] = shape.shardBytes;
-        result["staging_bytes"] = shape.stagingBytes;
-        result["slices_in_flight"] = shape.slicesInFlight;
-        result["below_floor"] = shape.belowFloor;
-        result["staging_capacity"] = fairring::stagingCapacity(settings);
-        return result;
-      },
-      py::arg("numel"),
-      py::arg("element_size"),
-      py::arg("local_size"),
-      py::arg("machines"),
-      py::arg("transport_min_shard_bytes"),
-      py::arg("max_slice_bytes"),
-      py::arg("min_shard_bytes"),
-      py::arg("total_memory_bytes"),
-      py::arg("max_slices_in_flight"),
-      "The engine's plan for an all-reduce of `numel` elements "
-      "(engine/plan.h), "
-      "computed without running it.");
-  module.def(
-      "staging_bytes_for",
-      [](int64_t sliceBytes, int localSize, int machines, bool padded) {
-        return fairring::stagingLayoutFor(
-                   sliceBytes, localSize, machines, padded)
-            .bytes;
-      },
-      py::arg("slice_bytes"),
-      py::arg("local_size"),
-      py::arg("machines"),
-      py::arg("padded") = true,
-      "Staging bytes one slice of `slice_bytes` holds while in flight; "
-      "padded (the default, the most any slice needs): a last slice padded "
-      "to the plan's unit.");
-  module.def(
-      "slice_bytes_for",
-      &fairring::sliceBytesFor,
-      py::arg("tensor_bytes"),
-      py::arg("max_slice_bytes"),
-      "The slice size the engine uses for an all-reduce of `tensor_bytes`.");
 
   py::class_<
       fairring::Backend,
@@ -858,10 +555,6 @@ PYBIND11_MODULE(_C, module) {
           "The Backend of the current members; raises before the first "
           "reconfigure.");
 #endif
-
-  auto testing = module.def_submodule(
-      "_testing",
-      "Test-only objects and functions: the harnesses, and the parts of the "
-      "product that tests drive on their own.");
-  fairring::testing::bindTesting(testing);
 }
+
+} // namespace fairring::bindings
