@@ -226,3 +226,26 @@ def test_the_map_checks_fail_on_a_drifted_map(tree: str) -> None:
     # A map entry spelled as a path relative to its folder (as the tree indents it) is not the tree's.
     drifted = tree.replace(line.group(0), line.group(0).replace("csrc/engine/plan.*", "plan.*"), 1)
     assert "plan.*" in unknown_map_entries(drifted) and "csrc/engine/plan.*" in untested_files(drifted)
+
+
+# One job per file keeps files short: a C++ file over this many lines is doing several.
+MAX_CSRC_LINES = 700
+
+
+def oversized(paths: list[Path], limit: int = MAX_CSRC_LINES) -> list[str]:
+    """`path: lines` for each file longer than `limit` lines."""
+    counts = {path: len(path.read_text().splitlines()) for path in paths}
+    return [f"{path.relative_to(REPO).as_posix()}: {lines}" for path, lines in counts.items() if lines > limit]
+
+
+def test_no_csrc_file_is_over_the_limit() -> None:
+    files = sorted(p for p in (REPO / "csrc").rglob("*") if p.suffix in CHECKED_ROOTS["csrc"])
+    assert files, "no C++ sources found"
+    assert not oversized(files), f"split these by job (docs/design.md, Source tree): {oversized(files)}"
+
+
+def test_the_size_check_flags_a_long_file() -> None:
+    long_file = REPO / "csrc" / "engine" / "slices.cpp"
+    lines = len(long_file.read_text().splitlines())
+    assert oversized([long_file], limit=lines - 1) == [f"csrc/engine/slices.cpp: {lines}"]
+    assert oversized([long_file], limit=lines) == []

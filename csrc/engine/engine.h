@@ -50,11 +50,11 @@ struct EngineStats {
 // The Herring all-reduce for one process group and one device (the CPU, or
 // one CUDA device). Device differences live behind the DeviceContext seam,
 // the local steps behind LocalSteps, the rails behind Lanes; this class only
-// knows the order of the steps (engine.cpp) and why it stops
+// knows the order of the steps (slices.cpp) and why it stops
 // (failures.cpp: causes, settling, the watchdog, who each op waits for).
 //
 // An all-reduce is cut into slices (engine/plan.h). One slice's life, on the
-// rank with local index i of machine m (engine.cpp reads in this order):
+// rank with local index i of machine m (slices.cpp reads in this order):
 //
 //   start             staging lease; receives for both lanes expected
 //   1. reduce-scatter local all-to-all of slots, then the L parts combined

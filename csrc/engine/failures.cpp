@@ -3,7 +3,7 @@
 // The engine's failure handling: the causes it stops for, settling an
 // uncertain cause against its neighbours' notices, the watchdog (heartbeats
 // and op deadlines) and, for a timeout's error, whom each stuck slice waits
-// for. The work path (engine/engine.cpp) only reports what it saw.
+// for. The work path (engine/slices.cpp) only reports what it saw.
 
 #include "engine/engine.h"
 

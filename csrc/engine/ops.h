@@ -1,7 +1,7 @@
 #pragma once
 
 // The state of an op and of each of its slices: the work path
-// (engine/engine.cpp) moves them along, the failure handling
+// (engine/slices.cpp) moves them along, the failure handling
 // (engine/failures.cpp) reads where they are stuck. Internal to the engine.
 
 #include <algorithm>

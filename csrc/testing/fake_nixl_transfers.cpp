@@ -6,17 +6,11 @@
 #include "testing/fake_nixl_state.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string_view>
-#include <unordered_map>
-#include <utility>
-#include "rails/peer_text.h"
 
 namespace fairring::testing::fake_nixl::state {
 

@@ -34,6 +34,13 @@ class NixlConnection;
 // each queued message at once into the previous message's grant, with no
 // notice, as a sender without flow control would: the negative control of
 // the flow-control test.
+// Callbacks gathered under the mesh's lock, run after it is released.
+inline void runAll(std::vector<Callback>& callbacks) {
+  for (auto& callback : callbacks) {
+    callback();
+  }
+}
+
 struct TestKnobs {
   std::chrono::milliseconds slowReceiver{0};
   bool ungrantedWrites = false;
