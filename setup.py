@@ -25,7 +25,8 @@ Install with `pip install --no-build-isolation .`: the extension must be built
 against the torch it will run with.
 
 FAIRRING_PCH=0 builds without precompiling torch's headers (csrc/torch_headers.h;
-see BuildExtensionWithPch below).
+see BuildExtensionWithPch below). FAIRRING_UNITY=0 compiles each source file as a
+translation unit of its own, instead of a few of one folder together (_unity_units).
 
 FAIRRING_WITH_EXTENSION=0 leaves the extension out: `make` installs the
 checkout editable that way (its metadata, so that torch finds the
@@ -129,6 +130,8 @@ TENSORPIPE_SOURCES = [
 ]
 TENSORPIPE_CUDA_SOURCES = {True: ["rails/tensorpipe/cuda.cpp"], False: ["rails/tensorpipe/cuda_none.cpp"]}
 NO_TENSORPIPE_SOURCES = ["rails/tensorpipe/none.cpp"]
+# Source files compiled together in one translation unit, at most this many of one folder.
+UNITY_BATCH = 5
 
 
 @dataclass
@@ -332,6 +335,8 @@ class BuildExtensionWithPch(BuildExtension):
     def build_extension(self, ext: CppExtension) -> None:
         if os.environ.get("FAIRRING_PCH", "1") != "0":
             self._precompile_torch_headers(ext)
+        if os.environ.get("FAIRRING_UNITY", "1") != "0":
+            ext.sources = _unity_units(ext.sources, Path(self.build_temp).resolve() / "unity")
         super().build_extension(ext)
 
     def _precompile_torch_headers(self, ext: CppExtension) -> None:
@@ -349,6 +354,9 @@ class BuildExtensionWithPch(BuildExtension):
         stamp = folder / "torch_headers.stamp"
         torch_installed = str(Path(torch.__file__).stat().st_mtime_ns)
         recipe = "\n".join([torch.__version__, torch.__file__, torch_installed, header.read_text(), *command])
+        # A unit of several sources (_unity_units) includes the precompiled header first; its
+        # sources' own includes of it, which GCC cannot serve from the .gch again, find this.
+        (folder / "torch_headers.h").write_text(f'#pragma once\n#include "{header}"\n')
         if gch.is_file() and stamp.is_file() and stamp.read_text() == recipe:
             ext.include_dirs.insert(0, str(folder))
             return
@@ -364,6 +372,37 @@ class BuildExtensionWithPch(BuildExtension):
             return
         stamp.write_text(recipe)
         ext.include_dirs.insert(0, str(folder))
+
+
+def _unity_units(sources: list[str], folder: Path) -> list[str]:
+    """The translation units to compile: the sources of each folder, in order, UNITY_BATCH at a time.
+
+    Most of a file's compile time is torch's and pybind11's headers, not fairring's code, so the
+    files split by job (docs/design.md, "Source tree") would each pay for them again: a unit of
+    a few files pays once (docs/design.md, "Build time"). A unit is a generated file in the build's
+    temporary folder that includes its sources; it is rewritten only when that list changes, and
+    a change to one source recompiles its unit. The sources that see CUDA's headers stay units of
+    their own, so that no other file sees them.
+    """
+    alone = {str(Path("csrc") / s) for s in [*CUDA_SOURCES, *TENSORPIPE_CUDA_SOURCES[True]]}
+    by_folder: dict[str, list[str]] = {}
+    for source in sources:
+        by_folder.setdefault("" if source in alone else str(Path(source).parent), []).append(source)
+    units = list(by_folder.pop("", []))
+    folder.mkdir(parents=True, exist_ok=True)
+    for directory, members in by_folder.items():
+        for start in range(0, len(members), UNITY_BATCH):
+            batch = members[start : start + UNITY_BATCH]
+            if len(batch) == 1:
+                units += batch
+                continue
+            # The precompiled torch headers count only as a unit's first include.
+            text = "#include <torch_headers.h>\n" + "".join(f'#include "{(ROOT / m).resolve()}"\n' for m in batch)
+            unit = folder / f"{directory.replace('/', '_')}_{start // UNITY_BATCH}.cpp"
+            if not unit.is_file() or unit.read_text() != text:
+                unit.write_text(text)
+            units.append(str(unit))
+    return units
 
 
 def _version() -> str:

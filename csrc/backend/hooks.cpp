@@ -24,39 +24,6 @@ constexpr auto kPollInterval = std::chrono::milliseconds(2);
 // key (the flight recorder of one backend name serves them all).
 std::atomic<uint64_t> nextCompletionKey{1};
 
-// Hooks of one kind, by id. Called from a copy taken under the lock: a hook
-// may take its own locks, and one that unregisters waits for none of ours.
-template <typename Hook>
-class HookTable {
- public:
-  void add(int64_t id, Hook hook) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    hooks_.insert_or_assign(id, std::move(hook));
-  }
-  void remove(int64_t id) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    hooks_.erase(id);
-  }
-  template <typename... Args>
-  void call(const Args&... args) const {
-    for (const auto& hook : snapshot()) {
-      hook(args...);
-    }
-  }
-  std::vector<Hook> snapshot() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<Hook> hooks;
-    for (const auto& [id, hook] : hooks_) {
-      hooks.push_back(hook);
-    }
-    return hooks;
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::map<int64_t, Hook> hooks_;
-};
-
 // The abort hooks' runs (the flight recorder's dumps) still going, in the
 // whole process: each runs on a thread of its own, which the process owns
 // and awaitFailureReports() waits for at exit.
@@ -105,6 +72,42 @@ void reportFailure(
 }
 
 } // namespace
+
+// Hooks of one kind, by id. Called from a copy taken under the lock: a hook
+// may take its own locks, and one that unregisters waits for none of ours.
+// Outside the anonymous namespace: BackendHooks::Registry holds two, and
+// setup.py may compile this file inside a unit of several, where GCC counts
+// it as a header.
+template <typename Hook>
+class HookTable {
+ public:
+  void add(int64_t id, Hook hook) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    hooks_.insert_or_assign(id, std::move(hook));
+  }
+  void remove(int64_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    hooks_.erase(id);
+  }
+  template <typename... Args>
+  void call(const Args&... args) const {
+    for (const auto& hook : snapshot()) {
+      hook(args...);
+    }
+  }
+  std::vector<Hook> snapshot() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<Hook> hooks;
+    for (const auto& [id, hook] : hooks_) {
+      hooks.push_back(hook);
+    }
+    return hooks;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<int64_t, Hook> hooks_;
+};
 
 bool awaitFailureReports(std::chrono::milliseconds limit) {
   auto inFlight = reportsInFlight();
