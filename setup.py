@@ -356,7 +356,10 @@ class BuildExtensionWithPch(BuildExtension):
         recipe = "\n".join([torch.__version__, torch.__file__, torch_installed, header.read_text(), *command])
         # A unit of several sources (_unity_units) includes the precompiled header first; its
         # sources' own includes of it, which GCC cannot serve from the .gch again, find this.
-        (folder / "torch_headers.h").write_text(f'#pragma once\n#include "{header}"\n')
+        # Written only when it changes: the units depend on it, so a new one recompiles them all.
+        stub, stub_text = folder / "torch_headers.h", f'#pragma once\n#include "{header}"\n'
+        if not stub.is_file() or stub.read_text() != stub_text:
+            stub.write_text(stub_text)
         if gch.is_file() and stamp.is_file() and stamp.read_text() == recipe:
             ext.include_dirs.insert(0, str(folder))
             return
