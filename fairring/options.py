@@ -8,6 +8,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from fairring.sizes import parse_size
+
 # ProcessGroupNCCL exists only in torch builds with NCCL.
 _NCCL_OPTIONS: type | None = getattr(getattr(dist, "ProcessGroupNCCL", None), "Options", None)
 
@@ -20,8 +22,9 @@ class Options:
         CUDA ones where FAIRRING_CUDA_ENGINE is on); True puts this group's
         CUDA all-reduces on the engine too; False keeps the group off the
         engine entirely, every all-reduce going to Gloo or NCCL.
-    flat_threshold: bytes; all-reduces smaller than this take the delegate's
-        own all-reduce (FAIRRING_FLAT_THRESHOLD for this group only); "auto":
+    flat_threshold: bytes, or a size as FAIRRING_FLAT_THRESHOLD takes it
+        ("4MiB"); all-reduces smaller than this take the delegate's own
+        all-reduce (FAIRRING_FLAT_THRESHOLD for this group only); "auto":
         measured at the group's first all-reduce the engine could take.
     nccl: a ProcessGroupNCCL.Options for every NCCL group fairring makes for
         this group (its delegate and the engine's local groups): high-priority
@@ -33,13 +36,19 @@ class Options:
     nccl: Any = None
 
     def __post_init__(self) -> None:
-        if self.engine not in (None, True, False):
+        # Only bools: 0 == False, but the code that reads it asks `is False`, so engine=0 would
+        # have left the engine on.
+        if self.engine is not None and not isinstance(self.engine, bool):
             raise TypeError(f"fairring.Options.engine must be None, True or False, not {self.engine!r}")
         threshold = self.flat_threshold
+        if isinstance(threshold, str) and threshold != "auto":
+            threshold = parse_size("fairring.Options.flat_threshold", threshold, allow_zero=True)
+            object.__setattr__(self, "flat_threshold", threshold)  # frozen: set once, here
         byte_count = isinstance(threshold, int) and not isinstance(threshold, bool) and threshold >= 0
         if threshold not in (None, "auto") and not byte_count:
             raise TypeError(
-                f"fairring.Options.flat_threshold must be a byte count >= 0, 'auto' or None, not {threshold!r}"
+                "fairring.Options.flat_threshold must be a byte count >= 0, a size such as '4MiB', 'auto' "
+                f"or None, not {threshold!r}"
             )
         if self.nccl is not None and (_NCCL_OPTIONS is None or not isinstance(self.nccl, _NCCL_OPTIONS)):
             raise TypeError(

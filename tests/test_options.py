@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from fairring.config import load_config
+from fairring.errors import ConfigError
 from fairring.options import Options, group_options, nccl_options
 
 
@@ -51,6 +52,15 @@ def test_pg_options_are_checked_and_an_nccl_jobs_options_are_kept() -> None:
         Options(flat_threshold=-1)
     with pytest.raises(TypeError, match="engine must be None, True or False"):
         Options(engine="yes")  # type: ignore[arg-type]
+    # 0 == False and 1 == True, but only bools mean off and on: engine=0 once left the engine on.
+    for number in (0, 1):
+        with pytest.raises(TypeError, match="engine must be None, True or False, not " + str(number)):
+            Options(engine=number)  # type: ignore[arg-type]
+    # flat_threshold takes the sizes FAIRRING_FLAT_THRESHOLD takes.
+    assert Options(flat_threshold="4MiB").flat_threshold == 4 << 20
+    assert Options(flat_threshold="0").flat_threshold == 0
+    with pytest.raises(ConfigError, match=r"fairring.Options.flat_threshold='4 parsecs' is not a size"):
+        Options(flat_threshold="4 parsecs")
     nccl_type = getattr(getattr(dist, "ProcessGroupNCCL", None), "Options", None)
     if nccl_type is None:
         pytest.skip(f"torch {torch.__version__} has no ProcessGroupNCCL: an NCCL job's options cannot exist")
