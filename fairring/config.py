@@ -25,7 +25,7 @@ from .interfaces import (
     parse_rail_interfaces,
 )
 from .nccl_lists import names_match, split_list
-from .sizes import KiB, MiB, format_size, parse_size
+from .sizes import KiB, MiB, format_bytes, format_size, parse_size
 
 TOTAL_MEMORY = "FAIRRING_TOTAL_MEMORY"
 SLICE_SIZE = "FAIRRING_SLICE_SIZE"
@@ -409,7 +409,7 @@ def load_config(env: Mapping[str, str] | None = None, tensorpipe_built: bool | N
     if total_memory > physical_memory:
         raise ConfigError(
             f"{TOTAL_MEMORY}={env[TOTAL_MEMORY]!r} is more than this machine's memory "
-            f"({format_size(physical_memory)}); it bounds fairring's staging per device, which needs "
+            f"({format_bytes(physical_memory)}); it bounds fairring's staging per device, which needs "
             f"a few slices' worth (the default is {format_size(DEFAULT_TOTAL_MEMORY)})"
         )
     slice_size = size(SLICE_SIZE, DEFAULT_SLICE_SIZE)
@@ -421,8 +421,9 @@ def load_config(env: Mapping[str, str] | None = None, tensorpipe_built: bool | N
     slices_in_flight = _positive_count(env, SLICES_IN_FLIGHT, DEFAULT_SLICES_IN_FLIGHT)
     log_level = env.get(LOG_LEVEL)
     if log_level is not None:
-        log_level = log_level.strip().upper()
-        if log_level not in _LOG_LEVELS:
+        # Empty means unset, as for every variable; WARN is NCCL_DEBUG's spelling of WARNING.
+        log_level = {"": None, "WARN": "WARNING"}.get(log_level.strip().upper(), log_level.strip().upper())
+        if log_level is not None and log_level not in _LOG_LEVELS:
             raise ConfigError(f"{LOG_LEVEL}={env[LOG_LEVEL]!r} is not a log level; use one of {', '.join(_LOG_LEVELS)}")
     if tensorpipe_built is None:
         from . import _C
@@ -443,7 +444,10 @@ def load_config(env: Mapping[str, str] | None = None, tensorpipe_built: bool | N
             f"(docs/networking.md, 'When a NIC goes down'); unset one of the two"
         )
     cuda_engine_auto = _is_auto(env.get(CUDA_ENGINE))
-    cuda_engine = cuda_engine_auto or parse_flag(CUDA_ENGINE, env.get(CUDA_ENGINE))
+    try:
+        cuda_engine = cuda_engine_auto or parse_flag(CUDA_ENGINE, env.get(CUDA_ENGINE))
+    except ConfigError as error:
+        raise ConfigError(f"{error}; or auto: the engine on where it measures faster than NCCL") from None
     transport = load_transport_settings(env, tensorpipe=rails_transport == "tensorpipe")
     return Config(
         total_memory=total_memory,
@@ -513,7 +517,8 @@ def _auto_budget(raw: str | None) -> float:
 def _auto_cache(env: Mapping[str, str]) -> str | None:
     """The measurement cache's folder: FAIRRING_AUTO_CACHE, "off", or the user's cache folder."""
     raw = env.get(AUTO_CACHE)
-    if raw is not None and raw.strip().lower() in ("off", "0", "none"):
+    # Every word a flag takes for off ("false", "no", ...), not a folder of that name.
+    if raw is not None and (raw.strip().lower() == "none" or _FLAGS.get(raw.strip().lower()) is False):
         return None
     if raw is not None and raw.strip() != "":
         return os.path.abspath(os.path.expanduser(raw.strip()))
@@ -549,7 +554,12 @@ def _or_unset(value: int | str | None) -> int | str:
 
 def _threshold_setting(env: Mapping[str, str], name: str) -> int | str | None:
     """A flat threshold variable: bytes, "auto", or None where unset."""
-    return AUTO if _is_auto(env.get(name)) else _optional_size(env, name)
+    if _is_auto(env.get(name)):
+        return AUTO
+    try:
+        return _optional_size(env, name)
+    except ConfigError as error:
+        raise ConfigError(f"{error}; or auto: measured at the group's first all-reduce the engine could take") from None
 
 
 def _optional_size(env: Mapping[str, str], name: str) -> int | None:

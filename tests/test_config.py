@@ -132,6 +132,19 @@ def test_the_measurements_limit_and_cache() -> None:
     assert load_config({"FAIRRING_AUTO_BUDGET": "2.5s"}).auto_budget_s == 2.5
     assert load_config({"XDG_CACHE_HOME": "/x"}).auto_cache == "/x/fairring"
     assert load_config({"FAIRRING_AUTO_CACHE": "off"}).auto_cache is None
+    # A flag's words for off are off, not a folder named "false" in the working directory.
+    for off in ("false", "no", "0", "FALSE"):
+        assert load_config({"FAIRRING_AUTO_CACHE": off}).auto_cache is None, off
+    # Empty is unset, as for every variable; WARN is NCCL_DEBUG's spelling.
+    assert load_config({"FAIRRING_LOG_LEVEL": ""}).log_level is None
+    assert load_config({"FAIRRING_LOG_LEVEL": "warn"}).log_level == "WARNING"
+    # The machine's memory in a unit a reader reads at a glance ("23.5 GiB"), not a count of KiB.
+    with pytest.raises(ConfigError, match=r"than this machine's memory \(\d+(\.\d+)? GiB\)"):
+        load_config({"FAIRRING_TOTAL_MEMORY": "1024TiB"})
+    # The variables that take auto say so when refusing a value.
+    for name in ("FAIRRING_CUDA_ENGINE", "FAIRRING_FLAT_THRESHOLD", "FAIRRING_CUDA_FLAT_THRESHOLD"):
+        with pytest.raises(ConfigError, match=f"{name}='maybe' .*; or auto: "):
+            load_config({name: "maybe"})
     assert load_config({"FAIRRING_AUTO_CACHE": "/tmp/c"}).auto_cache == "/tmp/c"
 
 
