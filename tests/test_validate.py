@@ -121,6 +121,19 @@ def test_cpu_two_machines_under_torchrun(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(90)
+def test_a_run_the_engine_did_not_serve_fails(tmp_path: Path) -> None:
+    """One machine (every rank given the same FAIRRING_MACHINE_ID): the engine serves nothing, so nothing is
+    judged, and the run exits non-zero as nccl-tests does on an empty run, saying why."""
+    finished = run_validate(
+        tmp_path, ["--device", "cpu", "-b", "64KiB", "-e", "64KiB", "-n", "1", "-w", "0"],
+        env={"FAIRRING_MACHINE_ID": "one-machine"},
+    )  # fmt: skip
+    assert all(code != 0 for code in finished.codes), finished.logs
+    assert "there is nothing to judge" in finished.logs[0]
+    assert "exitcode  : 3" in "".join(finished.logs) or "exitcode: 3" in "".join(finished.logs), finished.logs
+
+
+@pytest.mark.timeout(90)
 @pytest.mark.parametrize(
     ("collective", "flags"),
     [

@@ -115,6 +115,10 @@ def check_world(args: argparse.Namespace, where: Placement) -> None:
         raise LaunchError(f"WORLD_SIZE is 1: {args.collective} needs 2 or more ranks to compare")
 
 
+# The exit status of a run in which the engine served nothing: no comparison, no verdict.
+NOTHING_JUDGED = 3
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     die_with_parent()
@@ -129,10 +133,11 @@ def main(argv: list[str]) -> int:
     # Gloo coordinates (barriers, the slowest rank's times, the report); the paths get groups of their own.
     dist.init_process_group("gloo", init_method="env://", timeout=timeout)
     try:
-        wrong = validate(Run(args, argv, where, device), timeout)
+        wrong, judged = validate(Run(args, argv, where, device), timeout)
     finally:
         dist.destroy_process_group()
-    return 1 if wrong else 0
+    # As nccl-tests: a wrong result fails; so does a run that compared nothing (the output said why).
+    return 1 if wrong else 0 if judged else NOTHING_JUDGED
 
 
 def first_engine_all_reduce(path: Contender, device: torch.device) -> None:
@@ -220,8 +225,10 @@ class Run:
     device: torch.device
 
 
-def validate(run: Run, timeout: timedelta) -> int:
-    """Every rank: the paths, the sweep, what the rails used; rank 0 reports. Returns the wrong elements."""
+def validate(run: Run, timeout: timedelta) -> tuple[int, bool]:
+    """Every rank: the paths, the sweep, what the rails used; rank 0 reports.
+
+    Returns the wrong elements, and whether the engine served the engine path (else nothing was judged)."""
     paths = make_paths(run.device, timeout)
     engine = paths[0]
     before = network_fields(engine.group, run.device)
@@ -239,7 +246,8 @@ def validate(run: Run, timeout: timedelta) -> int:
         document["fairring_summary"] = [vars(row) for row in said.rows]
         print(f"# fairring.summary(engine group): {said.line()}", flush=True)
         print("\n".join(report_lines(run, paths, document)), flush=True)
-    return sum(row.wrong for path_rows in rows.values() for row in path_rows)
+    wrong = sum(row.wrong for path_rows in rows.values() for row in path_rows)
+    return wrong, engine_served(fairring.backend_of(engine.group, run.device).engine_stats(run.device.type))
 
 
 def engine_served(stats: dict[str, Any] | None) -> bool:
