@@ -356,10 +356,7 @@ class BuildExtensionWithPch(BuildExtension):
         recipe = "\n".join([torch.__version__, torch.__file__, torch_installed, header.read_text(), *command])
         # A unit of several sources (_unity_units) includes the precompiled header first; its
         # sources' own includes of it, which GCC cannot serve from the .gch again, find this.
-        # Written only when it changes: the units depend on it, so a new one recompiles them all.
-        stub, stub_text = folder / "torch_headers.h", f'#pragma once\n#include "{header}"\n'
-        if not stub.is_file() or stub.read_text() != stub_text:
-            stub.write_text(stub_text)
+        _write_if_changed(folder / "torch_headers.h", f'#pragma once\n#include "{header}"\n')
         if gch.is_file() and stamp.is_file() and stamp.read_text() == recipe:
             ext.include_dirs.insert(0, str(folder))
             return
@@ -377,14 +374,21 @@ class BuildExtensionWithPch(BuildExtension):
         ext.include_dirs.insert(0, str(folder))
 
 
+def _write_if_changed(path: Path, text: str) -> None:
+    """A generated file the units depend on: rewritten only when its text changes, since a new
+    modification time makes ninja recompile whatever depends on it."""
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+
+
 def _unity_units(sources: list[str], folder: Path) -> list[str]:
     """The translation units to compile: the sources of each folder, in order, UNITY_BATCH at a time.
 
     Most of a file's compile time is torch's and pybind11's headers, not fairring's code, so the
     files split by job (docs/design.md, "Source tree") would each pay for them again: a unit of
     a few files pays once (docs/design.md, "Build time"). A unit is a generated file in the build's
-    temporary folder that includes its sources; it is rewritten only when that list changes, and
-    a change to one source recompiles its unit. The sources that see CUDA's headers stay units of
+    temporary folder that includes its sources (rewritten only when that list changes), and a
+    change to one source recompiles its unit. The sources that see CUDA's headers stay units of
     their own, so that no other file sees them.
     """
     alone = {str(Path("csrc") / s) for s in [*CUDA_SOURCES, *TENSORPIPE_CUDA_SOURCES[True]]}
@@ -402,8 +406,7 @@ def _unity_units(sources: list[str], folder: Path) -> list[str]:
             # The precompiled torch headers count only as a unit's first include.
             text = "#include <torch_headers.h>\n" + "".join(f'#include "{(ROOT / m).resolve()}"\n' for m in batch)
             unit = folder / f"{directory.replace('/', '_')}_{start // UNITY_BATCH}.cpp"
-            if not unit.is_file() or unit.read_text() != text:
-                unit.write_text(text)
+            _write_if_changed(unit, text)
             units.append(str(unit))
     return units
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -167,34 +168,20 @@ int destroy(Handle handle) {
   });
 }
 
-// The transfers' and notifications' calls (fake_nixl_transfers.cpp).
-int createXferRequest(
-    Handle agent,
-    int operation,
-    Handle local,
-    Handle remote,
-    const char* remoteAgent,
-    Handle* request,
-    Handle args);
-int postXferRequest(Handle agent, Handle request, Handle /*args*/);
-int xferStatus(Handle agent, Handle request);
-int releaseXferRequest(Handle agent, Handle request);
-int notifs(Handle agent, Handle map, Handle /*args*/);
-int notifMapSize(Handle map, size_t* size);
-int notifMapAgentAt(Handle map, size_t index, const char** agent);
-int notifMapCount(Handle map, const char* agent, size_t* count);
-int notifMapGet(
-    Handle map,
-    const char* agent,
-    size_t index,
-    const void** data,
-    size_t* length);
-int notifMapClear(Handle map);
-int sendNotif(
-    Handle agent,
-    const char* remoteAgent,
-    const void* data,
-    size_t length,
-    Handle /*args*/);
+// The transfers' and notifications' calls (fake_nixl_transfers.cpp), declared
+// by the Api's own member types, so that they cannot drift from it.
+template <typename Pointer>
+using FunctionOf = std::remove_pointer_t<Pointer>;
+FunctionOf<decltype(Api::createXferRequest)> createXferRequest;
+FunctionOf<decltype(Api::postXferRequest)> postXferRequest;
+FunctionOf<decltype(Api::xferStatus)> xferStatus;
+FunctionOf<decltype(Api::releaseXferRequest)> releaseXferRequest;
+FunctionOf<decltype(Api::notifs)> notifs;
+FunctionOf<decltype(Api::notifMapSize)> notifMapSize;
+FunctionOf<decltype(Api::notifMapAgentAt)> notifMapAgentAt;
+FunctionOf<decltype(Api::notifMapCount)> notifMapCount;
+FunctionOf<decltype(Api::notifMapGet)> notifMapGet;
+FunctionOf<decltype(Api::notifMapClear)> notifMapClear;
+FunctionOf<decltype(Api::sendNotif)> sendNotif;
 
 } // namespace fairring::testing::fake_nixl::state
