@@ -44,14 +44,35 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
+# What a build front end's isolated environment has in its path: pip's (its venv is sys.prefix, or its
+# overlay is on sys.path), pypa/build's venv ("build-env-") and uv's build venvs ("builds-v0").
+ISOLATED_BUILD_MARKERS = ("pip-build-env-", "build-env-", "builds-v0")
+
+
+def torch_import_failure(error: ImportError, prefix: str, path: list[str]) -> str:
+    """Why torch does not import, and what to do: isolation hid it, it is not installed, or it is broken."""
+    if not (isinstance(error, ModuleNotFoundError) and error.name == "torch"):
+        return f"fairring: torch does not import in this environment ({sys.executable}): {error}"
+    isolated = next((entry for entry in [prefix, *path] if any(m in entry for m in ISOLATED_BUILD_MARKERS)), None)
+    if isolated:
+        return (
+            f"fairring: torch is hidden: this build runs in an isolated build environment ({isolated}), which "
+            "sees none of the installed packages. fairring must be compiled against the torch it will run "
+            "with, so build it without isolation, in the environment that has torch: "
+            "`pip install --no-build-isolation .` (or `pip wheel --no-build-isolation --no-deps -w dist .`)"
+        )
+    return (
+        f"fairring: torch is not installed in this environment ({sys.executable}). Install the torch "
+        "fairring will run with (e.g. `pip install torch==2.15.0`), then build with "
+        "`pip install --no-build-isolation .`"
+    )
+
+
 try:
     import torch
     from torch.utils.cpp_extension import BuildExtension, CppExtension
-except ImportError:
-    sys.exit(
-        "fairring: torch must be installed before building fairring; install "
-        "it, then build with `pip install --no-build-isolation .`"
-    )
+except ImportError as error:
+    sys.exit(torch_import_failure(error, sys.prefix, sys.path))
 
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
@@ -419,18 +440,11 @@ def _version() -> str:
 
 
 setup(
-    # "fairring" on the package index is an unrelated project; the import name stays fairring.
-    name="torch-fairring",
+# pyproject.toml's [project] holds the metadata; setup() gives only the fields it lists as dynamic.
     version=_version(),
-    description="A Herring-style all-reduce as a PyTorch c10d backend",
     license="BSD-3-Clause",
     packages=find_packages(include=["fairring", "fairring.*"]),
     install_requires=[f"torch=={torch.__version__.split('+')[0]}"],
-    # The NIXL rails (FAIRRING_RAILS_TRANSPORT=nixl), loaded at run time: docs/networking.md.
-    extras_require={"nixl": ["nixl-cu13>=1.4"]},
-    python_requires=">=3.10",
     ext_modules=[_extension()] if os.environ.get("FAIRRING_WITH_EXTENSION", "1") != "0" else [],
-    # torch >= 2.15 loads this on init_process_group("fairring"): no import needed.
-    entry_points={"torch.distributed.backends": ["fairring = fairring._registration:register"]},
     cmdclass={"build_ext": BuildExtensionWithPch},
 )

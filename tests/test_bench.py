@@ -27,7 +27,7 @@ FAIRRING = "fairring-nixl" if os.environ.get(RAILS_TRANSPORT) == "nixl" else "fa
 
 
 def run_bench(arguments: list[str], output: Path) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
-    command = [sys.executable, "-m", "fairring.bench", *arguments, "--json", str(output), "--timeout", "240"]
+    command = [sys.executable, "-m", "fairring.bench", *arguments, "--json", str(output), "--time-limit", "240"]
     run = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert run.returncode == 0, run.stdout + run.stderr
     return run, json.loads(output.read_text())["records"]

@@ -11,7 +11,7 @@ bottleneck: that measures fairring's overhead, not what it is for.
 
     python -m fairring.bench                  # 2 hosts x 2 ranks, 1 Gbit/s NICs, 1 MiB .. 64 MiB
     python -m fairring.bench --loopback       # 2 machines x 2 ranks on loopback, 4 KiB .. 16 MiB
-    python -m fairring.bench --hosts 2 --ranks-per-host 2 --link 1gbit -b 1MiB -e 100MiB -f 10
+    python -m fairring.bench --hosts 2 --ranks-per-host 2 --link 1gbit -b 1MiB -e 100MiB -f 10 -n 5 -w 2
     python -m fairring.bench --link 1gbit --study overlap      # 64 x 25 MiB, 1/2/4/8 slices in flight
     python -m fairring.bench --link 1gbit --study scaling --hosts 4
     python -m fairring.bench --timeline       # and draw the last all-reduce's stages, rank by rank
@@ -29,19 +29,27 @@ size the engine, the baseline and a group whose path auto measures, on the same
 tensors, the order rotated every iteration: the GPU check's figure against NCCL).
 
 It prints a line per measurement as it goes, then writes the records (--json)
-and plots (--plots), and ends with a sentence read from the results.
+and plots (--plots; matplotlib and numpy, the bench extra, which the run checks
+for first), and ends with a sentence read from the results.
+
+The sweep's flags are nccl-tests' and fairring.validate's: -b/--minbytes,
+-e/--maxbytes, -f/--stepfactor, -n/--iters, -w/--warmup_iters. --begin, --end,
+--factor and --warmup, their names before, and --timeout, --time-limit's, still
+work, saying so on stderr, until the next release.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import signal
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from fairring.config import (
     AUTO_CACHE,
@@ -66,11 +74,41 @@ DEFAULT_LINK = "1gbit"
 # takes about 0.6 s per all-reduce); on loopback, the range where latency turns into bandwidth.
 SHAPED_SIZES = ("1MiB", "64MiB", 4)
 LOOPBACK_SIZES = ("4KiB", "16MiB", 8)
+# What the plots need: the bench extra (pyproject.toml), checked before the run rather than met after it.
+PLOT_PACKAGES = ("matplotlib", "numpy")
 # --timeline with no trace files: an extension from before FAIRRING_TIMELINE, or a run on one machine.
 NO_TRACES = "the extension wrote none (a build without FAIRRING_TIMELINE, or no all-reduce ran on its engine)"
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+class _Renamed(argparse.Action):
+    """Stores the value; under `old`, the name an option had before, it also says the new name on stderr.
+
+    fairring.validate and nccl-tests name the sweep's flags -b/--minbytes and so on; the bench's own names
+    before them stay for one release."""
+
+    def __init__(self, option_strings: list[str], dest: str, old: str = "", **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.old = old
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if option_string == self.old:
+            new = next(name for name in self.option_strings if name.startswith("--"))
+            print(f"{parser.prog}: {self.old} is deprecated and goes in the next release: use {new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def _add_renamed(parser: argparse.ArgumentParser, *names: str, old: str, **kwargs: Any) -> None:
+    """An option under its names and, deprecated, its old one (its dest, which the bench's code reads)."""
+    parser.add_argument(*names, old, dest=old.lstrip("-"), action=_Renamed, old=old, **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m fairring.bench",
         description=__doc__.split("\n\n")[0],
@@ -86,14 +124,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=2,
         help="ranks per machine (default 2)",
     )
-    parser.add_argument("-b", "--begin", help="smallest size (default 1MiB on shaped hosts, else 4KiB)")
-    parser.add_argument("-e", "--end", help="largest size (default 64MiB on shaped hosts, else 16MiB)")
-    parser.add_argument(
-        "-f", "--factor", type=int, help="size multiplier between steps (default 4 on shaped hosts, else 8)"
-    )
+    # nccl-tests' names, as fairring.validate's; the old ones go in the next release.
+    _add_renamed(
+        parser, "-b", "--minbytes", old="--begin", metavar="SIZE",
+        help="smallest size (default 1MiB on shaped hosts, else 4KiB)",
+    )  # fmt: skip
+    _add_renamed(
+        parser, "-e", "--maxbytes", old="--end", metavar="SIZE",
+        help="largest size (default 64MiB on shaped hosts, else 16MiB)",
+    )  # fmt: skip
+    _add_renamed(
+        parser, "-f", "--stepfactor", old="--factor", type=int, metavar="FACTOR",
+        help="size multiplier between steps (default 4 on shaped hosts, else 8)",
+    )  # fmt: skip
     parser.add_argument("--sizes", help="explicit comma-separated sizes, instead of -b/-e/-f")
     parser.add_argument("-n", "--iters", type=int, default=5, help="timed iterations per size (default 5)")
-    parser.add_argument("-w", "--warmup", type=int, default=2, help="untimed iterations first (default 2)")
+    _add_renamed(
+        parser, "-w", "--warmup_iters", old="--warmup", type=int, default=2, metavar="N",
+        help="untimed iterations first (default 2)",
+    )  # fmt: skip
     parser.add_argument(
         "--link",
         help=f"shape each host's NIC to this tc rate (e.g. 100mbit); implies --netns. Default: {DEFAULT_LINK} "
@@ -153,7 +202,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="have the engines write Chrome traces (FAIRRING_TIMELINE) into PLOTS/timeline-<run>/ and draw "
         "each run's last all-reduce as PLOTS/timeline-<run>.png and .svg",
     )
-    parser.add_argument("--timeout", type=float, default=900, help="seconds before the run is killed (default 900)")
+    # fairring.validate's --timeout is torch's, what one collective may take: this is another limit.
+    _add_renamed(
+        parser, "--time-limit", old="--timeout", type=float, default=900, metavar="S",
+        help="seconds the whole run may take, then its ranks are stopped (default 900)",
+    )  # fmt: skip
+    return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.loopback and (args.link or args.netns):
         parser.error("--loopback runs no hosts: it excludes --link and --netns")
@@ -166,7 +224,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.begin, args.end = args.begin or begin, args.end or end
     args.factor = factor if args.factor is None else args.factor
     if min(args.machines, args.ranks_per_machine, args.iters, args.factor - 1) < 1 or args.warmup < 0:
-        parser.error("--machines, --ranks-per-machine and --iters must be >= 1, --factor >= 2, --warmup >= 0")
+        parser.error("--machines, --ranks-per-machine and --iters must be >= 1, --stepfactor >= 2, --warmup_iters >= 0")
     try:
         args.size_list = size_list(args)
         args.bucket_bytes = parse_size("--bucket-size", args.bucket_size)
@@ -196,9 +254,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def size_list(args: argparse.Namespace) -> list[int]:
     if args.sizes:
         return [parse_size("--sizes", text) for text in args.sizes.split(",")]
-    begin, end = parse_size("--begin", args.begin), parse_size("--end", args.end)
+    begin, end = parse_size("--minbytes", args.begin), parse_size("--maxbytes", args.end)
     if begin > end:
-        raise ConfigError(f"--begin ({args.begin}) is larger than --end ({args.end})")
+        raise ConfigError(f"--minbytes ({args.begin}) is larger than --maxbytes ({args.end})")
     sizes = [begin]
     while sizes[-1] * args.factor <= end:
         sizes.append(sizes[-1] * args.factor)
@@ -447,8 +505,20 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def missing_plot_packages() -> list[str]:
+    return [name for name in PLOT_PACKAGES if importlib.util.find_spec(name) is None]
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    missing = missing_plot_packages()
+    if missing:
+        print(
+            f"fairring.bench: the plots need {' and '.join(missing)}, not installed in this Python: "
+            "pip install 'torch-fairring[bench]' (from a checkout: pip install --no-build-isolation '.[bench]')",
+            file=sys.stderr,
+        )
+        return 2
     # Terminated (kill, a scheduler's time limit), the run still stops its ranks and removes its
     # hosts: SystemExit unwinds through run_agents' `finally` and the cluster's `with`.
     signal.signal(signal.SIGTERM, _exit_on_signal)

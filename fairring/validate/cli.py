@@ -32,13 +32,14 @@ DEFAULT_SIZES = {"cuda": ("1MiB", "1GiB"), "cpu": ("64KiB", "64MiB")}
 EMULATED_DEVICE = "FAIRRING_TEST_EMULATED_DEVICE"
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m fairring.validate",
         description="Validate fairring's all-reduce (or reduce-scatter, all-gather) on a cluster, nccl-tests "
         "style: run it on every rank "
         "(torchrun, or srun with MASTER_ADDR and MASTER_PORT exported). Reference: docs/validating.md.",
-        epilog=f"Sizes: {SIZE_HELP}.",
+        epilog=f"Sizes: {SIZE_HELP}. -b, -e, -f, -n and -w are nccl-tests' flags, as python -m fairring.bench "
+        "takes them.",
     )
     parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda where torch sees a GPU, else cpu")
     parser.add_argument(
@@ -70,10 +71,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "(default: read from /sys/class/net/<interface>/speed)"
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="write every result here (rank 0)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds any collective may take (default 600)")
+    # torch's meaning (init_process_group's timeout); the bench's limit on its whole run is --time-limit.
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, metavar="S",
+        help="seconds any one collective may take, as torch's process-group timeout (default 600)",
+    )  # fmt: skip
     # The negative control of the checker (tests/test_validate.py): rank 0 damages the engine's results.
     parser.add_argument("--corrupt-for-test", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = build_parser()
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.stepfactor < 2 or args.iters < 1 or args.warmup_iters < 0:
         parser.error("--stepfactor must be >= 2, --iters >= 1 and --warmup_iters >= 0")
