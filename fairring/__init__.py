@@ -47,18 +47,9 @@ def _load_extension():  # type: ignore[no-untyped-def]
     return _C
 
 
+# A build without the CUDA path says so where a group asks for the CUDA engine (_registration.check_cuda_path),
+# not here: the engine is off by default, and every rank of every job would see it.
 _C = _load_extension()
-
-if torch.version.cuda is not None and not _C.build_info()["cuda_path"]:
-    # Every CUDA tensor then goes to NCCL alone, whatever FAIRRING_CUDA_ENGINE says.
-    import warnings
-
-    warnings.warn(
-        f"fairring was built without its CUDA path although torch {torch.__version__} has CUDA: CUDA "
-        "all-reduces go to NCCL and FAIRRING_CUDA_ENGINE has no effect. Rebuild with FAIRRING_WITH_CUDA=1 "
-        "to see what the build is missing (docs/configuration.md#building).",
-        stacklevel=2,
-    )
 
 
 def pending() -> list[str]:
@@ -73,11 +64,11 @@ def pending() -> list[str]:
 
 
 def build_info() -> dict[str, object]:
-    """What the extension was built with: versions and whether the CUDA path is in.
+    """fairring's version, and what the extension was built with: versions and whether the CUDA path is in.
 
     "nccl" is the NCCL that torch ships: fairring's NCCL groups are torch's own.
     """
-    info = dict(_C.build_info())
+    info: dict[str, object] = {"fairring": __version__, **_C.build_info()}
     info["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if info["cuda_path"] else None
     return info
 

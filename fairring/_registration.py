@@ -12,6 +12,8 @@ import torch.distributed as dist
 from . import _C
 from .auto_threshold import measure_flat_threshold
 from .config import (
+    AUTO,
+    CUDA_ENGINE,
     ENGINE_DISABLE,
     IB_HCA,
     SERIALIZED_LAUNCHES,
@@ -93,6 +95,7 @@ def create_backend(
         _logged_config = True
     high_priority = options.nccl is not None and bool(options.nccl.is_high_priority_stream)
     config = env_config.with_group_options(options.engine, options.flat_threshold, high_priority)
+    check_cuda_path(env_config, config, bool(_C.build_info()["cuda_path"]), torch.version.cuda is not None)
     warn_if_engine_disabled(config)
     warn_if_routed_to_nccl(config)
     if config.launcher_attempt is not None:
@@ -145,6 +148,27 @@ def log_inherited_settings(config: Config) -> None:
             "(DataLoader) do not corrupt memory the rails registered; set them before importing fairring to choose",
             " and ".join(f"{name}=1" for name in made),
         )
+
+
+def check_cuda_path(env_config: Config, config: Config, cuda_path: bool, torch_cuda: bool) -> None:
+    """FAIRRING_CUDA_ENGINE=1 or auto on a CUDA torch, in a build without the CUDA path, fails the group's init.
+
+    The engine's first CUDA all-reduce would fail there (device/cuda_none.cpp), so say it now, with the
+    rebuild. `env_config`: the variables; `config`: the group's, its fairring.Options applied. Nothing is said
+    where the engine is not asked for (the default): CUDA tensors go to NCCL, as they would anyway. A group's
+    Options(engine=True) alone is not checked here: it serves CPU tensors too, and a group does not know at
+    init whether it will see CUDA ones; its first CUDA all-reduce on the engine fails, advising the rebuild.
+    """
+    if cuda_path or not torch_cuda or not env_config.cuda_engine or config.engine_off:
+        return
+    setting = AUTO if env_config.cuda_engine_auto else "1"
+    raise ConfigError(
+        f"{CUDA_ENGINE}={setting} asks for the CUDA engine, but this fairring was built without its CUDA path "
+        f"(fairring.build_info()['cuda_path'] is False) although torch {torch.__version__} has CUDA. Rebuild it "
+        "in this environment with `FAIRRING_WITH_CUDA=1 pip install --no-build-isolation .`, which fails saying "
+        f"what the build is missing (docs/configuration.md#building), or unset {CUDA_ENGINE} to leave CUDA "
+        "all-reduces to NCCL."
+    )
 
 
 def warn_if_engine_disabled(config: Config) -> None:

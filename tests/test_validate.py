@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
+import fairring
 from fairring.bench import free_port
 from fairring.bench.launch import MASTER_PORT_IN_NAMESPACE, stop_agents
 from fairring.bench.netns import Host, NetnsCluster, netns_available
@@ -110,6 +113,7 @@ def test_cpu_two_machines_under_torchrun(tmp_path: Path) -> None:
     verdict = document["verdict"]["text"]
     output = finished.logs[0]
     assert output.rstrip().endswith(verdict) and verdict.startswith("fairring's engine")
+    assert document["environment"]["fairring"]["fairring"] == fairring.__version__
     assert "#wrong" in output and "# Out of bounds values : 0 OK" in output
     assert document["rails"][0]["interface"] == "lo" and document["rails"][0]["transport"] == "tensorpipe"
     # fairring.summary() of the engine's group: only engine all-reduces, timed (the last one's interval may
@@ -343,3 +347,26 @@ def test_arguments_take_nccl_tests_names_and_the_devices_defaults() -> None:
     for wrong in (["-f", "1"], ["-b", "2MiB", "-e", "1MiB"], ["-b", "lots"], ["-n", "0"], ["--share-gpu"]):
         with pytest.raises(SystemExit):
             cli.parse_args(["--device", "cpu", *wrong])
+
+
+def test_the_json_names_the_versions_the_build_and_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the bench's records do: python, torch, fairring's version and build_info(), and the settings in effect."""
+    monkeypatch.setenv("FAIRRING_SLICE_SIZE", "2MiB")
+    topology = SimpleNamespace(num_machines=2, machine_sizes=[1, 1])
+    served = SimpleNamespace(topology=topology, engine_stats=lambda device: {"ops": 1, "flat_ops": 0})
+    monkeypatch.setattr(fairring, "backend_of", lambda group, device: served)
+    args = cli.parse_args(["--device", "cpu", "-b", "64KiB", "-e", "64KiB"])
+    run = cli.Run(args, ["--device", "cpu"], launch.Placement(0, 2, 0, 1, "torchrun"), torch.device("cpu"))
+    paths = [sweep.Contender(name, name, None) for name in ("fairring", "gloo")]
+    rows = {path.name: [sweep.Row(64 * KiB, 16 * KiB, 1e-3, 0)] for path in paths}
+    ranks = [
+        {"rank": rank, "host": "host", "machine": rank, "interface": "lo", "nic_mbps": None,
+         "chosen_by_first_all_reduce": False}
+        for rank in range(2)
+    ]  # fmt: skip
+    environment = json.loads(json.dumps(cli.summarize(run, paths, rows, ranks)))["environment"]  # as written
+    assert environment["python"] == platform.python_version() and environment["torch"] == torch.__version__
+    assert environment["fairring"] == fairring.build_info()
+    assert environment["fairring"]["fairring"] == fairring.__version__
+    assert environment["fairring_env"]["FAIRRING_SLICE_SIZE"] == "2MiB"
+    assert environment["fairring_settings"]["FAIRRING_SLICE_SIZE"] == 2 * MiB

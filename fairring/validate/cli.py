@@ -18,6 +18,7 @@ import torch.distributed as dist
 import fairring
 from fairring._introspection import delegate_name
 from fairring.bench.collectives import COLLECTIVES
+from fairring.bench.worker import environment
 from fairring.config import ConfigError
 from fairring.sizes import SIZE_HELP, format_size, parse_size
 
@@ -78,12 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     # The negative control of the checker (tests/test_validate.py): rank 0 damages the engine's results.
     parser.add_argument("--corrupt-for-test", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
     return parser
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = build_parser()
+    args = parser.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.stepfactor < 2 or args.iters < 1 or args.warmup_iters < 0:
         parser.error("--stepfactor must be >= 2, --iters >= 1 and --warmup_iters >= 0")
@@ -280,6 +281,9 @@ def summarize(
     wrong = sum(record["wrong"] for records in results.values() for record in records)
     return {
         "command": ["python", "-m", "fairring.validate", *run.argv],
+        # As the bench's records have it: python, torch, fairring.build_info() (its version too), the FAIRRING_
+        # variables and the settings they make; the engine path's own fairring.Options are in its description.
+        "environment": environment(device.type),
         "launcher": run.where.launcher,
         "device": device.type,
         "emulated_device": os.environ.get(EMULATED_DEVICE),
