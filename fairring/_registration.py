@@ -26,6 +26,7 @@ from .config import (
     load_config,
 )
 from .dispatch import Decision, Run
+from .errors import dist_error_like
 from .infiniband import fork_safety_set_by_fairring
 from .interfaces import NCCL_SOCKET_IFNAME, SOCKET_IFNAME
 from .options import Options, group_options, nccl_options
@@ -391,7 +392,8 @@ class InnerGroups:
             ) from error
         except RuntimeError as error:
             # Gloo's connection errors name an address, not a rank: say what was under way.
-            raise RuntimeError(
+            raise dist_error_like(
+                error,
                 f"fairring: rank {old.rank}'s shrink of its group of {old.world_size} without rank(s) {excluded} "
                 f"failed while the ranks that remain, {survivors}, connected ({error}); one of them failed during "
                 "the shrink: exclude it too and shrink again"

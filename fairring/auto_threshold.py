@@ -23,6 +23,7 @@ from . import _C, dispatch_cache
 from ._introspection import delegate_name
 from .config import Config
 from .dispatch import COLLECTIVES, Decision, Exchange, Run, SizeTiming, Sweep
+from .errors import dist_error_like
 
 logger = logging.getLogger("fairring")
 
@@ -58,9 +59,10 @@ def measure_flat_threshold(
             replaced = f"; replaced the cached decision, which no longer held: {found}" if cached is not None else ""
             decision = replace(measured, reason=measured.reason + replaced)
     except Exception as error:
-        raise RuntimeError(
+        raise dist_error_like(
+            error,
             f"fairring: rank {topology.rank}: measuring the engine against {delegate} for "
-            f"FAIRRING_FLAT_THRESHOLD=auto failed, at the group's first {many[:-1]} the engine could take: {error}"
+            f"FAIRRING_FLAT_THRESHOLD=auto failed, at the group's first {many[:-1]} the engine could take: {error}",
         ) from error
     if topology.rank == 0:
         logger.info("%s %s (FAIRRING_FLAT_THRESHOLD=auto): %s", device.type, many, decision.reason)

@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch.distributed as dist
+
 from .config import MACHINE_ID, Config, ConfigError
 
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
@@ -32,8 +34,11 @@ _NAMESPACES = ("net", "ipc", "pid")
 logger = logging.getLogger("fairring")
 
 
-class TopologyError(RuntimeError):
-    """The ranks of a group could not learn each other's machines (e.g. a rank never joined)."""
+class TopologyError(dist.DistStoreError):
+    """The ranks of a group could not learn each other's machines through the store (e.g. a rank never joined).
+
+    A DistStoreError, as NCCL's and Gloo's init raise where a rank never comes to the store.
+    """
 
     def __init__(self, message: str, missing: list[int] | None = None) -> None:
         super().__init__(message)

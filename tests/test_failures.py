@@ -72,12 +72,14 @@ def stream_until_failure(victim: int, fault: str, scratch: str, step: str = "all
         outcome["first"] = "no error in 120 s"
     except RuntimeError as error:
         outcome["first"] = str(error)
+        outcome["first_class"] = type(error).__name__
     failed_at = time.time()
     try:
         run_step(tensor)
         outcome["later"] = "completed"
     except RuntimeError as error:
         outcome["later"] = str(error)
+        outcome["later_class"] = type(error).__name__
     outcome["later_seconds"] = time.time() - failed_at
     victim_pid, fault_time = (folder / "fault").read_text().split()
     outcome["seconds"] = failed_at - float(fault_time)
@@ -131,7 +133,8 @@ def report(title: str, outcomes: dict[str, dict[int, dict[str, object]]]) -> Non
     print(f"\n{title}")
     for backend, by_rank in outcomes.items():
         for rank, outcome in sorted(by_rank.items()):
-            print(f"  {backend:8} rank {rank}: after {outcome['seconds']:.2f} s: {str(outcome['first'])[:300]}")
+            first = f"{outcome.get('first_class', '')}: {str(outcome['first'])[:300]}"
+            print(f"  {backend:8} rank {rank}: after {outcome['seconds']:.2f} s: {first}")
 
 
 def with_gloo(fault: str, tmp_path: Path, transport: str) -> dict[str, dict[int, dict[str, object]]]:
@@ -150,6 +153,10 @@ def test_a_killed_rank_is_named_by_every_survivor(tmp_path: Path, transport: str
     for rank, outcome in outcomes["fairring"].items():
         first = str(outcome["first"])
         assert "rank 3 (machine 1 of 2) exited, crashed or lost its network" in first, (rank, first)
+        # torch's classes, which torchelastic and retry loops catch: a broken connection is the network's
+        # failure where this rank saw it break, the backend's where a neighbour's notice told of it.
+        assert outcome["first_class"] in ("DistNetworkError", "DistBackendError"), outcome
+        assert outcome["later_class"] == "DistBackendError", outcome
         assert float(outcome["seconds"]) < FAULT_TIMEOUT.total_seconds(), outcome
         assert "earlier failure stopped the engine" in str(outcome["later"]), outcome
         assert "rank 3 (machine 1 of 2)" in str(outcome["later"]), outcome
@@ -180,6 +187,7 @@ def test_a_frozen_rank_fails_every_survivor_within_the_timeout(tmp_path: Path, t
         first = str(outcome["first"])
         assert "rank 3 (machine 1 of 2) stopped responding" in first, (rank, first)
         assert "timed out after 10000 ms" in first, (rank, first)
+        assert outcome["first_class"] == "DistBackendError", outcome  # a timeout, as NCCL's watchdog classes it
         assert float(outcome["seconds"]) < limit, outcome
         assert float(outcome["later_seconds"]) < 1, outcome
         assert float(outcome["destroy_seconds"]) < 5, outcome
@@ -201,7 +209,7 @@ def late_peer_and_bounded_wait() -> str:
             work.wait(timeout=timedelta(milliseconds=500))
             message = "returned early"
         except RuntimeError as error:
-            message = str(error)
+            message = f"{type(error).__name__}: {error}"
     work.wait()
     assert torch.all(tensor == 3), tensor[:4]
     return message
@@ -211,7 +219,7 @@ def late_peer_and_bounded_wait() -> str:
 def test_wait_with_timeout_raises_then_the_op_still_completes() -> None:
     with RankPool(Layout(2, 1)) as ranks:
         messages = ranks.run(late_peer_and_bounded_wait)
-    assert "all_reduce did not complete within 500 ms" in messages[0], messages
+    assert "DistBackendError: fairring:all_reduce did not complete within 500 ms" in messages[0], messages
 
 
 def mismatched_all_reduce(difference: str) -> str:
@@ -308,3 +316,19 @@ def test_set_timeout_moves_the_heartbeats_with_it(tmp_path: Path) -> None:
     for rank, error in failure.value.results.items():
         assert "rank 3 (machine 1 of 2) stopped responding" in error, (rank, error)
         assert "timed out after 10000 ms" in error, (rank, error)
+
+
+def test_a_wrapped_failure_keeps_its_torch_class() -> None:
+    """What fairring adds to a failure's text (a shrink, auto's measurement) keeps the class retry loops catch."""
+    from fairring.errors import dist_error_like
+
+    causes = {
+        dist.DistNetworkError("reset"): dist.DistNetworkError,
+        dist.DistStoreError("timeout"): dist.DistStoreError,
+        dist.DistBackendError("failed"): dist.DistBackendError,
+        RuntimeError("Connection closed by peer"): dist.DistBackendError,  # Gloo's, unclassed
+    }
+    for cause, expected in causes.items():
+        wrapped = dist_error_like(cause, "fairring: while shrinking: " + str(cause))
+        assert type(wrapped) is expected, (cause, wrapped)
+        assert str(wrapped) == "fairring: while shrinking: " + str(cause)

@@ -249,3 +249,75 @@ def test_the_size_check_flags_a_long_file() -> None:
     lines = len(long_file.read_text().splitlines())
     assert oversized([long_file], limit=lines - 1) == [f"csrc/engine/slices.cpp: {lines}"]
     assert oversized([long_file], limit=lines) == []
+
+
+# torch's checks; a message-less one tells the user only "Expected ... to be true" or, for an
+# internal assert, to report a PyTorch bug. The _WITH form takes the error class first.
+CHECK_MACRO = re.compile(r"\b(TORCH_CHECK(?:_VALUE|_TYPE|_INDEX|_WITH)?|TORCH_INTERNAL_ASSERT)\s*\(")
+
+
+def macro_arguments(text: str, open_paren: int) -> list[str]:
+    """The top-level arguments of the call whose "(" is at `open_paren` (strings and nesting skipped)."""
+    arguments: list[str] = []
+    current: list[str] = []
+    depth = 0
+    quote = ""
+    index = open_paren
+    while index < len(text):
+        char = text[index]
+        if quote:
+            current.append(char)
+            if char == "\\":
+                current.append(text[index + 1])
+                index += 1
+            elif char == quote:
+                quote = ""
+        elif char in "\"'":
+            quote = char
+            current.append(char)
+        elif char == "(":
+            depth += 1
+            if depth > 1:
+                current.append(char)
+        elif char == ")":
+            depth -= 1
+            if depth == 0:
+                arguments.append("".join(current))
+                return arguments
+            current.append(char)
+        elif char == "," and depth == 1:
+            arguments.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+        index += 1
+    raise AssertionError(f"unbalanced call at offset {open_paren}")
+
+
+def checks_without_message(path: Path, text: str) -> list[str]:
+    """`path:line: MACRO` for each check in `text` that has a condition but no message."""
+    found = []
+    for match in CHECK_MACRO.finditer(text):
+        if text[: match.start()].rstrip().endswith("#define"):
+            continue
+        arguments = macro_arguments(text, match.end() - 1)
+        needed = 3 if match.group(1) == "TORCH_CHECK_WITH" else 2
+        if len(arguments) < needed:
+            found.append(f"{path.relative_to(REPO).as_posix()}:{text.count(chr(10), 0, match.start()) + 1}: {match[1]}")
+    return found
+
+
+def test_every_cpp_check_says_what_to_change() -> None:
+    files = sorted(p for p in (REPO / "csrc").rglob("*") if p.suffix in CHECKED_ROOTS["csrc"])
+    bare = [entry for path in files for entry in checks_without_message(path, path.read_text())]
+    assert not bare, f"give each a message that says what failed and what to change: {bare}"
+
+
+def test_the_check_rule_flags_a_bare_check() -> None:
+    path = REPO / "csrc" / "engine" / "plan.cpp"
+    bare = "int f(int n) {\n  TORCH_CHECK(n > 0);\n  TORCH_CHECK_WITH(DistBackendError, f(n, 1) > 0);\n"
+    said = '  TORCH_CHECK(g(n, ")"), "n is ", n);\n  TORCH_INTERNAL_ASSERT(n, "x");\n}\n'
+    assert checks_without_message(path, bare + said) == [
+        "csrc/engine/plan.cpp:2: TORCH_CHECK",
+        "csrc/engine/plan.cpp:3: TORCH_CHECK_WITH",
+    ]

@@ -11,7 +11,6 @@
 #include "backend/backend.h"
 
 #include <limits>
-#include <stdexcept>
 
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -20,6 +19,7 @@
 #include "backend/delegated.h"
 #include "backend/pending_report.h"
 #include "backend/work.h"
+#include "errors.h"
 #include "device/capture.h"
 #include "device/emulated.h"
 
@@ -320,7 +320,7 @@ c10::intrusive_ptr<c10d::Work> Backend::launchedInTurn(
         }
       },
       [settle](const std::string& why) {
-        settle(std::make_exception_ptr(std::runtime_error(why)));
+        settle(distError(ErrorClass::kBackend, why));
       });
   return work;
 }

@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include "backend/work.h"
+#include "errors.h"
 #include "reduction.h"
 
 namespace fairring {
@@ -46,7 +47,7 @@ struct DelegatedWorks::Watched {
   }
   void fail(const std::string& message) {
     if (!settled.exchange(true)) {
-      outer->setError(std::make_exception_ptr(std::runtime_error(message)));
+      outer->setError(distError(ErrorClass::kBackend, message));
     }
   }
 };

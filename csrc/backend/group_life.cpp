@@ -42,7 +42,8 @@ c10d::ErrorType Backend::getError() {
 
 void Backend::checkNotFailed(const char* opName) const {
   const std::string failure = delegated_.failure();
-  TORCH_CHECK(
+  TORCH_CHECK_WITH(
+      DistBackendError,
       failure.empty(),
       "fairring: rank ",
       getRank(),

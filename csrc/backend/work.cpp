@@ -96,7 +96,8 @@ bool FutureWork::wait(std::chrono::milliseconds timeout) {
       signal->done.notify_all();
     });
     std::unique_lock<std::mutex> lock(signal->mutex);
-    TORCH_CHECK(
+    TORCH_CHECK_WITH(
+        DistBackendError,
         signal->done.wait_for(lock, timeout, [&] { return signal->completed; }),
         // "fairring:all_reduce", ...; a delegated one has no title of ours
         title_ != nullptr ? std::string(title_)
@@ -230,7 +231,8 @@ bool InTurnWork::wait(std::chrono::milliseconds timeout) {
     if (timeout == kNoTimeout) {
       settled_.wait(lock, settled);
     } else {
-      TORCH_CHECK(
+      TORCH_CHECK_WITH(
+        DistBackendError,
           settled_.wait_for(lock, timeout, settled),
           c10d::opTypeToString(retrieveOpType()),
           " was not launched within ",

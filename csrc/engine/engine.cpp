@@ -357,7 +357,8 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::issue(
       op->fail(
           "fairring: rank " + std::to_string(topology_.rank()) + ": " +
           op->describe() +
-          " not started: an earlier failure stopped the engine: " + error_);
+          " not started: an earlier failure stopped the engine: " + error_,
+          ErrorClass::kBackend);
       return result;
     }
     liveOps_.push_back(op);

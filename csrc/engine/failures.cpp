@@ -237,7 +237,10 @@ void Engine::stop(Cause cause) {
   const std::string prefix =
       "fairring: rank " + std::to_string(topology_.rank()) + ": ";
   for (const auto& op : ops) {
-    op->fail(prefix + op->describe() + " failed: " + cause.what);
+    op->fail(
+        prefix + op->describe() + " failed: " + cause.what,
+        cause.kind == FailureKind::kConnection ? ErrorClass::kNetwork
+                                               : ErrorClass::kBackend);
   }
   for (const auto& launch : foreign) {
     launch.failed(prefix + "not launched: the engine stopped: " + cause.what);

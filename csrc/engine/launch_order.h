@@ -81,7 +81,15 @@ class LaunchOrder {
 };
 
 inline void LaunchOrder::issued(uint64_t op, int64_t slices, int64_t window) {
-  TORCH_INTERNAL_ASSERT(slices > 0 && window > 0 && window <= slices);
+  TORCH_INTERNAL_ASSERT(
+      slices > 0 && window > 0 && window <= slices,
+      "fairring: launch order: op ",
+      op,
+      " issued with ",
+      slices,
+      " slices and a window of ",
+      window,
+      "; a fairring bug: please report it");
   if (enforced_) {
     ops_.push_back(Pending{op, slices, window});
   }
@@ -114,7 +122,10 @@ inline bool LaunchOrder::isNext(Step step, uint64_t op, int64_t index) const {
 
 inline void LaunchOrder::launchedForeign() {
   if (enforced_) {
-    TORCH_INTERNAL_ASSERT(foreignNext());
+    TORCH_INTERNAL_ASSERT(
+        foreignNext(),
+        "fairring: launch order: a foreign launch ran out of its turn; a "
+        "fairring bug: please report it");
     ops_.pop_front();
   }
 }
@@ -123,7 +134,10 @@ inline void LaunchOrder::launched(Step step) {
   if (!enforced_) {
     return;
   }
-  TORCH_INTERNAL_ASSERT(!ops_.empty() && !ops_.front().foreign);
+  TORCH_INTERNAL_ASSERT(
+      !ops_.empty() && !ops_.front().foreign,
+      "fairring: launch order: a slice launched with no engine op next; a "
+      "fairring bug: please report it");
   if (step == Step::kReduceScatter) {
     ++reduceScattersLaunched_;
     return;

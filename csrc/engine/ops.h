@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "errors.h"
 #include "reduction.h"
 
 namespace fairring {
@@ -76,21 +77,19 @@ struct Engine::Op {
       }
     } catch (const std::exception& error) {
       // Settled already: fail() would do nothing, and the op never complete.
-      future->setError(
-          std::make_exception_ptr(
-              std::runtime_error(
-                  "fairring: " + describe() +
-                  ": copying the result back into the "
-                  "caller's tensor failed: " +
-                  error.what())));
+      future->setError(distError(
+          ErrorClass::kBackend,
+          "fairring: " + describe() +
+              ": copying the result back into the caller's tensor failed: " +
+              error.what()));
       return;
     }
     future->markCompleted(c10::IValue(std::vector<at::Tensor>{tensor}));
   }
 
-  void fail(const std::string& message) {
+  void fail(const std::string& message, ErrorClass errorClass) {
     if (!settled.exchange(true)) {
-      future->setError(std::make_exception_ptr(std::runtime_error(message)));
+      future->setError(distError(errorClass, message));
     }
   }
 };

@@ -11,26 +11,58 @@ namespace fairring {
 int64_t planUnit(
     int localSize, int machines, int64_t elementSize, int64_t minShardBytes) {
   TORCH_CHECK(
-      localSize > 0 && machines > 0 && elementSize > 0 && minShardBytes > 0);
+      localSize > 0 && machines > 0 && elementSize > 0 && minShardBytes > 0,
+      "fairring: cannot plan for ",
+      localSize,
+      " local ranks on ",
+      machines,
+      " machines with ",
+      elementSize,
+      "-byte elements and a ",
+      minShardBytes,
+      "-byte transport shard floor: each must be positive; this is a "
+      "fairring bug: please report it with the settings in use");
   const int64_t shardNumel = (minShardBytes + elementSize - 1) / elementSize;
   return static_cast<int64_t>(localSize) * machines * shardNumel;
 }
 
 int64_t sliceBytesFor(int64_t tensorBytes, int64_t maxSliceBytes) {
-  TORCH_CHECK(tensorBytes >= 0 && maxSliceBytes > 0);
+  TORCH_CHECK(
+      tensorBytes >= 0 && maxSliceBytes > 0,
+      "fairring: cannot slice ",
+      tensorBytes,
+      " bytes into slices of at most ",
+      maxSliceBytes,
+      ": FAIRRING_SLICE_SIZE must be positive");
   const int64_t floor = std::max<int64_t>(1, maxSliceBytes / 2);
   const int64_t deep = (tensorBytes + kPipelineDepth - 1) / kPipelineDepth;
   return std::clamp(deep, floor, maxSliceBytes);
 }
 
 int64_t sliceNumelFor(int64_t sliceBytes, int64_t elementSize, int64_t unit) {
-  TORCH_CHECK(sliceBytes > 0 && elementSize > 0 && unit > 0);
+  TORCH_CHECK(
+      sliceBytes > 0 && elementSize > 0 && unit > 0,
+      "fairring: a slice of ",
+      sliceBytes,
+      " bytes of ",
+      elementSize,
+      "-byte elements in units of ",
+      unit,
+      " elements: each must be positive; this is a fairring bug: please "
+      "report it with the settings in use");
   return std::max<int64_t>(1, sliceBytes / elementSize / unit) * unit;
 }
 
 std::vector<Slice> makePlan(int64_t numel, int64_t sliceNumel, int64_t unit) {
   TORCH_CHECK(
-      numel >= 0 && unit > 0 && sliceNumel > 0 && sliceNumel % unit == 0);
+      numel >= 0 && unit > 0 && sliceNumel > 0 && sliceNumel % unit == 0,
+      "fairring: cannot cut ",
+      numel,
+      " elements into slices of ",
+      sliceNumel,
+      ", which must be a positive multiple of the unit, ",
+      unit,
+      "; this is a fairring bug: please report it with the settings in use");
   std::vector<Slice> slices;
   for (int64_t offset = 0; offset < numel; offset += sliceNumel) {
     const int64_t length = std::min(sliceNumel, numel - offset);
@@ -79,7 +111,15 @@ PlanShape planShape(
     int64_t numel, int64_t elementSize, const PlanSettings& settings) {
   TORCH_CHECK(
       numel >= 0 && settings.minShardBytes >= 0 &&
-      settings.maxSlicesInFlight > 0);
+          settings.maxSlicesInFlight > 0,
+      "fairring: cannot plan ",
+      numel,
+      " elements with a shard floor of ",
+      settings.minShardBytes,
+      " bytes and ",
+      settings.maxSlicesInFlight,
+      " slices in flight: FAIRRING_MIN_SHARD_SIZE must not be negative and "
+      "FAIRRING_SLICES_IN_FLIGHT must be positive");
   const int64_t ranks =
       static_cast<int64_t>(settings.localSize) * settings.machines;
   const int64_t unit = planUnit(

@@ -108,7 +108,11 @@ int64_t RingExtents::release(uint64_t id) {
       std::find_if(extents_.begin(), extents_.end(), [id](const Extent& e) {
         return e.id == id;
       });
-  TORCH_INTERNAL_ASSERT(extent != extents_.end() && !extent->released);
+  TORCH_INTERNAL_ASSERT(
+      extent != extents_.end() && !extent->released,
+      "fairring: staging extent ",
+      id,
+      " released twice or never reserved; a fairring bug: please report it");
   extent->released = true;
   const int64_t size = extent->end - extent->begin;
   while (!extents_.empty() && extents_.front().released) {

@@ -202,7 +202,13 @@ SharedMemorySteps::SharedMemorySteps(int localRank, std::vector<int> ranks)
     : localRank_(localRank), ranks_(std::move(ranks)) {
   TORCH_CHECK(
       localRank_ >= 0 && localRank_ < static_cast<int>(ranks_.size()) &&
-      ranks_.size() > 1);
+          ranks_.size() > 1,
+      "fairring: shared-memory local steps for local rank ",
+      localRank_,
+      " of ",
+      ranks_.size(),
+      ": they need two or more local ranks and a local rank among them; a "
+      "fairring bug: please report it");
   mappings_.resize(ranks_.size());
   segmentName_ = uniqueName();
   const Descriptor fd(
@@ -264,7 +270,13 @@ void SharedMemorySteps::unlink() {
 }
 
 void SharedMemorySteps::attach(const std::vector<std::string>& names) {
-  TORCH_CHECK(names.size() == ranks_.size());
+  TORCH_CHECK(
+      names.size() == ranks_.size(),
+      "fairring: shared-memory local steps: ",
+      names.size(),
+      " segment names for ",
+      ranks_.size(),
+      " local ranks; a fairring bug: please report it");
   for (int peer = 0; peer < static_cast<int>(names.size()); ++peer) {
     if (peer == localRank_) {
       continue;
@@ -442,7 +454,15 @@ void SharedMemorySteps::reduceScatter(
   const int size = static_cast<int>(ranks_.size());
   TORCH_CHECK(
       slot.is_contiguous() && input.is_contiguous() &&
-      input.numel() == slot.numel() * size);
+          input.numel() == slot.numel() * size,
+      "fairring: shared-memory reduce-scatter of ",
+      input.numel(),
+      " elements into a slot of ",
+      slot.numel(),
+      " for ",
+      size,
+      " local ranks: both must be contiguous and the input the slot times "
+      "the ranks; a fairring bug: please report it");
   const int64_t elementSize = slot.element_size();
   const int64_t slotBytes = slot.numel() * elementSize;
   // Each entry holds the same range of every peer's part.
@@ -514,7 +534,15 @@ void SharedMemorySteps::allGather(
   const int size = static_cast<int>(ranks_.size());
   TORCH_CHECK(
       slot.is_contiguous() && output.is_contiguous() &&
-      output.numel() == slot.numel() * size);
+          output.numel() == slot.numel() * size,
+      "fairring: shared-memory all-gather of a slot of ",
+      slot.numel(),
+      " elements into ",
+      output.numel(),
+      " for ",
+      size,
+      " local ranks: both must be contiguous and the output the slot times "
+      "the ranks; a fairring bug: please report it");
   const int64_t slotBytes = slot.numel() * slot.element_size();
   const int64_t chunks =
       std::max<int64_t>(1, (slotBytes + kEntryBytes - 1) / kEntryBytes);

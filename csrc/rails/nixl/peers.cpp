@@ -62,7 +62,8 @@ void awaitRecords(
             (missing.empty() ? "" : ", ") + std::to_string(neighbours[index]);
       }
     }
-    TORCH_CHECK(
+    TORCH_CHECK_WITH(
+        DistStoreError,
         false,
         "fairring: timed out after ",
         timeout.count(),
