@@ -128,6 +128,7 @@ COMMON_SOURCES = [
     "rails/tensorpipe/wire.cpp",
     "rails/watch.cpp",
     "reduction.cpp",
+    "test_switches.cpp",
     "testing/bindings.cpp",
     "testing/rails_bindings.cpp",
     "testing/fake_nixl.cpp",
@@ -439,8 +440,8 @@ def _version() -> str:
     return namespace["__version__"]
 
 
-setup(
 # pyproject.toml's [project] holds the metadata; setup() gives only the fields it lists as dynamic.
+setup(
     version=_version(),
     license="BSD-3-Clause",
     packages=find_packages(include=["fairring", "fairring.*"]),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from datetime import timedelta
 from typing import Any
 
@@ -29,6 +30,7 @@ from .dispatch import Decision, Run
 from .errors import dist_error_like
 from .infiniband import fork_safety_set_by_fairring
 from .interfaces import NCCL_SOCKET_IFNAME, SOCKET_IFNAME
+from .known_variables import warn_unknown_variables
 from .options import Options, group_options, nccl_options
 from .plan_log import describe_plans, floor_advice, plan_of
 from .rails_network import rails_network
@@ -90,6 +92,7 @@ def create_backend(
     options = Options() if options is None else options
     env_config = load_config()
     apply_log_level(env_config)
+    warn_unknown_variables(os.environ)
     if not _logged_config:
         logger.debug("effective configuration: %s", env_config.describe())
         log_inherited_settings(env_config)

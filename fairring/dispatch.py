@@ -20,7 +20,6 @@ before a size its time limit would not hold.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .config import ENGINE_OFF_THRESHOLD
+from .known_variables import TEST_SWITCH_PREFIX
 from .sizes import KiB, format_size
 
 logger = logging.getLogger("fairring")
@@ -222,8 +222,10 @@ class Sweep:
         self._rank = rank
         self._world_size = world_size
         self._delegate = delegate
-        corrupt = os.environ.get(CORRUPT_ENGINE_RESULT, "").strip()
-        self._corrupt = corrupt != "" and int(corrupt) == rank
+        from . import _C
+
+        corrupt = _C.test_switch(CORRUPT_ENGINE_RESULT.removeprefix(TEST_SWITCH_PREFIX))
+        self._corrupt = corrupt is not None and int(corrupt) == rank
 
     def measure(self, budget_s: float) -> Decision:
         # Untimed, and outside the limit: makes the engine (as its first use would) and connects

@@ -7,6 +7,7 @@
 
 #include "config.h"
 #include "rails/interfaces.h"
+#include "test_switches.h"
 #include "topology.h"
 
 namespace py = pybind11;
@@ -178,6 +179,15 @@ void bindSettings(py::module_& module) {
       "Every IPv4 and IPv6 address of this host's interfaces, in "
       "getifaddrs() order: [{name, family, address, up, loopback, "
       "link_local}].");
+
+  module.def(
+      "test_switch",
+      [](const std::string& suffix) {
+        return fairring::testSwitch(std::string_view(suffix));
+      },
+      py::arg("suffix"),
+      "The test suite's switch FAIRRING_TEST_<suffix>, or None where unset "
+      "or empty (csrc/test_switches.h lists them).");
 }
 
 } // namespace fairring::bindings

@@ -15,6 +15,7 @@
 
 #include "device/capture.h"
 #include "device/streamed.h"
+#include "test_switches.h"
 
 namespace fairring {
 
@@ -349,12 +350,12 @@ int64_t parseNumber(std::string_view text, std::string_view item) {
 } // namespace
 
 std::optional<EmulatedDeviceSettings> emulatedDeviceFromEnv() {
-  const char* value = std::getenv("FAIRRING_TEST_EMULATED_DEVICE");
-  if (value == nullptr || *value == '\0') {
+  const auto value = testSwitch(TestSwitch::kEmulatedDevice);
+  if (!value) {
     return std::nullopt;
   }
   EmulatedDeviceSettings settings;
-  std::string_view rest(value);
+  std::string_view rest(*value);
   while (!rest.empty()) {
     const size_t comma = rest.find(',');
     const std::string_view item = rest.substr(0, comma);

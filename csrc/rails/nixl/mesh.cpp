@@ -11,6 +11,7 @@
 
 #include "rails/interfaces.h"
 #include "rails/peer_text.h"
+#include "test_switches.h"
 
 namespace fairring::rails::nixl {
 
@@ -30,13 +31,24 @@ std::string randomHex() {
 
 TestKnobs TestKnobs::fromEnvironment() {
   TestKnobs knobs;
-  if (const char* slow = std::getenv("FAIRRING_TEST_NIXL_SLOW_RECEIVER_MS")) {
-    knobs.slowReceiver = std::chrono::milliseconds(std::atoi(slow));
+  if (const auto slow = testSwitch(TestSwitch::kNixlSlowReceiverMs)) {
+    size_t used = 0;
+    int milliseconds = -1;
+    try {
+      milliseconds = std::stoi(*slow, &used);
+    } catch (const std::exception&) {
+    }
+    TORCH_CHECK(
+        used == slow->size() && milliseconds >= 0,
+        "fairring: ",
+        testSwitchName(TestSwitch::kNixlSlowReceiverMs),
+        "='",
+        *slow,
+        "' needs a non-negative number of milliseconds");
+    knobs.slowReceiver = std::chrono::milliseconds(milliseconds);
   }
-  if (const char* ungranted =
-          std::getenv("FAIRRING_TEST_NIXL_UNGRANTED_WRITES")) {
-    knobs.ungrantedWrites = std::string(ungranted) == "1";
-  }
+  knobs.ungrantedWrites =
+      testSwitch(TestSwitch::kNixlUngrantedWrites).value_or("") == "1";
   return knobs;
 }
 
