@@ -113,6 +113,7 @@ COMMON_SOURCES = [
     "engine/trace.cpp",
     "local/group_steps.cpp",
     "local/shared_memory.cpp",
+    "log.cpp",
     "rails/failover.cpp",
     "rails/interfaces.cpp",
     "rails/lanes.cpp",

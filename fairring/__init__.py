@@ -25,6 +25,7 @@ import torch.distributed  # registers the c10d types that _C builds on
 
 from ._version import __version__
 from .config import DUMP_SIGNAL, Config, ConfigError, load_config, parse_dump_signal
+from .log import install_handler
 from .topology import TopologyError
 
 
@@ -50,6 +51,7 @@ def _load_extension():  # type: ignore[no-untyped-def]
 # A build without the CUDA path says so where a group asks for the CUDA engine (_registration.check_cuda_path),
 # not here: the engine is off by default, and every rank of every job would see it.
 _C = _load_extension()
+install_handler()
 
 
 def pending() -> list[str]:

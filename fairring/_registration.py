@@ -23,7 +23,6 @@ from .config import (
     TOTAL_MEMORY,
     Config,
     ConfigError,
-    apply_log_level,
     load_config,
 )
 from .dispatch import Decision, Run
@@ -31,6 +30,7 @@ from .errors import dist_error_like
 from .infiniband import fork_safety_set_by_fairring
 from .interfaces import NCCL_SOCKET_IFNAME, SOCKET_IFNAME
 from .known_variables import warn_unknown_variables
+from .log import apply_log_level
 from .options import Options, group_options, nccl_options
 from .plan_log import describe_plans, floor_advice, plan_of
 from .rails_network import rails_network
@@ -91,7 +91,7 @@ def create_backend(
     global _logged_config
     options = Options() if options is None else options
     env_config = load_config()
-    apply_log_level(env_config)
+    apply_log_level(env_config.log_level, rank)
     warn_unknown_variables(os.environ)
     if not _logged_config:
         logger.debug("effective configuration: %s", env_config.describe())
@@ -399,7 +399,7 @@ class InnerGroups:
                 error,
                 f"fairring: rank {old.rank}'s shrink of its group of {old.world_size} without rank(s) {excluded} "
                 f"failed while the ranks that remain, {survivors}, connected ({error}); one of them failed during "
-                "the shrink: exclude it too and shrink again"
+                "the shrink: exclude it too and shrink again",
             ) from error
         log_shrunk(backend.topology, excluded)
         return backend

@@ -6,7 +6,6 @@ what is accepted, rather than failing later inside a collective.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
@@ -762,15 +761,3 @@ def parse_dump_signal(raw: str | None) -> int | None:
             "(e.g. FAIRRING_DUMP_SIGNAL=USR2, then kill -USR2 <pid>)"
         )
     return int(getattr(signal, f"SIG{name}"))
-
-
-def apply_log_level(config: Config) -> None:
-    """Sends fairring's log to stderr at the configured level, if one is set."""
-    if config.log_level is None:
-        return
-    logger = logging.getLogger("fairring")
-    logger.setLevel(config.log_level)
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("[fairring %(process)d] %(levelname)s %(message)s"))
-        logger.addHandler(handler)

@@ -5,6 +5,7 @@
 // completion and abort hooks, and abort and shutdown.
 
 #include "backend/backend.h"
+#include "log.h"
 
 #include <algorithm>
 
@@ -261,11 +262,13 @@ void Backend::awaitDumps() {
   // c10d drops the group's flight recorder hook once this returns, and a
   // dump that has not begun by then writes nothing.
   if (!awaitFailureReports(kDumpWait)) {
-    TORCH_WARN(
-        "fairring: the group goes while a dump of its failure still runs "
-        "after ",
-        kDumpWait.count(),
-        " s; the dump may be incomplete");
+    notice(
+        LogLevel::kWarning,
+        c10::str(
+            "fairring: the group goes while a dump of its failure still runs "
+            "after ",
+            kDumpWait.count(),
+            " s; the dump may be incomplete"));
   }
 }
 

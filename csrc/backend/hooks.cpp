@@ -10,6 +10,7 @@
 
 #include "backend/work.h"
 #include "device/capture.h"
+#include "log.h"
 
 namespace fairring {
 
@@ -59,7 +60,9 @@ void reportFailure(
       try {
         hook();
       } catch (const std::exception& error) {
-        TORCH_WARN("fairring: an abort hook failed: ", error.what());
+        notice(
+            LogLevel::kWarning,
+            c10::str("fairring: an abort hook failed: ", error.what()));
       }
     }
     *running = false;

@@ -232,7 +232,7 @@ bool InTurnWork::wait(std::chrono::milliseconds timeout) {
       settled_.wait(lock, settled);
     } else {
       TORCH_CHECK_WITH(
-        DistBackendError,
+          DistBackendError,
           settled_.wait_for(lock, timeout, settled),
           c10d::opTypeToString(retrieveOpType()),
           " was not launched within ",

@@ -6,6 +6,7 @@
 #include "bindings/bindings.h"
 
 #include "config.h"
+#include "log.h"
 #include "rails/interfaces.h"
 #include "test_switches.h"
 #include "topology.h"
@@ -179,6 +180,26 @@ void bindSettings(py::module_& module) {
       "Every IPv4 and IPv6 address of this host's interfaces, in "
       "getifaddrs() order: [{name, family, address, up, loopback, "
       "link_local}].");
+
+  module.def(
+      "set_log_level",
+      [](std::optional<int> level, int rank) {
+        TORCH_CHECK(
+            !level || (*level >= 0 && *level <= 3),
+            "fairring: log level ",
+            *level,
+            " is none of 0 (DEBUG) to 3 (ERROR)");
+        fairring::setLogLevel(
+            level ? std::optional<fairring::LogLevel>(
+                        static_cast<fairring::LogLevel>(*level))
+                  : std::nullopt,
+            rank);
+      },
+      py::arg("level"),
+      py::arg("rank"),
+      "FAIRRING_LOG_LEVEL for the C++ notices (0 DEBUG .. 3 ERROR; None: "
+      "unset, c10's logging and TORCH_CPP_LOG_LEVEL decide), and the rank "
+      "their lines name (-1: unknown); fairring.log calls it.");
 
   module.def(
       "test_switch",

@@ -19,6 +19,7 @@
 
 #include "device/capture.h"
 #include "device/streamed.h"
+#include "log.h"
 
 namespace fairring {
 
@@ -98,15 +99,18 @@ class EngineStreams {
       }
     }
     if (retired > 0) {
-      TORCH_WARN(
-          "fairring: ",
-          retired,
-          " stream(s) of a stopped engine on ",
-          device,
-          " still hold work after ",
-          kIdleWait.count(),
-          " ms (a local step whose abort did not finish); they are retired, "
-          "never given to another engine");
+      notice(
+          LogLevel::kWarning,
+          c10::str(
+              "fairring: ",
+              retired,
+              " stream(s) of a stopped engine on ",
+              device,
+              " still hold work after ",
+              kIdleWait.count(),
+              " ms (a local step whose abort did not finish); they are "
+              "retired, "
+              "never given to another engine"));
     }
     std::lock_guard<std::mutex> lock(mutex());
     auto& spare = spares()[{device.index(), highPriority}];

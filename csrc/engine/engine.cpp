@@ -5,11 +5,11 @@
 #include <algorithm>
 
 #include <c10/util/Exception.h>
-#include <c10/util/Logging.h>
 
 #include "engine/ops.h"
 #include "engine/plan.h"
 #include "reduction.h"
+#include "log.h"
 
 namespace fairring {
 
@@ -127,15 +127,11 @@ Engine::Engine(
         *watch_,
         topology_,
         failoverSettings(timeout),
-        rails::RailFailover::Hooks{
-            [this](const std::string& line, bool warning) {
-              const std::string text = "fairring: " + line;
-              if (warning) {
-                LOG(WARNING) << text;
-              } else {
-                LOG(INFO) << text;
-              }
-            }});
+        rails::RailFailover::Hooks{[](const std::string& line, bool warning) {
+          notice(
+              warning ? LogLevel::kWarning : LogLevel::kInfo,
+              "fairring: " + line);
+        }});
   }
   watch_->start();
   // One thread per stage and the watchdog, owned by the engine and joined by
@@ -356,8 +352,8 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::issue(
     if (!error_.empty()) {
       op->fail(
           "fairring: rank " + std::to_string(topology_.rank()) + ": " +
-          op->describe() +
-          " not started: an earlier failure stopped the engine: " + error_,
+              op->describe() +
+              " not started: an earlier failure stopped the engine: " + error_,
           ErrorClass::kBackend);
       return result;
     }

@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 
 #include "reduction.h"
+#include "log.h"
 
 namespace fairring {
 
@@ -186,12 +187,14 @@ void GroupSteps::join() {
     }
   }
   if (!stopped) {
-    TORCH_WARN(
-        "fairring: a local ",
-        reduceScatter_->getBackendName(),
-        " group did not stop within ",
-        kStopWait.count(),
-        " s; leaving it to finish on its own");
+    notice(
+        LogLevel::kWarning,
+        c10::str(
+            "fairring: a local ",
+            reduceScatter_->getBackendName(),
+            " group did not stop within ",
+            kStopWait.count(),
+            " s; leaving it to finish on its own"));
   }
 }
 

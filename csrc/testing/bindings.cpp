@@ -32,6 +32,7 @@
 #include "engine/staging.h"
 #include "local/group_steps.h"
 #include "local/shared_memory.h"
+#include "log.h"
 #include "rails/tensorpipe/factory.h"
 #include "testing/recording_group.h"
 
@@ -66,6 +67,19 @@ c10d::ReduceOp::RedOpType localOpNamed(const std::string& name) {
 } // namespace
 
 void bindTesting(py::module_& testing) {
+  // A C++ notice, as the failover's and the local groups' are logged.
+  testing.def(
+      "log",
+      [](int level, const std::string& text) {
+        TORCH_CHECK(
+            level >= 0 && level <= 3,
+            "fairring: log level ",
+            level,
+            " is none of 0 (DEBUG) to 3 (ERROR)");
+        fairring::notice(static_cast<fairring::LogLevel>(level), text);
+      },
+      py::arg("level"),
+      py::arg("text"));
   // What counting and timing one op costs the funnel (backend/usage.h):
   // `ops` starts and counts of a CPU op whose Work has completed, so its
   // callback runs and its interval is folded in, as a fast op's would be.
