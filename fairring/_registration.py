@@ -115,6 +115,7 @@ def create_backend(
         list(view.machine_sizes),
     )
     logger.debug("group %s: %s", group_name, topology)
+    log_if_never_on_engine(group_name, topology)
     check_staging_fits(config, topology)
     log_plans(config, topology)
 
@@ -205,6 +206,24 @@ def _first_time(notice: str) -> bool:
         return False
     _noticed.add(notice)
     return True
+
+
+def log_if_never_on_engine(group_name: str, topology: _C.Topology) -> None:
+    """At INFO, from the group's rank 0: a group whose layout keeps every collective off the engine says so.
+
+    These are the groups whose users wonder why nothing changed; path_for and the summary's by_reason say
+    it per op (irregular_group).
+    """
+    if topology.serves_engine or topology.world_size == 1 or topology.rank != 0:
+        return
+    sizes = list(topology.machine_sizes)
+    logger.info(
+        "group %s: ranks on %d machine(s) of %s rank(s): the engine needs 2 or more machines of equally many "
+        "ranks, so this group's collectives all go to the delegate (gloo for CPU tensors, nccl for CUDA)",
+        group_name,
+        len(sizes),
+        ", ".join(map(str, sizes)),
+    )
 
 
 def check_staging_fits(config: Config, topology: _C.Topology) -> None:

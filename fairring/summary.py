@@ -15,7 +15,7 @@ import itertools
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed as dist
@@ -44,9 +44,13 @@ class PathUsage:
     bytes_per_s: float | None  # the timed ops' bytes over busy_s
     of_bound: float | None  # the bound's time for the timed ops' bytes over busy_s
     saved_s: float | None  # against the other path, by auto's sweep; negative: lost
+    # Ops by why they took the path: "engine", or what kept them off it (csrc/backend/path_reason.h).
+    by_reason: dict[str, int] = field(default_factory=dict)
 
     def describe(self) -> str:
         text = f"{self.path} {self.ops} ops {format_bytes(self.bytes)}"
+        if self.path != "engine" and self.by_reason:
+            text += " (" + ", ".join(f"{reason} {ops}" for reason, ops in sorted(self.by_reason.items())) + ")"
         if self.timed_ops > 0 and self.busy_s > 0:
             text += f" in {self.busy_s:.3g} s"
             if self.bytes_per_s is not None:
@@ -109,6 +113,7 @@ def summarize(backend: _C.Backend, config: Config, nic_gbps: float | None = None
                 bytes_per_s=timed / busy if busy > 0 else None,
                 of_bound=bound_s / busy if bound_s is not None and busy > 0 else None,
                 saved_s=_saved(backend.measured_threshold(device, collective), usage["by_size"], on_engine),
+                by_reason=dict(usage["by_reason"]),
             )
         )
     return Summary(topology.rank, rows, bound)

@@ -19,6 +19,18 @@ if str(Path(__file__).parents[1]) not in sys.path:
 from benchmarks.harness import Layout, RankPool
 
 
+@pytest.fixture(autouse=True)
+def fairring_log_reaches_caplog() -> Iterator[None]:
+    """fairring's logger does not propagate (fairring/log.py); pytest's caplog listens at the root."""
+    import logging
+
+    logger = logging.getLogger("fairring")
+    propagated = logger.propagate
+    logger.propagate = True
+    yield
+    logger.propagate = propagated
+
+
 @pytest.fixture(scope="session", autouse=True)
 def flight_recorder_dumps() -> Iterator[Path]:
     """Where ranks' flight-recorder dumps go: a directory removed after the run.

@@ -73,7 +73,7 @@ AXES = {
 CASES = [dict(zip(AXES, values, strict=True)) for values in itertools.product(*AXES.values())]
 
 
-def decide(case: dict[str, object], **overrides: object) -> tuple[str, bool]:
+def decide(case: dict[str, object], **overrides: object) -> tuple[object, ...]:
     case = {"uniform": True, "nccl_misreads": False, "block_open": False, **case, **overrides}
     return _C._testing.allreduce_path(
         device=case["device"],
@@ -88,6 +88,7 @@ def decide(case: dict[str, object], **overrides: object) -> tuple[str, bool]:
         serves_engine=case["serves_engine"],
         config=config(case["cuda_engine"]),
         captured=case["captured"],
+        with_reason=case.get("with_reason", False),
     )
 
 
@@ -122,6 +123,38 @@ def test_the_rules_that_take_a_second_look(overrides: dict[str, object], path: s
     base = {"device": "cuda", "dtype": torch.float32, "op": "sum", "bytes": 64 * MiB, "count": 1}
     base |= {"serves_engine": True, "cuda_engine": False, "coalesced": False, "captured": False}
     assert decide(base, **overrides) == (path, premultiply)
+
+
+def expected_reason(case: dict[str, object]) -> str:
+    """Why, by the documented order (csrc/backend/path_reason.h): the first thing that keeps it off the engine."""
+    path, _ = expected(case)
+    if path == "engine":
+        return "engine"
+    device, dtype, op = case["device"], case["dtype"], case["op"]
+    reduced = "sum" if op == "premul_sum" and not case["coalesced"] else op
+    op_ok = reduced in ENGINE_OPS or (reduced == "avg" and dtype in FLOATING)
+    op_ok = op_ok or (reduced in BITWISE_OPS and device == "cpu" and dtype in ENGINE_DTYPES - FLOATING)
+    for reason, applies in [
+        ("irregular_group", not case["serves_engine"]),
+        ("captured", case["captured"]),
+        ("mixed_tensors", not case["uniform"]),
+        ("dtype_or_op", dtype not in ENGINE_DTYPES or not op_ok),
+        ("cuda_engine_off", device == "cuda" and not case["cuda_engine"]),
+        ("below_threshold", case["bytes"] < THRESHOLDS[device]),
+    ]:
+        if applies:
+            return reason
+    return "coalescing"  # several tensors, not all_reduce_coalesced's
+
+
+def test_every_combination_names_the_documented_reason() -> None:
+    wrong = []
+    for case in CASES:
+        full = {"uniform": True, "nccl_misreads": False, "block_open": False, **case}
+        path, premultiply, reason = decide(full, with_reason=True)
+        if (path, premultiply) != decide(full) or reason != expected_reason(full):
+            wrong.append((case, reason, expected_reason(full)))
+    assert not wrong, f"{len(wrong)} of {len(CASES)} cases, e.g. {wrong[:3]}"
 
 
 def test_the_reference_would_catch_a_wrong_rule() -> None:

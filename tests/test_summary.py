@@ -76,7 +76,15 @@ def test_counts_bytes_and_times_each_kind_and_path() -> None:
             bound_s = passes * (LAYOUT.machines - 1) / LAYOUT.machines * row["bytes"] / (1e9 / 8)
             assert row["of_bound"] == pytest.approx(bound_s / row["busy_s"])
             assert row["saved_s"] is None  # a threshold that was set, not measured
-        assert "cpu all_reduce: engine 7 ops 4 MiB in " in result["line"] and ", gloo 5 ops 5 KiB in " in result["line"]
+        # Why each went where it did: the delegate's all-reduces were below the threshold.
+        assert {key: row["by_reason"] for key, row in rows.items()} == {
+            ("all_reduce", "gloo"): {"below_threshold": 5},
+            ("all_reduce", "engine"): {"engine": 7},
+            ("reduce_scatter", "engine"): {"engine": 2},
+            ("all_gather", "engine"): {"engine": 2},
+        }
+        assert "cpu all_reduce: engine 7 ops 4 MiB in " in result["line"]
+        assert ", gloo 5 ops 5 KiB (below_threshold 5) in " in result["line"]
         assert "1 Gbit/s per machine (given)" in result["line"]
         # Loopback reports no speed: no fraction, and the reason.
         assert all(row.of_bound is None for row in result["sysfs"].rows)
@@ -136,3 +144,99 @@ def test_many_fast_ops_are_each_counted_and_timed() -> None:
     """Ops whose Work completed before they were counted (the callback runs at once) are all folded in;
     the binding fails otherwise. What it costs is benchmarks/summary_cost.py's to say, not a test's."""
     assert 0 < fairring._C._testing.usage_seconds_per_op(20_000) < 1
+
+
+# (nbytes, dtype, device) each rank asks path_for about, then issues where it can.
+ASKED = [
+    (1 * MiB, torch.float32, "cpu"),  # the engine
+    (SMALL, torch.float32, "cpu"),  # below 64 KiB
+    (1 * MiB, torch.bool, "cpu"),  # the engine reduces no bool (Gloo does)
+    (1 * MiB, torch.complex64, "cpu"),  # torch hands the backend its float32 view: the engine
+    (1 * MiB, torch.float32, "cuda"),  # FAIRRING_CUDA_ENGINE unset: off
+]
+
+
+def paths_asked_then_counted() -> dict[str, object]:
+    """What path_for says for each of ASKED, and for each CPU one, the reason the counters record for it."""
+    backend = fairring.backend_of()
+    answers = [backend.path_for(nbytes, dtype, device) for nbytes, dtype, device in ASKED]
+    chunked = backend.path_for(1 * MiB, torch.float32, "cpu", "reduce_scatter")
+    counted = []
+    for nbytes, dtype, device in ASKED:
+        if device != "cpu":
+            continue
+        before = {row["path"]: dict(row["by_reason"]) for row in backend.usage() if row["collective"] == "all_reduce"}
+        dist.all_reduce(torch.ones(nbytes // torch.empty(0, dtype=dtype).element_size(), dtype=dtype))
+        after = {row["path"]: dict(row["by_reason"]) for row in backend.usage() if row["collective"] == "all_reduce"}
+        grown = [
+            (path, reason)
+            for path, reasons in after.items()
+            for reason, ops in reasons.items()
+            if ops > before.get(path, {}).get(reason, 0)
+        ]
+        counted.append(grown)
+    return {"answers": answers, "chunked": chunked, "counted": counted}
+
+
+def test_path_for_says_the_path_and_the_reason_the_counters_then_record() -> None:
+    with RankPool(LAYOUT, InitSpec(extra_env=THRESHOLD)) as pool:
+        results = pool.run(paths_asked_then_counted)
+    expected = [
+        {"path": "engine", "reason": "engine"},
+        {"path": "delegate", "reason": "below_threshold"},
+        {"path": "delegate", "reason": "dtype_or_op"},
+        {"path": "engine", "reason": "engine"},
+        {"path": "delegate", "reason": "cuda_engine_off"},
+    ]
+    for result in results:
+        assert result["answers"] == expected
+        assert result["chunked"] == {"path": "engine", "reason": "engine"}
+        # The counters, from the all-reduces themselves, agree with the query.
+        assert result["counted"] == [
+            [("engine", "engine")],
+            [("delegate", "below_threshold")],
+            [("delegate", "dtype_or_op")],
+            [("engine", "engine")],
+        ]
+
+
+def path_of_one_mib() -> dict[str, str]:
+    return fairring.backend_of().path_for(1 * MiB, torch.float32)
+
+
+def test_a_group_on_one_machine_says_it_is_irregular() -> None:
+    # Every rank on one machine: nothing for the rails to do, so nothing ever goes to the engine.
+    with RankPool(Layout(1, 2), InitSpec()) as pool:
+        results = pool.run(path_of_one_mib)
+    assert results == [{"path": "delegate", "reason": "irregular_group"}] * 2
+
+
+def test_before_auto_measures_the_path_is_undecided(tmp_path: Path) -> None:
+    auto = {"FAIRRING_FLAT_THRESHOLD": "auto", "FAIRRING_AUTO_CACHE": str(tmp_path)}
+    with RankPool(LAYOUT, InitSpec(extra_env=auto)) as pool:
+        results = pool.run(path_of_one_mib)
+    assert results == [{"path": "undecided", "reason": "to_be_measured"}] * 4
+
+
+@pytest.mark.parametrize(
+    ("machines", "rank", "said"),
+    [
+        ([[0, 1, 2]], 0, "ranks on 1 machine(s) of 3 rank(s)"),  # one machine
+        ([[0, 1], [2]], 0, "ranks on 2 machine(s) of 2, 1 rank(s)"),  # uneven machines
+        ([[0, 1], [2]], 1, None),  # said once, by the group's rank 0
+        ([[0, 1], [2, 3]], 0, None),  # the engine serves it
+    ],
+)
+def test_a_group_the_engine_never_serves_says_so_at_info(
+    machines: list[list[int]], rank: int, said: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    from fairring import _C
+    from fairring._registration import log_if_never_on_engine
+
+    with caplog.at_level(logging.INFO, logger="fairring"):
+        log_if_never_on_engine("g", _C.Topology(rank, machines))
+    lines = [record.getMessage() for record in caplog.records]
+    if said is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and said in lines[0] and "go to the delegate" in lines[0], lines

@@ -24,6 +24,40 @@ AllreduceRoute Backend::choosePath(const AllreduceArgs& args) {
   return route;
 }
 
+Backend::PathAnswer Backend::pathFor(
+    Collective kind,
+    int64_t bytes,
+    at::ScalarType dtype,
+    c10::Device device) const {
+  // torch.distributed hands a backend complex tensors viewed as real.
+  dtype = c10::toRealValueType(dtype);
+  EngineSizes sizes = engineSizesInForce(device.type(), kind);
+  const bool measured = sizes.fromBytes != kMeasuredThreshold;
+  if (!measured) {
+    sizes = EngineSizes{}; // whether the engine could take it at all
+  }
+  PathReason reason = PathReason::kEngine;
+  if (kind == Collective::kAllReduce) {
+    AllreduceArgs args;
+    args.deviceType = device.type();
+    args.device = device;
+    args.dtype = dtype;
+    args.bytes = bytes;
+    reason = chooseAllreducePath(args, topology_.servesEngine(), config_, sizes)
+                 .reason;
+  } else {
+    ChunkedArgs args;
+    args.kind = kind;
+    args.deviceType = device.type();
+    args.dtype = dtype;
+    args.bytes = bytes;
+    args.wellFormed = true;
+    reason = chunkedReason(args, topology_.servesEngine(), config_, sizes);
+  }
+  const bool engine = reason == PathReason::kEngine;
+  return {engine && measured, measured || !engine, reason};
+}
+
 void Backend::noteIfCapturedGoesToNccl(
     bool captured, c10::DeviceType deviceType) {
   static std::atomic<bool> noted{false}; // once per process, for every kind
@@ -163,7 +197,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(
   const AllreduceRoute route = choosePath(args);
   return issue(
       allreduceOperation("allreduce", args, route, tensors)
-          .countedAs(Collective::kAllReduce, args.bytes),
+          .countedAs(Collective::kAllReduce, args.bytes, route.reason),
       [&](const Runner& runner) {
         return launchAllreduce(runner, tensors, opts, route);
       });
@@ -215,7 +249,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(
   const AllreduceRoute route = choosePath(args);
   return issue(
       allreduceOperation("allreduce_coalesced", args, route, tensors)
-          .countedAs(Collective::kAllReduce, args.bytes),
+          .countedAs(Collective::kAllReduce, args.bytes, route.reason),
       [&](const Runner& runner) {
         if (runner.engine != nullptr) {
           return futureWork(

@@ -15,6 +15,7 @@
 #include <c10/core/ScalarType.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include "backend/path_reason.h"
 #include "config.h"
 #include "reduction.h"
 
@@ -67,10 +68,30 @@ enum class AllreducePath {
   kDelegate, // the delegate: the engine cannot, or is not asked to
 };
 
+// What keeps a collective of `bytes` off the engine, if anything, once it is
+// known to be one the engine could reduce (`engineCan`'s parts first).
+inline PathReason sizeAndSettingReason(
+    bool cpu, int64_t bytes, const Config& config, EngineSizes sizes) {
+  if (sizes.fromBytes == std::numeric_limits<int64_t>::max()) {
+    return PathReason::kEngineOff;
+  }
+  if (!cpu && !config.cudaEngine) {
+    return PathReason::kCudaEngineOff;
+  }
+  if (bytes < sizes.fromBytes) {
+    return PathReason::kBelowThreshold;
+  }
+  if (bytes >= sizes.belowBytes) {
+    return PathReason::kAboveCeiling;
+  }
+  return PathReason::kEngine;
+}
+
 struct AllreduceRoute {
   AllreducePath path;
   // Scale by the PREMUL_SUM factor here and reduce a SUM.
   bool premultiplyHere;
+  PathReason reason = PathReason::kEngine;
 };
 
 // `servesEngine`: the group spans 2+ machines of equally many ranks.
@@ -100,7 +121,23 @@ inline AllreduceRoute chooseAllreducePath(
   const bool premultiplyHere = premul && args.canPremultiply &&
       (cpu || path == AllreducePath::kEngine ||
        (args.ncclMisreadsPremulFactor && !args.nativeBlockOpen));
-  return {path, premultiplyHere};
+  PathReason reason = PathReason::kEngine;
+  if (!servesEngine) {
+    reason = PathReason::kIrregularGroup;
+  } else if (args.captured) {
+    reason = PathReason::kCaptured;
+  } else if (!args.uniform) {
+    reason = PathReason::kMixedTensors;
+  } else if (!reductionSupported(args.dtype, reduced, args.deviceType)) {
+    reason = PathReason::kDtypeOrOp;
+  } else if (const auto held =
+                 sizeAndSettingReason(cpu, args.bytes, config, sizes);
+             held != PathReason::kEngine) {
+    reason = held;
+  } else if (path != AllreducePath::kEngine) {
+    reason = PathReason::kCoalescing;
+  }
+  return {path, premultiplyHere, reason};
 }
 
 } // namespace fairring

@@ -176,6 +176,7 @@ c10::intrusive_ptr<c10d::Work> Backend::issue(Operation op, Launch launch) {
         interval,
         op.counted->kind,
         runner.engine != nullptr ? UsagePath::kEngine : UsagePath::kDelegate,
+        op.counted->reason,
         op.counted->bytes,
         work);
   }

@@ -88,6 +88,21 @@ class Backend final : public c10d::Backend {
   std::vector<UsageRow> usage() {
     return usage_.rows();
   }
+  // The path a `kind` of one dense tensor of `bytes` (the N-chunk side's)
+  // of `dtype` on `device`, with SUM, would take now, and why: from the
+  // functions the collective decides by (allreduce_path.h, chunked_path.h).
+  // Measures nothing: where auto has yet to measure the engine against the
+  // delegate, `decided` is false: the path is not known yet.
+  struct PathAnswer {
+    bool onEngine = false;
+    bool decided = true;
+    PathReason reason = PathReason::kEngine;
+  };
+  PathAnswer pathFor(
+      Collective kind,
+      int64_t bytes,
+      at::ScalarType dtype,
+      c10::Device device) const;
   // What the engine for tensors of `type` holds, and what making it added to
   // the process (engine/footprint.h); empty until it is made.
   std::optional<EngineFootprint> footprint(c10::DeviceType type) const;

@@ -117,12 +117,14 @@ c10::intrusive_ptr<c10d::Work> Backend::chunked(
   // the engine could take.
   EngineSizes sizes = engineSizesFor(args, deviceOf(call.op));
   if (sizes.fromBytes == kMeasuredThreshold) {
-    // Not measured (none the engine could take yet): the delegate's.
-    sizes = EngineSizes{std::numeric_limits<int64_t>::max()};
+    // Not measured: the engine could not take it at any size, which the
+    // reason then names.
+    sizes = EngineSizes{};
   }
-  const bool onEngine =
-      chunkedOnEngine(args, topology_.servesEngine(), config_, sizes);
-  call.op = std::move(call.op).countedAs(call.kind, args.bytes);
+  const PathReason reason =
+      chunkedReason(args, topology_.servesEngine(), config_, sizes);
+  const bool onEngine = reason == PathReason::kEngine;
+  call.op = std::move(call.op).countedAs(call.kind, args.bytes, reason);
   return launchChunked(
       args, onEngine, std::move(call), std::forward<OnDelegate>(onDelegate));
 }

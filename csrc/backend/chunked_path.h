@@ -97,16 +97,38 @@ inline c10d::ReduceOp::RedOpType chunkedEngineOp(const ChunkedArgs& args) {
 // tensors are well formed, the engine reduces the dtype with the op, and the
 // size is at or above the all-reduce's flat threshold. Not in a coalescing
 // block, nor under capture: the delegate runs those.
+inline PathReason chunkedReason(
+    const ChunkedArgs& args,
+    bool servesEngine,
+    const Config& config,
+    EngineSizes sizes) {
+  if (!servesEngine) {
+    return PathReason::kIrregularGroup;
+  }
+  if (args.captured) {
+    return PathReason::kCaptured;
+  }
+  if (!args.wellFormed) {
+    return PathReason::kMixedTensors;
+  }
+  if (!reductionSupported(args.dtype, chunkedEngineOp(args), args.deviceType)) {
+    return PathReason::kDtypeOrOp;
+  }
+  if (const auto held = sizeAndSettingReason(
+          args.deviceType == c10::kCPU, args.bytes, config, sizes);
+      held != PathReason::kEngine) {
+    return held;
+  }
+  return args.inCoalescingBlock ? PathReason::kCoalescing : PathReason::kEngine;
+}
+
 inline bool chunkedOnEngine(
     const ChunkedArgs& args,
     bool servesEngine,
     const Config& config,
     EngineSizes sizes) {
-  const bool cpu = args.deviceType == c10::kCPU;
-  return servesEngine && (cpu || config.cudaEngine) && args.wellFormed &&
-      !args.captured && !args.inCoalescingBlock &&
-      reductionSupported(args.dtype, chunkedEngineOp(args), args.deviceType) &&
-      args.bytes >= sizes.fromBytes && args.bytes < sizes.belowBytes;
+  return chunkedReason(args, servesEngine, config, sizes) ==
+      PathReason::kEngine;
 }
 
 } // namespace fairring

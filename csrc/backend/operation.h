@@ -15,6 +15,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include "backend/path_reason.h"
 #include "engine/collective.h"
 
 namespace fairring {
@@ -111,6 +112,7 @@ struct Operation {
   struct Counted {
     Collective kind = Collective::kAllReduce;
     int64_t bytes = 0;
+    PathReason reason = PathReason::kEngine; // why its path
   };
   std::optional<Counted> counted;
 
@@ -142,9 +144,10 @@ struct Operation {
     return op;
   }
 
-  // This operation is a caller's `kind` of `bytes` (see `counted`).
-  Operation countedAs(Collective kind, int64_t bytes) && {
-    counted = Counted{kind, bytes};
+  // This operation is a caller's `kind` of `bytes`, on its path for
+  // `reason` (see `counted`).
+  Operation countedAs(Collective kind, int64_t bytes, PathReason reason) && {
+    counted = Counted{kind, bytes, reason};
     return std::move(*this);
   }
 

@@ -101,6 +101,7 @@ void Usage::count(
     const std::shared_ptr<Interval>& interval,
     Collective kind,
     UsagePath path,
+    PathReason reason,
     int64_t bytes,
     const c10::intrusive_ptr<c10d::Work>& work) {
   interval->bytes = bytes;
@@ -120,6 +121,7 @@ void Usage::count(
     row.kind = kind;
     row.path = path;
     ++row.ops;
+    ++row.opsByReason[static_cast<size_t>(reason)];
     row.bytes += bytes;
     ++row.opsBySize[sizeBucket(bytes)];
     row.bytesBySize[sizeBucket(bytes)] += bytes;

@@ -28,6 +28,7 @@
 #include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "backend/path_reason.h"
 #include "engine/collective.h"
 
 namespace fairring {
@@ -50,6 +51,9 @@ struct UsageRow {
   double busySeconds = 0;
   std::array<int64_t, kSizeBuckets> opsBySize{};
   std::array<int64_t, kSizeBuckets> bytesBySize{};
+  // Why they took this path (path_reason.h): on the delegate, what kept
+  // each off the engine.
+  std::array<int64_t, kPathReasons> opsByReason{};
 };
 
 class Usage {
@@ -66,6 +70,7 @@ class Usage {
       const std::shared_ptr<Interval>& interval,
       Collective kind,
       UsagePath path,
+      PathReason reason,
       int64_t bytes,
       const c10::intrusive_ptr<c10d::Work>& work);
 

@@ -451,6 +451,16 @@ void bindBackend(py::module_& module) {
                 }
               }
               entry["by_size"] = std::move(bySize);
+              py::dict byReason;
+              for (size_t reason = 0; reason < fairring::kPathReasons;
+                   ++reason) {
+                if (row.opsByReason[reason] > 0) {
+                  byReason[fairring::pathReasonName(
+                      static_cast<fairring::PathReason>(reason))] =
+                      row.opsByReason[reason];
+                }
+              }
+              entry["by_reason"] = std::move(byReason);
               rows.append(std::move(entry));
             }
             return rows;
@@ -460,8 +470,49 @@ void bindBackend(py::module_& module) {
           "and path ('engine' or 'delegate') that counted an op: ops, bytes "
           "(of the N-chunk tensors), timed_ops and timed_bytes (those whose "
           "time is in busy_s), busy_s (seconds with at least one in flight) "
-          "and by_size: (smallest bytes of the power-of-two bucket, ops, "
-          "bytes). fairring.summary() reads it.")
+          "by_size: (smallest bytes of the power-of-two bucket, ops, "
+          "bytes), and by_reason: ops by why they took the path ('engine', "
+          "or what kept them off it: backend/path_reason.h). "
+          "fairring.summary() reads it.")
+      .def(
+          "path_for",
+          [](const fairring::Backend& backend,
+             int64_t nbytes,
+             at::ScalarType dtype,
+             const std::string& device,
+             const std::string& collective) {
+            TORCH_CHECK_VALUE(
+                nbytes >= 0,
+                "fairring: path_for(nbytes=",
+                nbytes,
+                "): give the collective's size in bytes, 0 or more");
+            const auto answer = backend.pathFor(
+                collectiveNamed(collective),
+                nbytes,
+                dtype,
+                c10::Device(device));
+            py::dict result;
+            result["path"] = !answer.decided ? "undecided"
+                : answer.onEngine            ? "engine"
+                                             : "delegate";
+            result["reason"] = answer.decided
+                ? fairring::pathReasonName(answer.reason)
+                : "to_be_measured";
+            return result;
+          },
+          py::arg("nbytes"),
+          py::arg("dtype"),
+          py::arg("device") = "cpu",
+          py::arg("collective") = "all_reduce",
+          "The path a `collective` of one dense tensor of `nbytes` (a "
+          "reduce-scatter's or all-gather's N-chunk side) of `dtype` on "
+          "`device`, with SUM, would take now, and why: {'path': 'engine', "
+          "'delegate' or 'undecided' (FAIRRING_FLAT_THRESHOLD=auto has not "
+          "measured yet), 'reason': 'engine', what keeps it off the engine "
+          "(irregular_group, captured, mixed_tensors, dtype_or_op, "
+          "engine_off, cuda_engine_off, below_threshold, above_ceiling, "
+          "coalescing) or 'to_be_measured'}. Decided by the functions the "
+          "collective itself uses; asks nothing of the other ranks.")
       .def(
           "engine_footprint",
           [](const fairring::Backend& backend,

@@ -105,6 +105,7 @@ void bindTesting(py::module_& testing) {
               interval,
               fairring::Collective::kAllReduce,
               fairring::UsagePath::kDelegate,
+              fairring::PathReason::kBelowThreshold,
               4,
               work);
         }
@@ -133,7 +134,8 @@ void bindTesting(py::module_& testing) {
          bool nativeBlockOpen,
          bool servesEngine,
          const Config& config,
-         bool captured) {
+         bool captured,
+         bool withReason) {
         AllreduceArgs args;
         args.deviceType = c10::Device(device).type();
         args.dtype = dtypeOf.scalar_type();
@@ -166,7 +168,12 @@ void bindTesting(py::module_& testing) {
             : route.path == AllreducePath::kDelegateBelowThreshold
             ? "delegate below threshold"
             : "delegate";
-        return py::make_tuple(path, route.premultiplyHere);
+        if (withReason) {
+          return py::tuple(
+              py::make_tuple(
+                  path, route.premultiplyHere, pathReasonName(route.reason)));
+        }
+        return py::tuple(py::make_tuple(path, route.premultiplyHere));
       },
       py::arg("device"),
       py::arg("dtype_of"),
@@ -179,7 +186,8 @@ void bindTesting(py::module_& testing) {
       py::arg("native_block_open"),
       py::arg("serves_engine"),
       py::arg("config"),
-      py::arg("captured") = false);
+      py::arg("captured") = false,
+      py::arg("with_reason") = false);
 
   bindRailsTesting(testing);
 
