@@ -28,7 +28,7 @@ from .config import (
 from .dispatch import Decision, Run
 from .errors import dist_error_like
 from .infiniband import fork_safety_set_by_fairring
-from .interfaces import NCCL_SOCKET_IFNAME, SOCKET_IFNAME
+from .interfaces import GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, SOCKET_IFNAME
 from .known_variables import warn_unknown_variables
 from .log import apply_log_level
 from .options import Options, group_options, nccl_options
@@ -134,12 +134,13 @@ def create_backend(
 
 def log_inherited_settings(config: Config) -> None:
     """Once, at INFO: settings fairring took from NCCL's variables, and the process-wide ones it made."""
-    if config.socket_ifname_variable == NCCL_SOCKET_IFNAME:
+    if config.socket_ifname_variable in (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME):
         logger.info(
-            "the rails use the interfaces %s=%s selects; set %s to choose them apart from NCCL's",
-            NCCL_SOCKET_IFNAME,
+            "the rails use the interfaces %s=%s selects; set %s to choose them apart from %s's",
+            config.socket_ifname_variable,
             config.socket_ifname,
             SOCKET_IFNAME,
+            "NCCL" if config.socket_ifname_variable == NCCL_SOCKET_IFNAME else "Gloo",
         )
     hca = config.transport.ib_hca
     if hca is not None and not hca.explicit:

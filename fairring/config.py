@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from .errors import ConfigError
 from .interfaces import (
+    GLOO_SOCKET_IFNAME,
     NCCL_SOCKET_IFNAME,
     RAIL_INTERFACES,
     SOCKET_FAMILY,
@@ -458,7 +459,7 @@ def load_config(env: Mapping[str, str] | None = None, tensorpipe_built: bool | N
         min_shard=size(MIN_SHARD_SIZE, DEFAULT_MIN_SHARD_SIZE, allow_zero=True),
         machine_id=machine_id.strip() if machine_id else None,
         log_level=log_level,
-        **_socket_settings(env),
+        **_socket_settings(env, cuda_engine),
         cuda_engine=cuda_engine,
         cuda_engine_auto=cuda_engine_auto,
         auto_budget_s=_auto_budget(env.get(AUTO_BUDGET)),
@@ -735,13 +736,18 @@ def _ib_hca(env: Mapping[str, str], tensorpipe: bool) -> HcaSelection | None:
     return None
 
 
-def _socket_settings(env: Mapping[str, str]) -> dict[str, object]:
-    """The rails' interfaces: FAIRRING_SOCKET_IFNAME, else TP_SOCKET_IFNAME (exact names), else NCCL_SOCKET_IFNAME."""
+def _socket_settings(env: Mapping[str, str], cuda_engine: bool) -> dict[str, object]:
+    """The rails' interfaces: FAIRRING_SOCKET_IFNAME, else TP_SOCKET_IFNAME (exact names), else the job's own.
+
+    The job's own: where the CUDA engine is off the rails carry CPU tensors, in place of Gloo's, so
+    GLOO_SOCKET_IFNAME (exact names) comes before NCCL_SOCKET_IFNAME; with it on, the other way round.
+    """
     settings: dict[str, object] = {
         "socket_family": parse_family(env.get(SOCKET_FAMILY)),
         "rail_interfaces": parse_rail_interfaces(env.get(RAIL_INTERFACES)),
     }
-    for variable, exact in ((SOCKET_IFNAME, False), (TP_SOCKET_IFNAME, True), (NCCL_SOCKET_IFNAME, False)):
+    jobs = [(GLOO_SOCKET_IFNAME, True), (NCCL_SOCKET_IFNAME, False)]
+    for variable, exact in [(SOCKET_IFNAME, False), (TP_SOCKET_IFNAME, True), *(jobs[::-1] if cuda_engine else jobs)]:
         raw = env.get(variable)
         if raw is not None and raw.strip() != "":
             settings["socket_ifname"] = parse_interface_filter(variable, raw, exact=exact)

@@ -4,9 +4,11 @@
 list of name prefixes (`eth,ens`); a leading `^` excludes the listed prefixes
 instead (`^docker,lo`); a leading `=` makes them exact names (`=eth0`), and
 `^=` excludes exact names. Unset, fairring falls back to `TP_SOCKET_IFNAME`
-(exact names, as torch's RPC reads it), and with neither it chooses as NCCL
-does: IPoIB interfaces (`ib*`) first, then anything but `docker*`, `lo*` and
-`virbr*`, then those, in that order.
+(exact names, as torch's RPC reads it), then to the job's own:
+`GLOO_SOCKET_IFNAME` (exact names) and `NCCL_SOCKET_IFNAME`, NCCL's first
+where the CUDA engine is on; with none it chooses as NCCL does: IPoIB
+interfaces (`ib*`) first, then anything but `docker*`, `lo*` and `virbr*`,
+then those, in that order.
 
 One NIC per rail: when several interfaces match, rail i (the rank's local
 index) takes the (i mod n)-th of them, in natural name order (eth2 before
@@ -38,6 +40,8 @@ SOCKET_IFNAME = "FAIRRING_SOCKET_IFNAME"
 TP_SOCKET_IFNAME = "TP_SOCKET_IFNAME"
 # What an NCCL job already sets: the rails follow it where fairring's own variables are unset.
 NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"
+# What a Gloo (CPU) job sets: exact names, comma-separated; first where the CUDA engine is off.
+GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
 SOCKET_FAMILY = "FAIRRING_SOCKET_FAMILY"
 RAIL_INTERFACES = "FAIRRING_RAIL_INTERFACES"
 

@@ -209,6 +209,23 @@ def test_the_rails_follow_nccl_socket_ifname_after_fairrings_own_variables() -> 
     assert load_config({}).socket_ifname is None
 
 
+def test_a_cpu_jobs_rails_follow_gloo_socket_ifname() -> None:
+    # A CPU job sets Gloo's variable (exact names, comma-separated); the rails replace Gloo's all-reduces.
+    both = {"GLOO_SOCKET_IFNAME": "eth1,eth2", "NCCL_SOCKET_IFNAME": "ib"}
+    cpu = load_config(both)
+    assert cpu.socket_ifname_variable == "GLOO_SOCKET_IFNAME"
+    assert cpu.socket_ifname is not None and cpu.socket_ifname.matches("eth2")
+    assert not cpu.socket_ifname.matches("eth10")  # exact names, as Gloo reads them
+    # With the CUDA engine on, the rails carry CUDA buffers in place of NCCL's: NCCL's variable first.
+    cuda = load_config({**both, "FAIRRING_CUDA_ENGINE": "1"})
+    assert cuda.socket_ifname_variable == "NCCL_SOCKET_IFNAME"
+    assert load_config({"GLOO_SOCKET_IFNAME": "eth1", "FAIRRING_CUDA_ENGINE": "1"}).socket_ifname_variable == (
+        "GLOO_SOCKET_IFNAME"
+    )
+    for own in ("FAIRRING_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
+        assert load_config({own: "eth0", **both}).socket_ifname_variable == own
+
+
 def test_the_rails_follow_nccl_ib_hca_where_fairrings_own_is_unset() -> None:
     hca = load_transport_settings({"NCCL_IB_HCA": "=mlx5_0:1"}).ib_hca
     assert hca is not None and hca.setting() == "NCCL_IB_HCA='=mlx5_0:1'" and not hca.explicit
