@@ -446,6 +446,8 @@ setup(
     version=_version(),
     license="BSD-3-Clause",
     packages=find_packages(include=["fairring", "fairring.*"]),
+    # The typed API (PEP 561): the marker, and the extension's stub (tests/test_typed_api.py).
+    package_data={"fairring": ["py.typed", "_C.pyi"]},
     install_requires=[f"torch=={torch.__version__.split('+')[0]}"],
     ext_modules=[_extension()] if os.environ.get("FAIRRING_WITH_EXTENSION", "1") != "0" else [],
     cmdclass={"build_ext": BuildExtensionWithPch},

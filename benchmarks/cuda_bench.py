@@ -617,7 +617,8 @@ def engine_counters(bench: Bench, results: Results) -> None:
     backend = dist.group.WORLD._get_backend(bench.device)
     results.data["engine_stats"] = backend.engine_stats(bench.device.type)
     with contextlib.suppress(Exception):
-        results.data["engine_rails"] = backend.rails(bench.device.type)
+        rails = backend.rails(bench.device.type)
+        results.data["engine_rails"] = None if rails is None else rails["description"]
 
 
 def device_info(device: torch.device) -> dict[str, Any]:

@@ -35,8 +35,8 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fairring._sizes import format_bytes, parse_size
 from fairring.bench import free_port
-from fairring.sizes import format_bytes, parse_size
 
 # Issued: the Works to wait for. Checked: whether every output holds what a plain torch computation says.
 Issue = Callable[[dist.ProcessGroup], list[dist.Work]]

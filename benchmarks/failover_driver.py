@@ -24,7 +24,7 @@ def prepare(size: int) -> str:
     _state["tensor"] = rank_tensor(dist.get_rank(), (size // 4,), torch.float32)
     _state["expected"] = all_ranks_reduced((size // 4,), torch.float32)
     dist.all_reduce(torch.ones(4096))
-    return fairring.backend_of().rails()
+    return fairring.backend_of().rails()["description"]
 
 
 def all_reduces(count: int) -> list[tuple[float, float]]:
@@ -53,7 +53,7 @@ def all_reduces_for(seconds: float) -> list[tuple[float, float]]:
 
 
 def rails() -> str:
-    return fairring.backend_of().rails()
+    return fairring.backend_of().rails()["description"]
 
 
 def bytes_sent(cluster: NetnsCluster, interfaces: tuple[str, ...] = ("eth0", "eth1")) -> dict[str, list[int]]:

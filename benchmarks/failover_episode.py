@@ -31,8 +31,8 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.failover_driver import all_reduces, all_reduces_for, bytes_sent, prepare, rails  # noqa: E402
 from benchmarks.harness import InitSpec, Layout, RankPool  # noqa: E402
+from fairring._sizes import parse_rate, parse_size  # noqa: E402
 from fairring.bench.netns import NetnsCluster, netns_available  # noqa: E402
-from fairring.sizes import parse_rate, parse_size  # noqa: E402
 
 LAYOUT = Layout(2, 2)
 BUCKET_S = 0.5

@@ -38,9 +38,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.harness import InitSpec, Layout, RankPool  # noqa: E402
+from fairring._config import ConfigError  # noqa: E402
+from fairring._nixl import UCX_SAME_HOST_EXCLUDED, UCX_TCP_SEGMENT, UCX_TCP_SEGMENTS, nixl_library  # noqa: E402
 from fairring.bench.netns import NetnsCluster, netns_available  # noqa: E402
-from fairring.config import ConfigError  # noqa: E402
-from fairring.nixl import UCX_SAME_HOST_EXCLUDED, UCX_TCP_SEGMENT, UCX_TCP_SEGMENTS, nixl_library  # noqa: E402
 
 SIZE = 8 << 20
 _state: dict[str, object] = {}

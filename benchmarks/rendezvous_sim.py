@@ -8,7 +8,7 @@ runs until it must wait for keys, then parks until they exist while the
 others go on. Machine ids are "machine-<m>" (FAIRRING_MACHINE_ID), LOCAL_RANK
 is given; ranks are numbered machine by machine, or round-robin (--interleaved).
 
-- new: fairring.rendezvous (a rank reads its machine's members and two rail
+- new: fairring._rendezvous (a rank reads its machine's members and two rail
   keys of one short entry per machine);
 - old: the exchange fairring used before (every rank reads every record), re-implemented for its store traffic: set
   this rank's record, wait for all N records, multi_get all N, then
@@ -45,9 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # tests/test_rendezvous.py counts with the same CountingStore.
 
 from benchmarks.counting_store import CountingStore
-from fairring.config import MACHINE_ID, Config
-from fairring.rendezvous import RankView, rendezvous_steps
-from fairring.topology import RankIdentity, check_settings_agree, group_into_machines
+from fairring._config import MACHINE_ID, Config
+from fairring._rendezvous import RankView, rendezvous_steps
+from fairring._topology import RankIdentity, check_settings_agree, group_into_machines
 
 OLD_PREFIX = "fairring/identity/"
 # Simulated ranks' steps: they yield the keys they wait for and return their result.

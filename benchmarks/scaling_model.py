@@ -21,9 +21,9 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from fairring._config import DEFAULT_MIN_SHARD_SIZE
+from fairring._sizes import GiB, MiB, format_bytes, parse_size
 from fairring.bench import model
-from fairring.config import DEFAULT_MIN_SHARD_SIZE
-from fairring.sizes import GiB, MiB, format_bytes, parse_size
 
 MACHINES = [1, 2, 4, 8, 16, 32, 64, 128]
 BUCKET = 25 * MiB  # DDP's default bucket

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fairring.config import MPS_PIPE_DIRECTORY, SERIALIZED_LAUNCHES
-from fairring.sizes import format_size
+from fairring._config import MPS_PIPE_DIRECTORY, SERIALIZED_LAUNCHES
+from fairring._sizes import format_size
 
 LINK = "10gbit"
 # 2 machines x 2 ranks, then x 4 where the stage's time allows (about twice the first's).

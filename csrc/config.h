@@ -13,8 +13,8 @@ namespace fairring {
 constexpr int64_t kMeasuredThreshold = -1;
 
 // How this rank's rails reach their peers, chosen in Python at init, where
-// each choice is logged: the interface (fairring/interfaces.py) and the
-// TensorPipe transports and channels (fairring/transports.py).
+// each choice is logged: the interface (fairring/_interfaces.py) and the
+// TensorPipe transports and channels (fairring/_transports.py).
 struct RailsNetwork {
   // The numeric address the rails listen on, and only on, and its interface.
   std::string listenAddress = "127.0.0.1";
@@ -43,7 +43,8 @@ struct RailsNetwork {
   std::vector<std::string> required;
   // Which transport carries the rails (FAIRRING_RAILS_TRANSPORT):
   // "tensorpipe" or "nixl"; for NIXL, its backend (FAIRRING_NIXL_BACKEND:
-  // "UCX" or "LIBFABRIC") and the path of its C API library (fairring/nixl.py).
+  // "UCX" or "LIBFABRIC") and the path of its C API library
+  // (fairring/_nixl.py).
   std::string transport = "tensorpipe";
   std::string nixlBackend = "UCX";
   std::string nixlLibrary;
@@ -54,7 +55,7 @@ struct RailsNetwork {
 };
 
 // Engine settings, parsed and validated from the environment in Python
-// (fairring/config.py), which documents each one and is the one home of their
+// (fairring/_config.py), which documents each one and is the one home of their
 // defaults: Python sets every field, so none has a default here.
 struct Config {
   // Upper bound on staging memory per device (FAIRRING_TOTAL_MEMORY).

@@ -33,7 +33,7 @@ const char* levelName(LogLevel level) {
   return "?";
 }
 
-// As fairring.log's formatter writes the Python side's lines.
+// As fairring._log's formatter writes the Python side's lines.
 std::string linePrefix(LogLevel level) {
   const auto now = std::chrono::system_clock::now();
   const std::time_t seconds = std::chrono::system_clock::to_time_t(now);

@@ -9,7 +9,7 @@ namespace fairring {
 // The test suite's switches: faults and emulations a test asks for. They
 // live under one private prefix, FAIRRING_TEST_, are read here and nowhere
 // else (Python reads them through the bindings), and are not settings:
-// docs/configuration.md leaves them out and fairring.known_variables does
+// docs/configuration.md leaves them out and fairring._known_variables does
 // not check them.
 enum class TestSwitch {
   // An emulated device in place of a CPU one (device/emulated.cpp).

@@ -9,7 +9,7 @@ namespace fairring {
 // How the ranks of one process group map onto machines, as one rank sees it.
 //
 // Discovery (environment, store rendezvous, validation) happens in Python
-// (fairring/topology.py, fairring/rendezvous.py); this is the validated
+// (fairring/_topology.py, fairring/_rendezvous.py); this is the validated
 // result, as plain data. Ranks are the group's ranks. Machines are ordered the
 // same way on every rank, and ranks within a machine by their local index,
 // which is also their rail: rail i connects local rank i of every machine.

@@ -9,10 +9,10 @@ from __future__ import annotations
 import atexit
 import os
 
-# Imported first: it notes (infiniband.IMPORT_STATE) whether the user set the
+# Imported first: it notes (_infiniband.IMPORT_STATE) whether the user set the
 # variables below and whether libibverbs is already in the process, which
-# decides whether the rails may use InfiniBand (fairring.transports).
-from . import infiniband as infiniband
+# decides whether the rails may use InfiniBand (fairring._transports).
+from . import _infiniband  # noqa: F401
 
 # fork() after ibverbs is loaded corrupts memory unless this is set first
 # (DataLoader workers fork); TensorPipe's InfiniBand transport loads ibverbs.
@@ -23,10 +23,12 @@ os.environ.setdefault("IBV_FORK_SAFE", "1")
 import torch
 import torch.distributed  # registers the c10d types that _C builds on
 
+from ._config import DUMP_SIGNAL, parse_dump_signal
+from ._errors import ConfigError
+from ._log import install_handler
+from ._topology import TopologyError
 from ._version import __version__
-from .config import DUMP_SIGNAL, Config, ConfigError, load_config, parse_dump_signal
-from .log import install_handler
-from .topology import TopologyError
+from .types import BuildInfo, ExtensionBuildInfo
 
 
 def _load_extension():  # type: ignore[no-untyped-def]
@@ -65,14 +67,14 @@ def pending() -> list[str]:
     return list(_C.pending_report())
 
 
-def build_info() -> dict[str, object]:
+def build_info() -> BuildInfo:
     """fairring's version, and what the extension was built with: versions and whether the CUDA path is in.
 
     "nccl" is the NCCL that torch ships: fairring's NCCL groups are torch's own.
     """
-    info: dict[str, object] = {"fairring": __version__, **_C.build_info()}
-    info["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if info["cuda_path"] else None
-    return info
+    built: ExtensionBuildInfo = _C.build_info()
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if built["cuda_path"] else None
+    return {"fairring": __version__, **built, "nccl": nccl}
 
 
 # A failure's error reaches its waiter at once, while torch's abort hooks (the
@@ -100,18 +102,17 @@ if _dump_signal is not None:
 
 from ._ddp import name_fairring_in_ddp_logging  # noqa: E402
 from ._introspection import backend_of  # noqa: E402
+from ._options import Options  # noqa: E402
 from ._registration import BACKEND_NAME, register  # noqa: E402
 from ._shrink import register_shrunk_groups_as_fairring  # noqa: E402
-from .options import Options  # noqa: E402
-from .summary import PathUsage, Summary, summary  # noqa: E402
+from ._summary import PathUsage, Summary, summary  # noqa: E402
 
 register()
 name_fairring_in_ddp_logging(BACKEND_NAME)
 register_shrunk_groups_as_fairring()
 
+# What the docs document; the rest is internal (the _-prefixed modules).
 __all__ = [
-    "BACKEND_NAME",
-    "Config",
     "ConfigError",
     "Options",
     "PathUsage",
@@ -120,7 +121,11 @@ __all__ = [
     "__version__",
     "backend_of",
     "build_info",
-    "load_config",
     "pending",
     "summary",
 ]
+
+# Named as users reach them (fairring.ConfigError in a traceback), not by the private module they live in.
+for _public in (ConfigError, Options, PathUsage, Summary, TopologyError):
+    _public.__module__ = __name__
+del _public

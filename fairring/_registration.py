@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from .auto_threshold import measure_flat_threshold
-from .config import (
+from ._auto_threshold import measure_flat_threshold
+from ._config import (
     AUTO,
     CUDA_ENGINE,
     ENGINE_DISABLE,
@@ -25,20 +25,20 @@ from .config import (
     ConfigError,
     load_config,
 )
-from .dispatch import Decision, Run
-from .errors import dist_error_like
-from .infiniband import fork_safety_set_by_fairring
-from .interfaces import GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, SOCKET_IFNAME
-from .known_variables import warn_unknown_variables
-from .log import apply_log_level
-from .options import Options, group_options, nccl_options
-from .plan_log import describe_plans, floor_advice, plan_of
-from .rails_network import rails_network
-from .rendezvous import rendezvous
-from .shared_memory import shared_memory_steps
-from .sizes import format_size
-from .summary import log_at_shutdown
-from .topology import TopologyError, identify_self
+from ._dispatch import Decision, Run
+from ._errors import dist_error_like
+from ._infiniband import fork_safety_set_by_fairring
+from ._interfaces import GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, SOCKET_IFNAME
+from ._known_variables import warn_unknown_variables
+from ._log import apply_log_level
+from ._options import Options, group_options, nccl_options
+from ._plan_log import describe_plans, floor_advice, plan_of
+from ._rails_network import rails_network
+from ._rendezvous import rendezvous
+from ._shared_memory import shared_memory_steps
+from ._sizes import format_size
+from ._summary import log_at_shutdown
+from ._topology import TopologyError, identify_self
 
 logger = logging.getLogger("fairring")
 
@@ -313,7 +313,7 @@ class InnerGroups:
         """What runs the engine's local steps over this machine's ranks.
 
         On CPU, shared memory where every rank of the machine can map every
-        other's (fairring/shared_memory.py). Else a group per step: each step is
+        other's (fairring/_shared_memory.py). Else a group per step: each step is
         fed by its own engine thread, so each needs its own group, as two
         threads sharing one could interleave their operations differently on
         different ranks. CUDA groups are bound to `device` and connected here,
@@ -357,7 +357,7 @@ class InnerGroups:
     def layout(self) -> list[list[int]]:
         """The group's ranks by machine and local index, gathered over the CPU group.
 
-        A rank's view holds only its machine and its rail (fairring/rendezvous.py); the
+        A rank's view holds only its machine and its rail (fairring/_rendezvous.py); the
         engine's reduce-scatter and all-gather place every rank's chunk, so their first
         use gathers the rest: one small all-gather, not a read of every rank's record
         from the store.
@@ -382,7 +382,7 @@ class InnerGroups:
             logger.info("rank %d: %s", self._topology.rank, text)
 
     def shutting_down(self, backend: _C.Backend) -> None:
-        """destroy_process_group: what the group's collectives went through (fairring/summary.py)."""
+        """destroy_process_group: what the group's collectives went through (fairring/_summary.py)."""
         log_at_shutdown(backend, self._config)
 
     def split(self, store: dist.Store, ranks: list[int], timeout: timedelta, group_name: str) -> _C.Backend:

@@ -24,9 +24,9 @@ except ImportError as error:
     raise ImportError(f"fairring.torchft needs torchft ({error}); install it with `pip install torchft`") from error
 
 from . import _C
+from ._options import Options
 from ._registration import create_backend
 from ._shrink import serve_cpu_and_cuda
-from .options import Options
 
 BACKEND_NAME = "torchft-fairring"
 

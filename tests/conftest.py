@@ -21,7 +21,7 @@ from benchmarks.harness import Layout, RankPool
 
 @pytest.fixture(autouse=True)
 def fairring_log_reaches_caplog() -> Iterator[None]:
-    """fairring's logger does not propagate (fairring/log.py); pytest's caplog listens at the root."""
+    """fairring's logger does not propagate (fairring/_log.py); pytest's caplog listens at the root."""
     import logging
 
     logger = logging.getLogger("fairring")

@@ -9,7 +9,7 @@ NIXL_ENV = {"FAIRRING_RAILS_TRANSPORT": "nixl"}
 
 def _why_nixl_is_missing() -> str:
     try:
-        from fairring.nixl import nixl_library
+        from fairring._nixl import nixl_library
 
         nixl_library()
     except Exception as error:  # any reason it cannot load skips, and says why

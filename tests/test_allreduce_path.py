@@ -33,7 +33,7 @@ BITWISE_OPS = {"band", "bor", "bxor"}
 
 
 def config(cuda_engine: bool) -> _C.Config:
-    # fairring.config.Config's attributes, with a threshold of each device's own (no setting gives that).
+    # fairring._config.Config's attributes, with a threshold of each device's own (no setting gives that).
     settings = SimpleNamespace(total_memory=50 * MiB, slice_size=4 * MiB, slices_in_flight=4, min_shard=256 * 1024)
     settings.__dict__.update(cpu_flat_threshold=THRESHOLDS["cpu"], cuda_flat_threshold=THRESHOLDS["cuda"])
     settings.__dict__.update(cuda_engine_in_use=cuda_engine, high_priority_streams=False, timeline_directory=None)

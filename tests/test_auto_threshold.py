@@ -1,4 +1,4 @@
-"""FAIRRING_FLAT_THRESHOLD=auto (fairring/dispatch.py, fairring/auto_threshold.py, fairring/dispatch_cache.py).
+"""FAIRRING_FLAT_THRESHOLD=auto (fairring/_dispatch.py, fairring/_auto_threshold.py, fairring/_dispatch_cache.py).
 
 In real groups of processes on loopback: the first all-reduce the engine could
 take measures both paths, every rank decides alike, later all-reduces follow
@@ -23,10 +23,9 @@ import torch.distributed as dist
 
 from benchmarks.harness import InitSpec, Layout, RankPool
 from benchmarks.reference import rank_tensor
-from fairring import dispatch
-from fairring.bench.netns import NetnsCluster, netns_available
-from fairring.config import ENGINE_OFF_THRESHOLD
-from fairring.dispatch import (
+from fairring import _dispatch as dispatch
+from fairring._config import ENGINE_OFF_THRESHOLD
+from fairring._dispatch import (
     CHUNKED_LADDER,
     LADDER,
     NO_CEILING,
@@ -36,7 +35,8 @@ from fairring.dispatch import (
     explain,
     float_bound,
 )
-from fairring.sizes import KiB, MiB
+from fairring._sizes import KiB, MiB
+from fairring.bench.netns import NetnsCluster, netns_available
 
 LAYOUT = Layout(machines=2, ranks_per_machine=2)
 INTEGER_CHECK = dispatch.INTEGER_CHECK_BYTES
@@ -137,8 +137,8 @@ def test_first_all_reduce_measures_then_routes_and_caches(cache: Path) -> None:
 def group_with_a_cached_decision(decision: dispatch.Decision) -> dist.ProcessGroup:
     """A new group whose key rank 0 has cached `decision` under, before its first use."""
     import fairring
-    from fairring import dispatch_cache
-    from fairring.config import load_config
+    from fairring import _dispatch_cache as dispatch_cache
+    from fairring._config import load_config
 
     group = dist.new_group(backend="fairring")
     if dist.get_rank() == 0:

@@ -15,10 +15,10 @@ import pytest
 from test_timeline import write_trace
 
 import fairring.bench.__main__ as bench
+from fairring._config import RAILS_TRANSPORT
+from fairring._dispatch import LADDER
 from fairring.bench import netns
 from fairring.bench.netns import netns_available
-from fairring.config import RAILS_TRANSPORT
-from fairring.dispatch import LADDER
 
 ROOT = Path(__file__).parents[1]
 # The bench's name for fairring's records: the rails' transport is in it unless it is TensorPipe's

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import fairring
+from fairring._config import load_config
 from fairring._registration import check_cuda_path
 
 
@@ -69,7 +70,7 @@ def test_build_info_names_fairrings_own_version() -> None:
 )
 def test_the_cuda_engine_asked_of_a_build_without_its_cuda_path_fails_init(env: dict[str, str], fails: bool) -> None:
 
-    env_config = fairring.load_config(env)
+    env_config = load_config(env)
     group = env_config.with_group_options(None, None)
     if fails:
         setting = "auto" if env["FAIRRING_CUDA_ENGINE"] == "auto" else "1"
@@ -91,7 +92,7 @@ def test_a_groups_engine_true_alone_is_not_refused_at_init() -> None:
     # Options(engine=True) serves CPU tensors too (fairring.validate's engine path on --device cpu); its first
     # CUDA all-reduce on the engine fails with the rebuild advice (device/cuda_none.cpp).
 
-    env_config = fairring.load_config({})
+    env_config = load_config({})
     check_cuda_path(env_config, env_config.with_group_options(True, 0), cuda_path=False, torch_cuda=True)
 
 

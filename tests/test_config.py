@@ -1,4 +1,4 @@
-"""Environment parsing (fairring/config.py): every variable, its defaults and errors, and what an NCCL job
+"""Environment parsing (fairring/_config.py): every variable, its defaults and errors, and what an NCCL job
 already sets. No processes, no sockets."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from fairring import _C
-from fairring.config import (
+from fairring._config import (
     DEFAULT_AUTO_BUDGET_S,
     DEFAULT_CPU_FLAT_THRESHOLD,
     DEFAULT_CUDA_FLAT_THRESHOLD,
@@ -285,7 +285,7 @@ def test_rail_failover_is_off_unless_turned_on_and_must_agree() -> None:
 def test_what_makes_a_gpu_run_kernels_in_launch_order(
     env: dict[str, str], mps_control: bool, hazard: str | None
 ) -> None:
-    from fairring.config import launch_order_hazard
+    from fairring._config import launch_order_hazard
 
     pipes = env.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
     assert launch_order_hazard(env, lambda path: mps_control and path == f"{pipes}/control") == hazard
@@ -312,7 +312,7 @@ def test_a_gpu_in_launch_order_sends_cuda_all_reduces_to_nccl_unless_told() -> N
 
 
 def test_each_device_type_has_its_own_flat_threshold() -> None:
-    from fairring.config import DEFAULT_CUDA_FLAT_THRESHOLD, ENGINE_OFF_THRESHOLD, MEASURED_THRESHOLD
+    from fairring._config import DEFAULT_CUDA_FLAT_THRESHOLD, ENGINE_OFF_THRESHOLD, MEASURED_THRESHOLD
 
     mib = 2**20
     # FAIRRING_FLAT_THRESHOLD alone still sets both.

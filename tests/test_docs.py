@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fairring import config
-from fairring.sizes import parse_size
+from fairring import _config as config
+from fairring._sizes import parse_size
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

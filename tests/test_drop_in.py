@@ -402,7 +402,7 @@ def test_one_variable_rolls_every_group_back_whatever_its_options() -> None:
 
 def test_the_rollback_is_logged_once(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     from fairring import _registration
-    from fairring.config import load_config
+    from fairring._config import load_config
 
     monkeypatch.setattr(_registration, "_noticed", set())
     disabled = load_config({"FAIRRING_ENGINE_DISABLE": "1"}).with_group_options(True, 0)

@@ -320,7 +320,7 @@ def test_set_timeout_moves_the_heartbeats_with_it(tmp_path: Path) -> None:
 
 def test_a_wrapped_failure_keeps_its_torch_class() -> None:
     """What fairring adds to a failure's text (a shrink, auto's measurement) keeps the class retry loops catch."""
-    from fairring.errors import dist_error_like
+    from fairring._errors import dist_error_like
 
     causes = {
         dist.DistNetworkError("reset"): dist.DistNetworkError,

@@ -26,8 +26,8 @@ from torch.utils.data import DataLoader, Dataset
 import fairring
 from benchmarks.harness import Layout, RankPool
 from benchmarks.reference import all_ranks_reduced, assert_matches, rank_tensor
-from fairring.config import load_config
-from fairring.transports import rails_transports
+from fairring._config import load_config
+from fairring._transports import rails_transports
 
 REPO = Path(__file__).resolve().parent.parent
 FORK_SAFE_VARIABLES = ("RDMAV_FORK_SAFE", "IBV_FORK_SAFE")
@@ -102,7 +102,7 @@ def run_python(code: str, env: dict[str, str], timeout: float = 120) -> dict[str
 # The discovery module alone (standard library only), without importing fairring and torch.
 LOAD_INFINIBAND = f"""
 import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location("infiniband", {str(REPO / "fairring/infiniband.py")!r})
+spec = importlib.util.spec_from_file_location("infiniband", {str(REPO / "fairring/_infiniband.py")!r})
 infiniband = importlib.util.module_from_spec(spec)
 sys.modules["infiniband"] = infiniband
 spec.loader.exec_module(infiniband)
@@ -159,9 +159,9 @@ if early:
         verbs.ibv_get_device_list.restype = ctypes.c_void_p
         verbs.ibv_get_device_list(None)
 import fairring
-from fairring.config import ConfigError, load_transport_settings
-from fairring.infiniband import IMPORT_STATE, probe_host
-from fairring.transports import decide
+from fairring._config import ConfigError, load_transport_settings
+from fairring._infiniband import IMPORT_STATE, probe_host
+from fairring._transports import decide
 facts = probe_host(os.environ["FAKE_ROOT"])
 decision = decide(load_transport_settings(), facts, cuda=False)
 try:
@@ -172,7 +172,7 @@ except ConfigError as error:
 print(json.dumps({
     "user_values": [list(pair) for pair in IMPORT_STATE.user_values],
     "loaded_at_import": IMPORT_STATE.ibverbs_loaded,
-    "environ": {name: os.environ.get(name) for name in fairring.infiniband.FORK_SAFE_VARIABLES},
+    "environ": {name: os.environ.get(name) for name in fairring._infiniband.FORK_SAFE_VARIABLES},
     "status": facts.fork.status,
     "transports": decision.transports,
     "ibv": decision.reason("ibv"),
@@ -243,7 +243,8 @@ def all_reduce_and_check(seed: int) -> dict[str, object]:
     dist.all_reduce(tensor)
     assert_matches(tensor, all_ranks_reduced((NUMEL,), torch.float32, seed=seed))
     backend = fairring.backend_of()
-    return {"rails": backend.rails("cpu"), "stats": backend.engine_stats("cpu")}
+    rails = backend.rails("cpu")
+    return {"rails": None if rails is None else rails["description"], "stats": backend.engine_stats("cpu")}
 
 
 def rails_decision() -> dict[str, object]:

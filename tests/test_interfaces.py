@@ -1,4 +1,4 @@
-"""Interface selection (fairring/interfaces.py): the grammar, NCCL's automatic order, one NIC per rail.
+"""Interface selection (fairring/_interfaces.py): the grammar, NCCL's automatic order, one NIC per rail.
 
 Pure: each case is a made-up host (a list of interface addresses), so every
 rule is checked without touching this machine's network. The namespace test
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from fairring import _C
-from fairring.config import ConfigError, load_config
-from fairring.interfaces import InterfaceAddress, choose_rail_interface, host_addresses
+from fairring._config import ConfigError, load_config
+from fairring._interfaces import InterfaceAddress, choose_rail_interface, host_addresses
 
 
 def v4(name: str, address: str, up: bool = True) -> InterfaceAddress:

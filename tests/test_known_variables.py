@@ -1,4 +1,4 @@
-"""Settings that catch typos (fairring/known_variables.py) and the test switches' one reader
+"""Settings that catch typos (fairring/_known_variables.py) and the test switches' one reader
 (csrc/test_switches.cpp): an unknown FAIRRING_* variable is named once, with the closest known one."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fairring import _C
-from fairring.known_variables import BUILD_AND_TOOLS, KNOWN, SETTINGS, unknown_variable_notes
+from fairring._known_variables import BUILD_AND_TOOLS, KNOWN, SETTINGS, unknown_variable_notes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,7 @@ def test_the_known_settings_are_those_the_configuration_page_documents() -> None
     # The page's example of a typo, and the test suite's private prefix.
     documented = {name for name in documented if name != "FAIRRING_SLIC_SIZE" and not name.startswith("FAIRRING_TEST_")}
     assert SETTINGS <= documented, f"document these in docs/configuration.md: {sorted(SETTINGS - documented)}"
-    assert documented <= KNOWN, f"add these to fairring/known_variables.py: {sorted(documented - KNOWN)}"
+    assert documented <= KNOWN, f"add these to fairring/_known_variables.py: {sorted(documented - KNOWN)}"
     assert not SETTINGS & BUILD_AND_TOOLS
 
 
@@ -97,10 +97,10 @@ def test_test_switches_are_read_in_one_place() -> None:
 
 def test_the_one_reader_rule_flags_a_second_reader() -> None:
     cpp = REPO / "csrc" / "engine" / "plan.cpp"
-    py = REPO / "fairring" / "dispatch.py"
-    # As csrc/device/emulated.cpp and fairring/dispatch.py read theirs before.
+    py = REPO / "fairring" / "_dispatch.py"
+    # As csrc/device/emulated.cpp and fairring/_dispatch.py read theirs before.
     sources = {
         cpp: cpp.read_text() + 'const char* v = std::getenv("FAIRRING_TEST_EMULATED_DEVICE");\n',
         py: py.read_text() + 'corrupt = os.environ.get(CORRUPT_ENGINE_RESULT, "").strip()\n',
     }
-    assert env_readers(sources) == ["csrc/engine/plan.cpp", "fairring/dispatch.py"]
+    assert env_readers(sources) == ["csrc/engine/plan.cpp", "fairring/_dispatch.py"]

@@ -1,4 +1,4 @@
-"""fairring's log (fairring/log.py, csrc/log.cpp): one level for Python and C++, nothing printed twice, and
+"""fairring's log (fairring/_log.py, csrc/log.cpp): one level for Python and C++, nothing printed twice, and
 lines that name the time, the host, the pid and the rank. Each case runs in a process of its own."""
 
 from __future__ import annotations

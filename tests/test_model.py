@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fairring._sizes import GiB, KiB, MiB
 from fairring.bench import model
-from fairring.sizes import GiB, KiB, MiB
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,13 +1,13 @@
-"""The NIXL rails' settings (fairring/nixl.py): the library, and which network devices their UCX uses (the
+"""The NIXL rails' settings (fairring/_nixl.py): the library, and which network devices their UCX uses (the
 user's settings mapped onto UCX's own, one device per rail)."""
 
 from __future__ import annotations
 
 import pytest
 
-from fairring import nixl
-from fairring.config import ConfigError, load_transport_settings
-from fairring.infiniband import HostFacts, IbDevice, IbPort
+from fairring import _nixl as nixl
+from fairring._config import ConfigError, load_transport_settings
+from fairring._infiniband import HostFacts, IbDevice, IbPort
 
 SEGMENTS = {"UCX_TCP_TX_SEG_SIZE": "1m", "UCX_TCP_RX_SEG_SIZE": "1m"}
 

@@ -45,12 +45,12 @@ def published_metadata() -> tuple[int, bytes, str]:
     # What torch gives a backend made for the CPU: the group's store, prefixed "cpu/".
     store = dist.PrefixStore("cpu/", dist.distributed_c10d._world.pg_map[dist.group.WORLD][1])
     value = store.get(f"fairring/rails/cpu/nixl/{dist.get_rank()}")
-    return os.getpid(), bytes(value), fairring.backend_of().rails("cpu")
+    return os.getpid(), bytes(value), fairring.backend_of().rails("cpu")["description"]
 
 
 def rails_after_checks(seed: int) -> str:
     checked_all_reduces(seed)
-    return fairring.backend_of().rails("cpu")
+    return fairring.backend_of().rails("cpu")["description"]
 
 
 def refused(rails: str) -> int:

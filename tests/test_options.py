@@ -1,4 +1,4 @@
-"""A group's pg_options (fairring/options.py): fairring.Options over the environment's settings, checked, and
+"""A group's pg_options (fairring/_options.py): fairring.Options over the environment's settings, checked, and
 an NCCL job's options kept. No processes, no sockets."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fairring.config import load_config
-from fairring.errors import ConfigError
-from fairring.options import Options, group_options, nccl_options
+from fairring._config import load_config
+from fairring._errors import ConfigError
+from fairring._options import Options, group_options, nccl_options
 
 
 def test_group_options_over_the_variables() -> None:

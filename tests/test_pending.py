@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 import fairring
 from benchmarks.harness import Layout, RankPool
-from fairring.config import ConfigError, parse_dump_signal
+from fairring._config import ConfigError, parse_dump_signal
 
 LATE_S = 4.0  # how long rank 1 keeps rank 0 waiting
 

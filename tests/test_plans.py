@@ -12,9 +12,9 @@ import logging
 import pytest
 
 from fairring import _C
+from fairring._config import DEFAULT_SLICES_IN_FLIGHT, load_config
+from fairring._plan_log import describe_plans, floor_advice
 from fairring.bench import model
-from fairring.config import DEFAULT_SLICES_IN_FLIGHT, load_config
-from fairring.plan_log import describe_plans, floor_advice
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -247,8 +247,8 @@ def test_the_cuda_staging_must_fit_in_the_gpus_free_memory(monkeypatch: pytest.M
     """Checked against the GPU's free memory when the CUDA engine is made, not against the host's."""
     import torch
 
+    from fairring._config import ConfigError
     from fairring._registration import check_device_memory
-    from fairring.config import ConfigError
 
     topology = _C.Topology(0, [[0, 1], [2, 3]])
     config = load_config({})

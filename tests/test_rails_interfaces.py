@@ -39,7 +39,7 @@ def cluster() -> NetnsCluster:
         yield made
 
 
-def build_rails() -> str:
+def build_rails() -> dict[str, object]:
     """Makes the engine (and its rails) with a first all-reduce; returns where they listen."""
     _state["tensor"] = rank_tensor(dist.get_rank(), (SIZE // 4,), torch.float32)
     dist.all_reduce(torch.ones(4096))
@@ -63,7 +63,7 @@ def sent_during(
 
 def rails_bytes(
     cluster: NetnsCluster, env: dict[str, str], layout: Layout = LAYOUT
-) -> tuple[list[str], dict[str, list[int]]]:
+) -> tuple[list[dict[str, object]], dict[str, list[int]]]:
     """Each rank's rails description, and the bytes each interface of each host sent during one all-reduce."""
     rank_env = {rank: env for rank in range(layout.world_size)}
     with RankPool(layout, hosts=cluster.hosts, rank_env=rank_env) as ranks:
@@ -117,8 +117,11 @@ def test_rails_traffic_leaves_through_the_chosen_interfaces(
 ) -> None:
     described, sent = rails_bytes(cluster, {**env, **rails_env(transport)})
     print(f"\n{transport}, {env}: bytes sent per host during one {SIZE}-byte all-reduce: {sent}")
-    for rank, rails in enumerate(described):
+    for rank, said in enumerate(described):
         interface = rail_interfaces[LAYOUT.ranks_of(LAYOUT.machine_of(rank)).index(rank)]
+        assert (said["transport"], said["interface"]) == (transport, interface), said
+        assert said["address"] == address_on(cluster, rank, interface), said
+        rails = str(said["description"])
         if transport == "tensorpipe":
             # The listener is bound to that interface's address, and only to it.
             assert f"uv://{address_on(cluster, rank, interface)}:" in rails and f"({interface};" in rails, rails
@@ -156,7 +159,7 @@ def subgroup_all_reduce() -> tuple[str, int]:
         dist.all_reduce(tensor, group=group)
         expected = rank_tensor(1, tensor.shape, torch.float32) + rank_tensor(3, tensor.shape, torch.float32)
         assert_matches(tensor, expected)
-        rails = fairring.backend_of(group).rails()
+        rails = fairring.backend_of(group).rails()["description"]
         received = fairring.backend_of(group).engine_stats()["rail_bytes_received"]
     dist.destroy_process_group(group)
     return rails, received

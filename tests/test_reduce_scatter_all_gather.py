@@ -131,7 +131,7 @@ def two_groups_on_two_threads(seed: int) -> None:
 
     world, rank = dist.get_world_size(), dist.get_rank()
     # The new group's engine and layout are made by its first op, on its thread, while the other
-    # thread's ops run: both setups share this process's store client (fairring/shared_memory.py).
+    # thread's ops run: both setups share this process's store client (fairring/_shared_memory.py).
     groups = [dist.group.WORLD, dist.new_group(backend="fairring")]
     failures: list[BaseException] = []
 

@@ -1,4 +1,4 @@
-"""The scalable rendezvous (fairring/rendezvous.py) against a real TCPStore.
+"""The scalable rendezvous (fairring/_rendezvous.py) against a real TCPStore.
 
 Small groups run as threads, each rank with its own client and the real
 `rendezvous`; larger ones and many layouts run through `drive`, which steps
@@ -20,9 +20,9 @@ import pytest
 import torch.distributed as dist
 
 from benchmarks.counting_store import CountingStore
-from fairring.config import FLAT_THRESHOLD, MACHINE_ID, SLICE_SIZE, ConfigError
-from fairring.rendezvous import RankView, Steps, WaitTimedOut, rendezvous, rendezvous_steps
-from fairring.topology import RankIdentity, TopologyError, group_into_machines
+from fairring._config import FLAT_THRESHOLD, MACHINE_ID, SLICE_SIZE, ConfigError
+from fairring._rendezvous import RankView, Steps, WaitTimedOut, rendezvous, rendezvous_steps
+from fairring._topology import RankIdentity, TopologyError, group_into_machines
 
 SETTINGS = {SLICE_SIZE: 4 << 20, FLAT_THRESHOLD: 0}
 TIMEOUT = timedelta(seconds=20)

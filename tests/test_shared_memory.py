@@ -44,7 +44,7 @@ def _local_worker(
     rank: int, size: int, port: int, disabled: bool, scenario: Callable[..., Any], args: tuple, conn: Connection
 ) -> None:
     from fairring import _C
-    from fairring.shared_memory import shared_memory_steps
+    from fairring._shared_memory import shared_memory_steps
 
     messages: list[str] = []
 
@@ -264,7 +264,7 @@ def seconds_to_set_while(waiting: Callable[[dist.Store], object]) -> float:
 def test_setup_leaves_the_store_free_for_another_groups_setup() -> None:
     """Two groups set up at once on two threads share one TCPStore client: the machine's gather polls, so the
     other thread's set goes through (it hung before: each rank's wait held the set its peer awaited)."""
-    from fairring.shared_memory import _gather
+    from fairring._shared_memory import _gather
 
     assert seconds_to_set_while(lambda store: _gather(store, "peer/", 1, timedelta(seconds=5))) < 1.0
     # Negative control: a blocking wait holds the client until it ends (here after 2 s).

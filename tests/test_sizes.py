@@ -1,11 +1,11 @@
-"""fairring.sizes: the one parser and formatter of sizes and rates (settings, the bench, the model)."""
+"""fairring._sizes: the one parser and formatter of sizes and rates (settings, the bench, the model)."""
 
 from __future__ import annotations
 
 import pytest
 
-from fairring.config import ConfigError
-from fairring.sizes import MiB, format_bytes, format_rate, format_size, parse_rate, parse_size
+from fairring._config import ConfigError
+from fairring._sizes import MiB, format_bytes, format_rate, format_size, parse_rate, parse_size
 
 
 def test_rates_and_sizes_parse() -> None:
@@ -36,7 +36,7 @@ def test_rates_read_as_people_say_them() -> None:
     ]
 
 
-# --- settings' sizes: parse_size and format_size, as fairring.config reads and writes them ---------------
+# --- settings' sizes: parse_size and format_size, as fairring._config reads and writes them ---------------
 
 
 @pytest.mark.parametrize(

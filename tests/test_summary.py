@@ -1,4 +1,4 @@
-"""fairring.summary(group) and the line said at destroy_process_group (fairring/summary.py).
+"""fairring.summary(group) and the line said at destroy_process_group (fairring/_summary.py).
 
 Every count is checked against what the test itself issued, every derived
 figure against a plain computation of the counts and the NIC rate given, and

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fairring import _C
-from fairring.config import Config, ConfigError
-from fairring.topology import (
+from fairring._config import Config, ConfigError
+from fairring._topology import (
     RankIdentity,
     check_settings_agree,
     group_into_machines,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fairring.config import ConfigError, load_transport_settings, parse_ib_hca
-from fairring.infiniband import (
+from fairring._config import ConfigError, load_transport_settings, parse_ib_hca
+from fairring._infiniband import (
     ForkFacts,
     HostFacts,
     IbDevice,
@@ -21,7 +21,7 @@ from fairring.infiniband import (
     probe_host,
     read_import_state,
 )
-from fairring.transports import (
+from fairring._transports import (
     RailsTransports,
     decide,
     fork_verdict,

@@ -68,7 +68,7 @@ def message(metadata: bytes, payloads: list[int] | None = None, tensors: list[in
 def engine_state() -> dict[str, object]:
     """Checked all-reduces (the group's first makes the engine), then where this rank's rails listened."""
     checked_all_reduces(0)
-    return {"rails": fairring.backend_of().rails("cpu"), "extension": _C.__file__}
+    return {"rails": fairring.backend_of().rails("cpu")["description"], "extension": _C.__file__}
 
 
 def process_load() -> tuple[int, int]:

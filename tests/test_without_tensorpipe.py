@@ -29,7 +29,7 @@ FACTS = textwrap.dedent(
     """
     import json
     import fairring
-    from fairring.config import ConfigError, load_config
+    from fairring._config import ConfigError, load_config
 
     endpoint = hasattr(fairring._C._testing, "RailsEndpoint")
     facts = {"tensorpipe": fairring.build_info()["tensorpipe"], "endpoint": endpoint}

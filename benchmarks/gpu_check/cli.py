@@ -7,8 +7,8 @@ from pathlib import Path
 
 from benchmarks import gpu_check
 from benchmarks.cuda_bench import MAX_WORLD
-from fairring.config import ConfigError
-from fairring.sizes import parse_size
+from fairring._config import ConfigError
+from fairring._sizes import parse_size
 
 from .budget import WORLD_LIMIT_PER_PROCESS_S
 

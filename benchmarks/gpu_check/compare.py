@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from fairring.sizes import format_size
+from fairring._sizes import format_size
 
 from .cli import parse_layout
 from .ranks import rank_problems, run_ranks

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from fairring.config import FLAT_THRESHOLD
+from fairring._config import FLAT_THRESHOLD
 
 from .ranks import run_ranks
 from .stage import Stage, conclude

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from fairring.config import RAILS_TRANSPORT, ConfigError
-from fairring.nixl import nixl_library
-from fairring.sizes import parse_size
+from fairring._config import RAILS_TRANSPORT, ConfigError
+from fairring._nixl import nixl_library
+from fairring._sizes import parse_size
 
 from .ranks import BENCH_WORLD, bench_phases, run_ranks, summarize
 from .stage import Stage, conclude

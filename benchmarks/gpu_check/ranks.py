@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.cuda_bench import check_cases
+from fairring._config import CUDA_ENGINE, FLAT_THRESHOLD
+from fairring._sizes import format_size
 from fairring.bench import free_port
 from fairring.bench.shared_gpu import shared_gpu_env
-from fairring.config import CUDA_ENGINE, FLAT_THRESHOLD
-from fairring.sizes import format_size
 
 from .processes import kill, read_results, run_command
 from .stage import Stage, display, tail

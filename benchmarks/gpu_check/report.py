@@ -11,7 +11,7 @@ from typing import Any
 
 from benchmarks import versus_nccl
 from benchmarks.cuda_bench import check_cases, dtype_name
-from fairring.sizes import format_size
+from fairring._sizes import format_size
 
 from .bench import BENCH_STAGE
 from .compare import compare_stage

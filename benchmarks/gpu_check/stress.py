@@ -7,8 +7,8 @@ import os
 from typing import Any
 
 from fairring import _C
-from fairring.config import CHANNELS, SLICE_SIZE, TOTAL_MEMORY, load_config
-from fairring.sizes import format_size
+from fairring._config import CHANNELS, SLICE_SIZE, TOTAL_MEMORY, load_config
+from fairring._sizes import format_size
 
 from .ranks import BENCH_WORLD, rank_problems, rank_settings, run_ranks
 from .stage import Stage, conclude
@@ -20,7 +20,7 @@ STRESS_MEMORY_SLICES = 16
 
 
 def stress_plan(args: argparse.Namespace, settings: dict[str, str]) -> dict[str, Any]:
-    """The engine's plan of one stress all-reduce on two machines of one rank (as fairring.plan_log.plan_of)."""
+    """The engine's plan of one stress all-reduce on two machines of one rank (as fairring._plan_log.plan_of)."""
     config = load_config({**os.environ, **settings})
     return _C.plan_shape(
         numel=args.stress_bytes // 4,

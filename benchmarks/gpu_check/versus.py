@@ -7,8 +7,8 @@ import time
 from typing import Any
 
 from benchmarks import gpu_tools, versus_nccl
+from fairring._sizes import format_size
 from fairring.bench.netns import netns_available
-from fairring.sizes import format_size
 
 from .processes import run_fairring_bench
 from .stage import Stage, conclude, tail

@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from fairring.config import DEFAULT_CPU_FLAT_THRESHOLD, DEFAULT_CUDA_FLAT_THRESHOLD, FLAT_THRESHOLD, SERIALIZED_LAUNCHES
+from fairring._config import (
+    DEFAULT_CPU_FLAT_THRESHOLD,
+    DEFAULT_CUDA_FLAT_THRESHOLD,
+    FLAT_THRESHOLD,
+    SERIALIZED_LAUNCHES,
+)
 
 from .cli import parse_layout
 from .ranks import check_phases, run_ranks, summarize

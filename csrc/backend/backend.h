@@ -443,7 +443,7 @@ class Backend final : public c10d::Backend {
   // handed out goes through torchHooks_.report().
   BackendHooks torchHooks_;
   MemoryOrder memoryOrder_; // collectives in flight, by the memory they touch
-  Usage usage_; // what the collectives went through (fairring.summary)
+  Usage usage_; // what the collectives went through (fairring._summary)
   std::atomic<bool> summarized_{false}; // said at the first shutdown()
 
   // Serialises the creation of CUDA groups, engines and splits, which calls

@@ -44,7 +44,7 @@ class InnerGroupFactory {
   virtual void noticeOnce(const std::string& text) = 0;
   // The group is shutting down (destroy_process_group): what its
   // collectives went through is said once, from `backend`'s usage
-  // (fairring/summary.py). Must not throw.
+  // (fairring/_summary.py). Must not throw.
   virtual void shuttingDown(const c10::intrusive_ptr<c10d::Backend>& backend) {
     (void)backend;
   }

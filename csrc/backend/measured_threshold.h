@@ -1,7 +1,7 @@
 #pragma once
 
 // FAIRRING_FLAT_THRESHOLD=auto: what a group hands the measurement, and what
-// the measurement decides. fairring/dispatch.py measures; the Backend asks
+// the measurement decides. fairring/_dispatch.py measures; the Backend asks
 // for it once per device type and collective kind (all-reduce,
 // reduce-scatter, all-gather), at the group's first one of that kind the
 // engine could take, and routes that kind by its answer from then on.

@@ -106,7 +106,7 @@ struct Operation {
   // where the door already asked to choose its path; else the funnel asks.
   std::optional<bool> captured;
   // A caller's all-reduce, reduce-scatter or all-gather, counted in the
-  // group's Usage (fairring.summary) as `kind` of `bytes` (its N-chunk
+  // group's Usage (fairring._summary) as `kind` of `bytes` (its N-chunk
   // tensors'). One rule: the door a caller's collective enters by sets it
   // (countedAs); auto's measurements enter past those doors, uncounted.
   struct Counted {

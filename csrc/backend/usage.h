@@ -3,7 +3,7 @@
 // What a group's all-reduces, reduce-scatters and all-gathers went through,
 // by device type, kind and path (the engine or the delegate): how many, how
 // many bytes, and for how long at least one was in flight. fairring.summary()
-// (fairring/summary.py) reads it, and the INFO line at shutdown says it.
+// (fairring/_summary.py) reads it, and the INFO line at shutdown says it.
 //
 // The funnel (Backend::issue) starts an op's interval just before its launch
 // and counts it once launched: its interval runs from the launch to the end

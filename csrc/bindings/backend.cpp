@@ -541,14 +541,25 @@ void bindBackend(py::module_& module) {
           "rails",
           [](const fairring::Backend& backend, const std::string& device) {
             return engineDict(
-                backend, device, [](const fairring::Engine& engine) {
-                  return py::str(engine.describeRails());
+                backend, device, [&](const fairring::Engine& engine) {
+                  const fairring::RailsNetwork& network =
+                      backend.config().network;
+                  py::dict result;
+                  result["transport"] = network.transport;
+                  result["interface"] = network.interfaceName;
+                  result["address"] = network.listenAddress;
+                  result["spare_interfaces"] = network.spareInterfaces;
+                  result["description"] = engine.describeRails();
+                  return result;
                 });
           },
           py::arg("device") = "cpu",
-          "Where the engine for `device` listens, its transports and "
-          "channels, and the connections its listener rejected (how many, "
-          "and why for the first few); None where there is no engine.")
+          "The rails of the engine for `device`: transport ('tensorpipe' or "
+          "'nixl'), the interface and address they listen on, the spare "
+          "interfaces failover may move them to, and a description of what "
+          "the mesh registered (transports, channels), the connections its "
+          "listener refused (how many, and why for the first few) and the "
+          "failover's state; None where there is no engine.")
       .def(
           "perform_nocolor_split",
           [](const fairring::Backend&, const py::object& /*device*/) {},

@@ -1,7 +1,7 @@
 #include <torch_headers.h> // first: the precompiled torch headers
 
 // The engine's parts that Python sets up or asks about without running an
-// engine: the shared-memory local steps (made by fairring/shared_memory.py),
+// engine: the shared-memory local steps (made by fairring/_shared_memory.py),
 // the plan of an all-reduce, and the staging it needs.
 
 #include "bindings/bindings.h"

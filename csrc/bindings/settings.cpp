@@ -1,7 +1,7 @@
 #include <torch_headers.h> // first: the precompiled torch headers
 
 // The settings' bindings: a rank's Topology, its rails' RailsNetwork, the
-// C++ Config made from fairring.config's, and the host's interfaces.
+// C++ Config made from fairring._config's, and the host's interfaces.
 
 #include "bindings/bindings.h"
 
@@ -97,8 +97,8 @@ void bindSettings(py::module_& module) {
           py::arg("transport") = "tensorpipe",
           py::arg("nixl_backend") = "UCX",
           py::arg("nixl_library") = "",
-          "How the rails reach their peers (chosen by fairring.interfaces "
-          "and fairring.transports); the default is loopback TCP.")
+          "How the rails reach their peers (chosen by fairring._interfaces "
+          "and fairring._transports); the default is loopback TCP.")
       .def_readonly("listen_address", &fairring::RailsNetwork::listenAddress)
       .def_readonly("interface_name", &fairring::RailsNetwork::interfaceName)
       .def_readonly(
@@ -118,7 +118,7 @@ void bindSettings(py::module_& module) {
       .def_static(
           "from_settings",
           [](const py::object& settings, fairring::RailsNetwork network) {
-            // The one place where fairring.config.Config's names meet the
+            // The one place where fairring._config.Config's names meet the
             // C++ ones (config.h).
             fairring::Config config;
             const auto integer = [&](const char* name) {
@@ -143,7 +143,7 @@ void bindSettings(py::module_& module) {
           },
           py::arg("settings"),
           py::arg("network") = fairring::RailsNetwork{},
-          "The C++ side of a fairring.config.Config, with the rails' network "
+          "The C++ side of a fairring._config.Config, with the rails' network "
           "(default: loopback TCP).")
       .def_readonly("total_memory_bytes", &fairring::Config::totalMemoryBytes)
       .def_readonly(
@@ -199,7 +199,7 @@ void bindSettings(py::module_& module) {
       py::arg("rank"),
       "FAIRRING_LOG_LEVEL for the C++ notices (0 DEBUG .. 3 ERROR; None: "
       "unset, c10's logging and TORCH_CPP_LOG_LEVEL decide), and the rank "
-      "their lines name (-1: unknown); fairring.log calls it.");
+      "their lines name (-1: unknown); fairring._log calls it.");
 
   module.def(
       "test_switch",

@@ -49,7 +49,7 @@ std::vector<Slice> makePlan(int64_t numel, int64_t sliceNumel, int64_t unit);
 
 // Everything besides the tensor that shapes its plan: the group's layout, the
 // device's transport floor and the user's settings (Config, whose defaults
-// live in fairring/config.py). Equal on every rank.
+// live in fairring/_config.py). Equal on every rank.
 struct PlanSettings {
   int localSize{};
   int machines{};

@@ -17,7 +17,7 @@ struct InterfaceAddress {
 
 // Every IPv4 and IPv6 address of this host's interfaces, in getifaddrs()
 // order (the kernel's: interface index, then IPv4 before IPv6). Choosing
-// among them is fairring/interfaces.py's job; this only reads the kernel.
+// among them is fairring/_interfaces.py's job; this only reads the kernel.
 std::vector<InterfaceAddress> interfaceAddresses();
 
 } // namespace fairring::rails

@@ -51,7 +51,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fairring.config import (
+from fairring._config import (
     AUTO_CACHE,
     CUDA_ENGINE,
     ENGINE_OFF_THRESHOLD,
@@ -60,8 +60,8 @@ from fairring.config import (
     RAILS_TRANSPORTS,
     ConfigError,
 )
-from fairring.dispatch import NO_CEILING, SizeTiming, choose_sizes, ladder
-from fairring.sizes import format_bytes, format_rate, parse_rate, parse_size
+from fairring._dispatch import NO_CEILING, SizeTiming, choose_sizes, ladder
+from fairring._sizes import format_bytes, format_rate, parse_rate, parse_size
 
 from . import BASELINE_NAMES
 from .launch import Run, hosts_for, run_agents
@@ -275,7 +275,7 @@ def runs_for(args: argparse.Namespace) -> list[Run]:
             runs.append(Run("transports", args.machines, args.size_list, environment=environment))
     if "overlap" in studies:
         from fairring import _C
-        from fairring.config import load_config
+        from fairring._config import load_config
 
         # The buckets' own slice size becomes the maximum, so that init's check
         # (staging for one full slice) asks for no more than the buckets need. This keeps the

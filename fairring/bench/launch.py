@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fairring.sizes import parse_rate
+from fairring._sizes import parse_rate
 
 from . import free_port
 from .netns import Host, NetnsCluster

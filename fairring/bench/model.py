@@ -1,7 +1,7 @@
 """An alpha-beta cost model of fairring's all-reduce, against ring and tree all-reduces.
 
 docs/model.md writes every formula out and says where each comes from. This module is pure
-arithmetic over numpy and fairring.sizes: it runs nothing of the engine.
+arithmetic over numpy and fairring._sizes: it runs nothing of the engine.
 
 Times are in seconds, sizes in bytes, rates in bytes per second.
 """
@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fairring.config import DEFAULT_SLICE_SIZE, DEFAULT_SLICES_IN_FLIGHT, DEFAULT_TOTAL_MEMORY
-from fairring.sizes import GiB, KiB, parse_rate, parse_size
+from fairring._config import DEFAULT_SLICE_SIZE, DEFAULT_SLICES_IN_FLIGHT, DEFAULT_TOTAL_MEMORY
+from fairring._sizes import GiB, KiB, parse_rate, parse_size
 
 # Slices a tensor is cut into when it is long enough (plan.h kPipelineDepth).
 PIPELINE_DEPTH = 8

@@ -61,7 +61,7 @@ from errno import ENOTEMPTY
 from functools import cache
 from types import TracebackType
 
-from fairring.sizes import parse_rate
+from fairring._sizes import parse_rate
 
 __all__ = [
     "CommandError",

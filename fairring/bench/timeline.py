@@ -27,7 +27,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from fairring.sizes import format_size
+from fairring._sizes import format_size
 
 __all__ = [
     "default_op",

@@ -31,7 +31,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from fairring.sizes import parse_rate
+from fairring._sizes import parse_rate
 
 from . import BASELINE_NAMES
 from .launch import Run, hosts_for, run_agents

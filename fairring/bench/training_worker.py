@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import fairring
-from fairring.config import load_config
+from fairring._config import load_config
 
 from .training_models import REAL_MODELS, SHAPED_MODELS, EmulatedNet
 from .worker import die_with_the_agent, environment, rank_device
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
         print_header()
         print_row(theirs)
         print_row(ours)
-        print(f"fairring.summary: {summary_line}", flush=True)
+        print(f"fairring._summary: {summary_line}", flush=True)
         payload = {"environment": environment(device.type), "records": [theirs, ours]}
         args.json.write_text(json.dumps(payload))
     dist.barrier(group=baseline)

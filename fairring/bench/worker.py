@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 
 import fairring
-from fairring.config import FLAT_THRESHOLD, SLICES_IN_FLIGHT, Config, load_config
-from fairring.sizes import format_size, parse_size
+from fairring._config import FLAT_THRESHOLD, SLICES_IN_FLIGHT, Config, load_config
+from fairring._sizes import format_size, parse_size
 
 from .collectives import COLLECTIVES, Buffers, Collective
 from .shared_gpu import default_shared_gpu_env

@@ -16,11 +16,11 @@ import torch
 import torch.distributed as dist
 
 import fairring
+from fairring._config import ConfigError
 from fairring._introspection import delegate_name
+from fairring._sizes import SIZE_HELP, format_size, parse_size
 from fairring.bench.collectives import COLLECTIVES
 from fairring.bench.worker import environment
-from fairring.config import ConfigError
-from fairring.sizes import SIZE_HELP, format_size, parse_size
 
 from . import report
 from .check import DTYPES, TYPE_NAMES, max_ranks

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 
 import fairring
+from fairring._interfaces import SYSFS_NET, nic_speed_mbps
 from fairring.bench.collectives import COLLECTIVES
-from fairring.interfaces import SYSFS_NET, nic_speed_mbps
 
 # Fields that differ between ranks of one setup; ranks are grouped on the rest.
 PER_RANK = ("rank", "host", "address", "machine", "nic_mbps", "rails")
@@ -51,7 +51,7 @@ def describe_rank(group: dist.ProcessGroup, device: torch.device, before: dict[s
         "nic_mbps": nic_speed_mbps(fields["interface"]),
         # Whether the first engine all-reduce changed config.network: the network may be chosen then.
         "chosen_by_first_all_reduce": before != fields,
-        "rails": backend.rails(device.type),
+        "rails": (backend.rails(device.type) or {}).get("description"),  # what the mesh says, per rank
     }
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fairring._sizes import format_size
 from fairring.bench.collectives import COLLECTIVES
-from fairring.sizes import format_size
 
 from .network import Bound
 from .sweep import ENGINE, ENGINE_OFF, Row

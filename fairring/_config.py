@@ -11,8 +11,8 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from .errors import ConfigError
-from .interfaces import (
+from ._errors import ConfigError
+from ._interfaces import (
     GLOO_SOCKET_IFNAME,
     NCCL_SOCKET_IFNAME,
     RAIL_INTERFACES,
@@ -24,8 +24,8 @@ from .interfaces import (
     parse_interface_filter,
     parse_rail_interfaces,
 )
-from .nccl_lists import names_match, split_list
-from .sizes import KiB, MiB, format_bytes, format_size, parse_size
+from ._nccl_lists import names_match, split_list
+from ._sizes import KiB, MiB, format_bytes, format_size, parse_size
 
 TOTAL_MEMORY = "FAIRRING_TOTAL_MEMORY"
 SLICE_SIZE = "FAIRRING_SLICE_SIZE"
@@ -79,7 +79,7 @@ DEFAULT_SLICES_IN_FLIGHT = 4
 DEFAULT_CPU_FLAT_THRESHOLD = 0
 DEFAULT_CUDA_FLAT_THRESHOLD = 4 * MiB
 # FAIRRING_FLAT_THRESHOLD=auto and FAIRRING_CUDA_ENGINE=auto: the threshold is measured at the
-# group's first all-reduce the engine could take (fairring/dispatch.py).
+# group's first all-reduce the engine could take (fairring/_dispatch.py).
 AUTO = "auto"
 # A threshold to measure, as the C++ Config holds it (csrc/config.h, kMeasuredThreshold).
 MEASURED_THRESHOLD = -1
@@ -103,7 +103,7 @@ RAILS_TRANSPORTS = ("tensorpipe", "nixl")
 NIXL_BACKENDS = ("UCX", "LIBFABRIC")
 _FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
-# The TensorPipe rails' transport variables (fairring/transports.py decides from them).
+# The TensorPipe rails' transport variables (fairring/_transports.py decides from them).
 TRANSPORTS = "FAIRRING_TRANSPORTS"
 CHANNELS = "FAIRRING_CHANNELS"
 IB_HCA = "FAIRRING_IB_HCA"
@@ -214,7 +214,7 @@ class Config:
     # Overrides machine discovery: ranks with equal ids share a machine.
     machine_id: str | None = None
     log_level: str | None = None
-    # Which interfaces the rails may use (fairring/interfaces.py); None: chosen as NCCL does.
+    # Which interfaces the rails may use (fairring/_interfaces.py); None: chosen as NCCL does.
     socket_ifname: InterfaceFilter | None = None
     # The variable socket_ifname came from, for messages.
     socket_ifname_variable: str = SOCKET_IFNAME
@@ -244,7 +244,7 @@ class Config:
     # What carries the rails between machines: TensorPipe, or NIXL with one of its backends.
     rails_transport: str = "tensorpipe"
     nixl_backend: str = "UCX"
-    # The group's fairring.Options.engine (fairring/options.py), applied by with_group_options.
+    # The group's fairring.Options.engine (fairring/_options.py), applied by with_group_options.
     group_engine: bool | None = None
     # Why this process's GPU may run every kernel in launch order (None: nothing says so), and
     # where CUDA all-reduces then go (FAIRRING_SERIALIZED_LAUNCHES).

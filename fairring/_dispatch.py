@@ -26,9 +26,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .config import ENGINE_OFF_THRESHOLD
-from .known_variables import TEST_SWITCH_PREFIX
-from .sizes import KiB, format_size
+from ._config import ENGINE_OFF_THRESHOLD
+from ._known_variables import TEST_SWITCH_PREFIX
+from ._sizes import KiB, format_size
 
 logger = logging.getLogger("fairring")
 

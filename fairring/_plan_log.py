@@ -9,8 +9,8 @@ memory holds at once.
 from __future__ import annotations
 
 from . import _C
-from .config import FLAT_THRESHOLD, MIN_SHARD_SIZE, TOTAL_MEMORY, Config
-from .sizes import format_bytes, format_size
+from ._config import FLAT_THRESHOLD, MIN_SHARD_SIZE, TOTAL_MEMORY, Config
+from ._sizes import format_bytes, format_size
 
 KiB = 1024
 # Sizes of float32 all-reduces the log describes: 1 KiB to 1 GiB, by factors of 4.

@@ -5,7 +5,7 @@ fairring/). The key is everything the measurement depends on that a job can
 see: the collective, the layout, the rails transport and interface, rank 0's
 address and its NIC's reported speed, the device and delegate and their
 versions, the engine's settings, and this fairring build. A decision read
-back is still checked before it is trusted (fairring/auto_threshold.py). A
+back is still checked before it is trusted (fairring/_auto_threshold.py). A
 file is written whole and renamed into place, so a reader never sees half of
 one.
 """
@@ -24,10 +24,10 @@ from typing import Any
 import torch
 
 from . import _C
+from ._config import Config
+from ._dispatch import Decision, SizeTiming
+from ._interfaces import nic_speed_mbps
 from ._version import __version__
-from .config import Config
-from .dispatch import Decision, SizeTiming
-from .interfaces import nic_speed_mbps
 
 logger = logging.getLogger("fairring")
 

@@ -56,8 +56,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
-from .config import ConfigError
-from .topology import RankIdentity, TopologyError, warn_mixed_sources
+from ._config import ConfigError
+from ._topology import RankIdentity, TopologyError, warn_mixed_sources
 
 PREFIX = "fairring/rendezvous/"
 # 80 bits of sha256: machine ids are arbitrary strings, keys should be short.

@@ -18,9 +18,9 @@ import os
 from collections.abc import MutableMapping
 from pathlib import Path
 
-from .config import IB_DISABLE, IB_GID_INDEX, RAILS_TRANSPORT, ConfigError, TransportSettings
-from .infiniband import HostFacts
-from .transports import map_gpus_to_nics
+from ._config import IB_DISABLE, IB_GID_INDEX, RAILS_TRANSPORT, ConfigError, TransportSettings
+from ._infiniband import HostFacts
+from ._transports import map_gpus_to_nics
 
 logger = logging.getLogger("fairring")
 

@@ -4,8 +4,8 @@ The rails connect ranks on different machines, so only network transports
 (ibv: InfiniBand verbs, uv: TCP) and network channels (basic for CPU buffers;
 cuda_gdr: GPUDirect RDMA, cuda_basic: staged through host memory, for CUDA
 buffers) are candidates. `decide` is a pure function of the variables
-(parsed once, into fairring.config's TransportSettings) and the host's facts
-(fairring.infiniband); `rails_transports` runs it on this process. The C++ mesh registers exactly what it returns.
+(parsed once, into fairring._config's TransportSettings) and the host's facts
+(fairring._infiniband); `rails_transports` runs it on this process. The C++ mesh registers exactly what it returns.
 
 What torch's TensorPipe can and cannot do (pytorch/tensorpipe at 2b4cd91, whose
 create() signatures torch 2.15's headers under torch/include/tensorpipe share):
@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from .config import (
+from ._config import (
     CHANNELS,
     CPU_CHANNELS,
     CUDA_CHANNELS,
@@ -61,7 +61,7 @@ from .config import (
     NameList,
     TransportSettings,
 )
-from .infiniband import (
+from ._infiniband import (
     FORK_SAFE_VARIABLES,
     LIBIBVERBS,
     PEER_MEMORY_FOLDER,

@@ -5,7 +5,7 @@ the group's store, so every rank takes the same decision even where only
 rank 0's machine has the file. Every rank then checks it at the sizes around
 its bounds (Sweep.verify), and the group measures again where it no longer
 holds; a sweep's decision is the same on every rank by construction
-(fairring/dispatch.py), and rank 0 caches it.
+(fairring/_dispatch.py), and rank 0 caches it.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _C, dispatch_cache
+from . import _C, _dispatch_cache
+from ._config import Config
+from ._dispatch import COLLECTIVES, Decision, Exchange, Run, SizeTiming, Sweep
+from ._errors import dist_error_like
 from ._introspection import delegate_name
-from .config import Config
-from .dispatch import COLLECTIVES, Decision, Exchange, Run, SizeTiming, Sweep
-from .errors import dist_error_like
 
 logger = logging.getLogger("fairring")
 
@@ -44,7 +44,7 @@ def measure_flat_threshold(
     delegate = delegate_name(device)
     many = COLLECTIVES[collective]
     folder = config.auto_cache if topology.rank == 0 else None  # rank 0's cache decides
-    key = dispatch_cache.cache_key(config, topology, network, device, collective) if folder is not None else None
+    key = _dispatch_cache.cache_key(config, topology, network, device, collective) if folder is not None else None
     cached = _cached(store, topology.rank, folder, key, f"{device.type}/{collective}")
     sweep = Sweep(
         run, _exchange_over(cpu_group, topology), device, topology.rank, topology.world_size, delegate, collective
@@ -55,7 +55,7 @@ def measure_flat_threshold(
         if decision is None:
             measured = sweep.measure(config.auto_budget_s)
             if folder is not None and key is not None and not measured.disagreed:
-                dispatch_cache.store(folder, key, measured)
+                _dispatch_cache.store(folder, key, measured)
             replaced = f"; replaced the cached decision, which no longer held: {found}" if cached is not None else ""
             decision = replace(measured, reason=measured.reason + replaced)
     except Exception as error:
@@ -73,7 +73,7 @@ def _cached(store: dist.Store, rank: int, folder: str | None, key: dict[str, Any
     """Rank 0's cached decision for `what` (device type and collective), on every rank."""
     shared = f"fairring/auto-threshold/{what}"
     if rank == 0:
-        found = dispatch_cache.load(folder, key) if folder is not None and key is not None else None
+        found = _dispatch_cache.load(folder, key) if folder is not None and key is not None else None
         store.set(shared, _MISS if found is None else json.dumps(asdict(found)))
         return found
     text = store.get(shared).decode()

@@ -3,7 +3,7 @@
 A comma-separated list of entries; a leading `^` makes it a list of what to
 leave out, and a leading `=` (after any `^`) makes its names exact rather than
 prefixes. Both apply to the whole list. FAIRRING_SOCKET_IFNAME and
-FAIRRING_IB_HCA share it (both parsed in fairring/config.py).
+FAIRRING_IB_HCA share it (both parsed in fairring/_config.py).
 """
 
 from __future__ import annotations

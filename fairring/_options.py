@@ -8,7 +8,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from fairring.sizes import parse_size
+from fairring._sizes import parse_size
 
 # ProcessGroupNCCL exists only in torch builds with NCCL.
 _NCCL_OPTIONS: type | None = getattr(getattr(dist, "ProcessGroupNCCL", None), "Options", None)

@@ -21,11 +21,11 @@ from typing import Any
 import torch.distributed as dist
 
 from . import _C
+from ._config import Config, load_config
+from ._interfaces import choose_rail_interface, host_addresses, nic_speed_mbps
 from ._introspection import backend_of, delegate_name
+from ._sizes import format_bytes
 from .bench.collectives import COLLECTIVES
-from .config import Config, load_config
-from .interfaces import choose_rail_interface, host_addresses, nic_speed_mbps
-from .sizes import format_bytes
 
 logger = logging.getLogger("fairring")
 

@@ -1,6 +1,6 @@
 """What this host offers the rails for InfiniBand: devices, libibverbs, peer memory, fork safety.
 
-Discovery only: fairring.transports decides what the rails use. Every reader
+Discovery only: fairring._transports decides what the rails use. Every reader
 takes a root folder, so tests build fake sysfs trees, and libibverbs is asked
 only through a replaceable probe. This module imports nothing but the standard
 library: fairring/__init__ imports it before anything else (see IMPORT_STATE).

@@ -12,7 +12,8 @@ import difflib
 import logging
 from collections.abc import Iterable, Mapping
 
-from . import config, interfaces
+from . import _config as config
+from . import _interfaces as interfaces
 
 logger = logging.getLogger("fairring")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-from .errors import ConfigError
+from ._errors import ConfigError
 
 KiB = 1024
 MiB = 1024 * KiB

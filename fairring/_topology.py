@@ -1,7 +1,7 @@
 """Which ranks share a machine, and in what order (their rail index).
 
 Each rank works out its own identity (`identify_self`); the group's
-rendezvous (fairring/rendezvous.py) gives each rank its view of the layout,
+rendezvous (fairring/_rendezvous.py) gives each rank its view of the layout,
 which is what `group_into_machines` (a pure function, the reference its tests
 compare against) gives for the same identities.
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from .config import MACHINE_ID, Config, ConfigError
+from ._config import MACHINE_ID, Config, ConfigError
 
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _NAMESPACES = ("net", "ipc", "pid")

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from .errors import ConfigError
-from .nccl_lists import names_match, split_list
+from ._errors import ConfigError
+from ._nccl_lists import names_match, split_list
 
 SOCKET_IFNAME = "FAIRRING_SOCKET_IFNAME"
 TP_SOCKET_IFNAME = "TP_SOCKET_IFNAME"
@@ -226,7 +226,7 @@ def describe_host(addresses: Sequence[InterfaceAddress], family: str | None) -> 
 
 
 class InterfaceSettings(Protocol):
-    """The settings the choice reads (fairring.config.Config parses them)."""
+    """The settings the choice reads (fairring._config.Config parses them)."""
 
     @property
     def socket_ifname(self) -> InterfaceFilter | None: ...

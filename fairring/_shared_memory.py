@@ -17,7 +17,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from . import _C
-from .config import SHM_DISABLE
+from ._config import SHM_DISABLE
 
 logger = logging.getLogger("fairring")
 

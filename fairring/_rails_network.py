@@ -1,6 +1,6 @@
 """How a rank's rails reach their peers: the interface, transports and channels, logged once.
 
-The choices are made at init (fairring/interfaces.py, fairring/transports.py),
+The choices are made at init (fairring/_interfaces.py, fairring/_transports.py),
 where a bad setting fails every rank of the group with a message that says
 what to change, rather than inside TensorPipe when the first all-reduce
 builds the rails.
@@ -13,10 +13,10 @@ import logging
 import torch
 
 from . import _C
-from .config import Config
-from .interfaces import InterfaceAddress, choose_rail_interface, host_addresses
-from .nixl import choose_ucx_settings, nixl_library
-from .transports import RailsTransports, host_facts, rails_transports
+from ._config import Config
+from ._interfaces import InterfaceAddress, choose_rail_interface, host_addresses
+from ._nixl import choose_ucx_settings, nixl_library
+from ._transports import RailsTransports, host_facts, rails_transports
 
 logger = logging.getLogger("fairring")
 _logged: set[str] = set()
