@@ -230,7 +230,7 @@ def mismatched_all_reduce(difference: str) -> str:
     try:
         dist.all_reduce(torch.ones(numel, dtype=dtype), op=op)
     except RuntimeError as error:
-        return str(error)
+        return f"{type(error).__name__}: {error}"
     return "completed"
 
 
@@ -251,6 +251,9 @@ def test_ranks_issuing_different_all_reduces_fail_instead_of_mixing_data(differe
     for message in messages:
         assert "the ranks issued different" in message or "rail peer rank" in message, messages
     assert any("the ranks issued different" in message for message in messages), messages
+    # The ranks disagree: the backend's failure, not the network's.
+    disagreed = [message for message in messages if "issued different" in message]
+    assert all(message.startswith("DistBackendError: ") for message in disagreed), messages
 
 
 @pytest.mark.timeout(300)
@@ -267,8 +270,12 @@ def test_a_machine_whose_link_goes_down_is_named_by_every_rank(tmp_path: Path) -
         assert "(machine 1 of 2)" in first, (rank, first)
         if rank >= 2:
             assert "lost its network: interface eth0 is down" in first, (rank, first)
+            # Its own NIC: the network's failure; a neighbour's, as its notice tells it: the backend's.
+            own = f"rank {rank} (machine 1 of 2) lost its network" in first
+            assert outcome["first_class"] == ("DistNetworkError" if own else "DistBackendError"), outcome
         else:
             assert "stopped responding" in first, (rank, first)
+            assert outcome["first_class"] == "DistBackendError", outcome  # a timeout, whomever it names
         assert float(outcome["seconds"]) < limit, outcome
         assert float(outcome["destroy_seconds"]) < 5, outcome
 

@@ -50,7 +50,7 @@ def many_in_flight(seed: int) -> tuple[bool, str]:
     for work in works:
         work.wait()
     matched = all(torch.equal(tensor, torch_sum(seed + i)) for i, tensor in enumerate(tensors))
-    return matched, fairring.backend_of().rails("cpu")
+    return matched, fairring.backend_of().rails("cpu")["description"]
 
 
 def waited(rails: str) -> int:

@@ -143,11 +143,12 @@ Engine::Engine(
       try {
         (this->*loop)();
       } catch (const std::exception& error) {
-        stop(
-            Cause::secondHand(
-                who(topology_.rank()) + "'s " +
-                stageName(static_cast<Stage>(stage)) +
-                " stage failed: " + error.what()));
+        Cause cause = Cause::secondHand(
+            who(topology_.rank()) + "'s " +
+            stageName(static_cast<Stage>(stage)) +
+            " stage failed: " + error.what());
+        cause.kind = FailureKind::kLocal;
+        stop(std::move(cause));
       }
     });
   }

@@ -98,10 +98,11 @@ class Engine {
   static constexpr std::chrono::seconds kDrainLimit{30};
 
   // How a failure reached this rank: an op's timeout passed here; this rank
-  // saw it first hand (a connection broke, a transfer failed, the ranks'
-  // collectives differ); or a peer named it (its notice, or its goodbye
-  // while this rank still needed it).
-  enum class FailureKind { kTimeout, kConnection, kRemote };
+  // saw a connection break or a transfer fail; it failed here (a stage threw,
+  // the ranks' collectives differ); or a peer named it (its notice, or its
+  // goodbye while this rank still needed it). Ops fail with DistNetworkError
+  // for kConnection, else DistBackendError (errors.h).
+  enum class FailureKind { kTimeout, kConnection, kLocal, kRemote };
 
   // What the engine asks of its owner and tells it. Each may be empty; none
   // may block.

@@ -71,7 +71,9 @@ std::string Engine::localStepsState() const {
 }
 
 void Engine::fail(const std::string& what) {
-  stop(Cause::firstHand(what));
+  Cause cause = Cause::firstHand(what);
+  cause.kind = FailureKind::kLocal; // the ranks disagree: no network's fault
+  stop(std::move(cause));
 }
 
 bool Engine::departed(int rank) const {
@@ -100,7 +102,9 @@ void Engine::onRailsFailure(
   const std::string me = who(topology_.rank());
   if (mismatch) {
     // Seen first hand, and no rank is more to blame than another.
-    stop(Cause::firstHand(me + ": " + message));
+    Cause cause = Cause::firstHand(me + ": " + message);
+    cause.kind = FailureKind::kLocal;
+    stop(std::move(cause));
     return;
   }
   bool gone = false;
@@ -273,7 +277,6 @@ void Engine::watchdogLoop() {
     } else if (error_.empty()) {
       auto nextDeadline = Clock::time_point::max();
       if (auto cause = expiredLocked(now, nextDeadline)) {
-        cause->kind = FailureKind::kTimeout; // whomever it blames
         lock.unlock();
         stop(std::move(*cause));
         lock.lock();
@@ -306,21 +309,29 @@ std::optional<Engine::Cause> Engine::expiredLocked(
   const std::string me = who(topology_.rank());
   std::string what = me + "'s " + expired->describe() + " timed out after " +
       std::to_string(expired->timeout.count()) + " ms, " + where;
+  // An op's timeout, whomever it blames; but a NIC of this rank's that went
+  // down is the network's failure.
+  const auto timedOut = [](Cause cause) {
+    cause.kind = FailureKind::kTimeout;
+    return cause;
+  };
   if (const std::string down = mesh_->downInterface(); !down.empty()) {
-    return Cause::firstHand(
+    Cause cause = Cause::firstHand(
         me + " lost its network: interface " + down + " is down; " + what,
         topology_.rank());
+    cause.kind = FailureKind::kConnection;
+    return cause;
   }
   for (int rank : awaited) {
     if (departed(rank)) {
-      return stillNeeded(rank, what);
+      return timedOut(stillNeeded(rank, what));
     }
   }
   // A neighbour silent for several heartbeats is stopped, hung or cut off:
   // seen first hand, so certain. The one this op waits for comes first.
   const auto silences = watch_->silences(3 * heartbeatInterval_.load());
   if (silences.empty()) {
-    return Cause::secondHand(what);
+    return timedOut(Cause::secondHand(what));
   }
   auto culprit = silences.front();
   for (const auto& silence : silences) {
@@ -330,11 +341,12 @@ std::optional<Engine::Cause> Engine::expiredLocked(
       break;
     }
   }
-  return Cause::firstHand(
-      who(culprit.first) + " stopped responding (" + me +
-          " heard nothing from it for " + secondsText(culprit.second) +
-          ": it is stopped, hung or unreachable); " + what,
-      culprit.first);
+  return timedOut(
+      Cause::firstHand(
+          who(culprit.first) + " stopped responding (" + me +
+              " heard nothing from it for " + secondsText(culprit.second) +
+              ": it is stopped, hung or unreachable); " + what,
+          culprit.first));
 }
 
 std::string Engine::whereStuckLocked(

@@ -324,7 +324,9 @@ std::function<void()> Engine::deviceWork(
               " failed: " + error.what();
           break;
       }
-      stop(Cause::secondHand(what));
+      Cause cause = Cause::secondHand(what);
+      cause.kind = FailureKind::kLocal;
+      stop(std::move(cause));
     }
   };
 }
