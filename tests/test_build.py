@@ -142,8 +142,16 @@ def test_a_build_without_its_cuda_path_imports_silently_and_refuses_the_cuda_eng
     env = {name: value for name, value in os.environ.items() if not name.startswith("FAIRRING_")}
     # The checkout's fairring, as the test process imports it.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(fairring.__file__).parents[1]), env.get("PYTHONPATH")]))
+    # Run from there too: `python -c` puts its working directory first, where a checkout's fairring would
+    # shadow the one under test (make test-oldest imports an out-of-tree build).
     finished = subprocess.run(
-        [sys.executable, "-c", WITHOUT_CUDA_PATH], capture_output=True, text=True, env=env, timeout=50, check=False
+        [sys.executable, "-c", WITHOUT_CUDA_PATH],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(fairring.__file__).parents[1],
+        timeout=50,
+        check=False,
     )
     assert finished.returncode == 0, finished.stderr
     facts = json.loads(finished.stdout.strip().splitlines()[-1])
