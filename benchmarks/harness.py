@@ -1,16 +1,19 @@
-"""Real multi-process test harness: a pool of spawned ranks that run test code.
+"""Real multi-process test harness: a pool of ranks, each a process, that run test code.
 
 A RankPool starts one process per rank, each with the environment of its
 emulated machine, and initialises a real process group in each (over a real
 TCPStore, or env://, tcp://, file://). Tests then send module-level functions to
-run on every rank and get their return values back. Starting processes and
-importing torch dominates test time, so one pool serves many tests.
+run on every rank and get their return values back. Importing torch dominates a
+rank's start (seconds of CPU), so ranks are forked from multiprocessing's fork
+server, which has imported it once; a rank whose environment must be read as
+torch loads is spawned instead. One pool serves many tests.
 
 Every call has a deadline. A rank that fails, or does not answer in time, ends
 the call with an error that shows each rank's traceback; if ranks are left
 hanging (a peer died mid-collective), the pool is killed and starts afresh on
-its next use. Workers die with the test process (PR_SET_PDEATHSIG), so nothing
-outlives a run, even one that is killed.
+its next use. Workers die with their parent (PR_SET_PDEATHSIG): the test
+process, or the fork server, which exits with it; so nothing outlives a run,
+even one that is killed.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ import ctypes
 import multiprocessing as mp
 import os
 import signal
+import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -97,13 +102,34 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
-def _worker(rank: int, world_size: int, env: dict[str, str], conn: Connection, namespace: str | None) -> None:
+def _worker(
+    rank: int, world_size: int, env: dict[str, str], conn: Connection, namespace: str | None, forked: bool
+) -> None:
     _die_with_parent()
+    if forked:
+        # The fork server ignores a preload it could not import; a cold rank would still pass, only slower.
+        assert all(name in sys.modules for name in FORK_SERVER_PRELOAD), "the fork server preloaded nothing"
+        for stream in (1, 2):
+            received = reduction.recv_handle(conn)
+            os.dup2(received, stream)
+            os.close(received)
+        from benchmarks.rank_preload import SET_BY_PRELOAD
+
+        # The pool forks only where the fork server's environment (less what its imports set) agrees on what
+        # torch read as it loaded.
+        inherited = {name: value for name, value in os.environ.items() if name not in SET_BY_PRELOAD}
+        differing = differences_read_at_import(env, inherited)
+        assert not differing, f"rank {rank} was forked from a fork server whose environment differs in {differing}"
+        for name, apply in APPLIED_BY_THE_RANK.items():
+            if name in env and name not in os.environ:
+                apply(env[name])
+        env = {**SET_BY_PRELOAD, **env}
     if namespace is not None:
         # First, while this process has one thread and no sockets.
         from fairring.bench.netns import enter_namespace
 
         enter_namespace(namespace)
+    os.environ.clear()
     os.environ.update(env)
     while True:
         message = conn.recv()
@@ -165,6 +191,75 @@ def make_flat_group(threshold: str) -> dist.ProcessGroup:
             os.environ["FAIRRING_FLAT_THRESHOLD"] = previous
 
 
+# What the fork server imports, once (benchmarks/rank_preload.py): torch and its lazy imports take seconds of
+# CPU, a fork milliseconds.
+FORK_SERVER_PRELOAD = ["benchmarks.rank_preload"]
+# Variables nothing in FORK_SERVER_PRELOAD reads as it loads (fairring reads its own at its import, in the rank,
+# and the rest when a group, store or engine is made): a rank whose environment differs from the fork server's
+# only in these is forked from it; any other difference (OMP_NUM_THREADS, TORCH_DISTRIBUTED_DEBUG, ...) is read
+# as libgomp or torch.distributed loads, so that rank is spawned, and imports torch with its own environment.
+READ_AFTER_IMPORT = ("FAIRRING_", "TP_", "GLOO_", "NIXL_", "UCX_", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+# Nothing that loads reads these: the test pytest is running, and the terminal's size (which readline sets in
+# the C environment only, so os.environ lacks it).
+READ_BY_NOTHING_LOADED = ("PYTEST_CURRENT_TEST", "COLUMNS", "LINES")
+
+
+def _set_malloc_arena_max(value: str) -> None:
+    m_arena_max = -8  # glibc's malloc.h; the variable and mallopt set the same limit
+    ctypes.CDLL("libc.so.6").mallopt(m_arena_max, int(value))
+
+
+# Read as a process starts, but applied by a forked rank itself where the fork server left the default (it
+# runs one thread, so it has made no arena beyond the main one).
+APPLIED_BY_THE_RANK = {"MALLOC_ARENA_MAX": _set_malloc_arena_max}
+
+
+def read_after_import(name: str) -> bool:
+    return name.startswith(READ_AFTER_IMPORT) or name in READ_BY_NOTHING_LOADED
+
+
+def differences_read_at_import(env: dict[str, str], server_env: dict[str, str]) -> list[str]:
+    """The variables, other than those read after import, that `env` sets differently from `server_env`."""
+    return sorted(
+        name
+        for name in env.keys() | server_env.keys()
+        if env.get(name) != server_env.get(name)
+        and not read_after_import(name)
+        and not (name in APPLIED_BY_THE_RANK and name not in server_env)
+    )
+
+
+class _ForkServer:
+    """multiprocessing's fork server with torch imported, and the environment it was started with."""
+
+    env: dict[str, str] | None = None
+
+    @classmethod
+    def start(cls) -> None:
+        """Starts the server, with this process's environment as it is now, unless it runs already."""
+        if cls.env is None:
+            from multiprocessing import forkserver
+
+            mp.get_context("forkserver").set_forkserver_preload(FORK_SERVER_PRELOAD)
+            forkserver.ensure_running()
+            cls.env = dict(os.environ)
+
+    @classmethod
+    def context_for(cls, envs: Sequence[dict[str, str]]) -> Any:
+        """The fork server's context if every rank's `envs` can be forked from it, else spawn's."""
+        cls.start()
+        assert cls.env is not None
+        if any(differences_read_at_import(env, cls.env) for env in envs):
+            return mp.get_context("spawn")
+        return mp.get_context("forkserver")
+
+
+def start_fork_server() -> None:
+    """Starts the server ranks are forked from, with this environment; the first pool starts it otherwise, with
+    its test's (a test's monkeypatched OMP_NUM_THREADS would then make every later rank differ, and spawn)."""
+    _ForkServer.start()
+
+
 class RankPool:
     """Ranks of `layout`; with `hosts` (one per machine), each machine's ranks run
     inside that host's network namespace and rank 0 serves the store."""
@@ -195,27 +290,41 @@ class RankPool:
         """Spawns the ranks and (by default) joins them into a process group."""
         import torch.distributed as dist
 
-        context = mp.get_context("spawn")
         store_port = 0
         if self.spec.method == "store":
             self._store = dist.TCPStore(
                 "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=COLLECTIVE_TIMEOUT
             )
             store_port = self._store.port
-        for rank in range(self.world_size):
-            env = {
+        # Each rank's whole environment, as a spawned process inherits it: a forked one has the fork server's.
+        envs = [
+            {
+                **os.environ,
                 **ENGINE_AT_EVERY_SIZE,
                 **self._placement_env(rank),
                 **self.spec.extra_env,
                 **self.rank_env.get(rank, {}),
             }
+            for rank in range(self.world_size)
+        ]
+        context = _ForkServer.context_for(envs)
+        forked = context.get_start_method() == "forkserver"
+        for rank, env in enumerate(envs):
             namespace = self.hosts[self.layout.machine_of(rank)].name if self.hosts else None
             parent, child = context.Pipe()
             process = context.Process(
-                target=_worker, args=(rank, self.world_size, env, child, namespace), daemon=True, name=f"rank{rank}"
+                target=_worker,
+                args=(rank, self.world_size, env, child, namespace, forked),
+                daemon=True,
+                name=f"rank{rank}",
             )
             process.start()
             child.close()
+            if forked:
+                # The test's stdout and stderr as they are now (pytest's capture of this test), where a spawned
+                # rank would inherit them: a forked one has the fork server's.
+                for stream in (1, 2):
+                    reduction.send_handle(parent, stream, process.pid)
             self._processes.append(process)
             self._conns.append(parent)
         self._store_port = store_port

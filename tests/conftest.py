@@ -16,7 +16,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 if str(Path(__file__).parents[1]) not in sys.path:
     sys.path.append(str(Path(__file__).parents[1]))
 
-from benchmarks.harness import Layout, RankPool
+from benchmarks.harness import Layout, RankPool, start_fork_server
+
+# Tiers by marker, each test's time budget, and the slowest tests listed at the end.
+pytest_plugins = ("tiers",)
 
 
 @pytest.fixture(autouse=True)
@@ -71,6 +74,13 @@ def temporary_files_of_started_processes() -> Iterator[Path]:
     else:
         os.environ["TMPDIR"] = previous
     shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fork_server(flight_recorder_dumps: Path, temporary_files_of_started_processes: Path) -> None:
+    """The server the harness forks ranks from, started with the session's environment, before any test
+    changes it."""
+    start_fork_server()
 
 
 # Machine layouts every collective test runs on. The 3x2 layout interleaves

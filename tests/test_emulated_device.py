@@ -127,15 +127,15 @@ def test_random_all_reduces_from_two_groups(layout: Layout, failover: str) -> No
         assert ranks.run(two_groups_at_once, 150, 10 * layout.machines, timeout=360) == [150] * layout.world_size
 
 
-# `make stress` (outside CI): thousands of ops per layout, on larger layouts.
-STRESS_OPS = int(os.environ.get("FAIRRING_STRESS_OPS", "0"))
+# Thousands of ops per layout, on larger layouts: the extended tier (`make test-extended`; FAIRRING_STRESS_OPS
+# sets how many). CI's random runs above are the same test, shorter.
+STRESS_OPS = int(os.environ.get("FAIRRING_STRESS_OPS", "4000"))
 
 
+@pytest.mark.extended
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("layout", [Layout(2, 3), Layout(4, 2)], ids=str)
 def test_stress(layout: Layout) -> None:
-    if not STRESS_OPS:
-        pytest.skip("the long run: make stress (sets FAIRRING_STRESS_OPS)")
     per_group = STRESS_OPS // 2
     with RankPool(layout, emulated(f"seed={STRESS_OPS}", timeout=120)) as ranks:
         done = ranks.run(two_groups_at_once, per_group, 7 * layout.machines, timeout=3300)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,16 +24,36 @@ ROOT = Path(__file__).parents[1]
 MiB = 1024 * 1024
 
 
-def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
+# The stages, each by its name in the report and its key for --only.
+STAGES = {
+    "versus NCCL: 2 hosts x 2 and x 4 ranks, NICs shaped to 10gbit, MPS where it starts": "versus",
+    "tests: tests/test_cuda.py": "tests",
+    "correctness: 4 processes as 2 machines x 2 ranks": "worlds",
+    "correctness: 6 processes as 3 machines x 2 ranks, as an NCCL job starts (pg_options, device_id)": "worlds",
+    "compare: fairring, NCCL, Gloo on 2 machines x 2 ranks": "compare",
+    "compare: fairring, NCCL, Gloo on 2 machines x 1 ranks": "compare",
+    "failure: rank 3 of 2 machines x 2 ranks killed mid-stream": "failure",
+    "bench: 2 processes as 2 machines": "bench",
+    "training: the study's quick part on 2 machines x 2 ranks": "training",
+    "stress: cuda_basic, large slices": "stress",
+    "validate: fairring.validate on 2 machines x 2 ranks": "validate",
+    "nixl: 2 processes as 2 machines on the NIXL rails": "nixl",
+}
+# Stages that cannot run here say why and are skipped; that is no pass of them.
+CANNOT_RUN = {"tests"} | (set() if NETNS else {"versus"}) | ({"nixl"} if NIXL_MISSING else set())
+
+
+def cpu_check(tmp_path: Path, only: set[str]) -> tuple[str, dict[str, Any]]:
+    """`python -m benchmarks.gpu_check --device cpu --quick --only ...`: its report, which must say PASSED, and the
+    report's data, in which the stages of `only` ran (those that can here) and every other was skipped."""
     report = tmp_path / "report.md"
     command = [sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--quick", "--report", str(report)]
-    command += ["--budget", "220"]
+    command += ["--budget", "220", "--only", ",".join(sorted(only))]
     run = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert report.exists(), run.stdout + run.stderr
     text = report.read_text()
     assert run.returncode == 0, text
     assert text.startswith("# fairring GPU check: PASSED\n")
-    assert "All cases passed on every rank" in text
     data = json.loads(text.rsplit("```json\n", 1)[1].rsplit("\n```", 1)[0])
     assert data["passed"] is True and data["device"] == "cpu" and data["skipped_for_budget"] == []
     for key in ("python_executable", "torch_cuda", "cuda_home", "compiler", "nvcc", "nproc"):
@@ -40,28 +61,47 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
     statuses = {stage["name"]: stage["status"] for stage in data["stages"]}
     assert statuses == {
         "build": "skipped",
-        # Where namespaces cannot be made, the stage says why and is skipped.
-        "versus NCCL: 2 hosts x 2 and x 4 ranks, NICs shaped to 10gbit, MPS where it starts": "ok"
-        if NETNS
-        else "skipped",
-        "correctness: 4 processes as 2 machines x 2 ranks": "ok",
-        "correctness: 6 processes as 3 machines x 2 ranks, as an NCCL job starts (pg_options, device_id)": "ok",
-        "compare: fairring, NCCL, Gloo on 2 machines x 2 ranks": "ok",
-        "compare: fairring, NCCL, Gloo on 2 machines x 1 ranks": "ok",
-        "failure: rank 3 of 2 machines x 2 ranks killed mid-stream": "ok",
-        "tests: tests/test_cuda.py": "skipped",
-        "bench: 2 processes as 2 machines": "ok",
-        "training: the study's quick part on 2 machines x 2 ranks": "ok",
-        "stress: cuda_basic, large slices": "ok",
-        "validate: fairring.validate on 2 machines x 2 ranks": "ok",
-        # Where NIXL cannot load, the stage says why and is skipped; that is no pass of it.
-        "nixl: 2 processes as 2 machines on the NIXL rails": "skipped" if NIXL_MISSING else "ok",
+        **{name: "ok" if key in only - CANNOT_RUN else "skipped" for name, key in STAGES.items()},
     }
-    if not NIXL_MISSING:
-        nixl = data["nixl"]
-        assert nixl["correctness"]["all_passed"] is True and nixl["correctness"]["failed"] == []
-        assert [row["bytes"] for row in nixl["throughput"]] == [MiB] and nixl["throughput"][0]["algbw_GBps"] > 0
-        assert all("nixl" in str(rails) for rails in [nixl["engine_rails"]]), nixl["engine_rails"]
+    return text, data
+
+
+@pytest.mark.timeout(240)
+def test_gpu_check_on_cpu_versus_the_baseline_on_shaped_hosts(tmp_path: Path) -> None:
+    """Against the baseline (Gloo on CPU tensors) on shaped hosts: the engine, the baseline and auto's routing,
+    each result right; --quick runs 2x2 at 256 KiB only, and no MPS on the CPU."""
+    if not NETNS:
+        pytest.skip("network namespaces cannot be made here (the stage says why, and is skipped)")
+    text, data = cpu_check(tmp_path, {"versus"})
+    versus = data["versus"]
+    assert versus["mps"] == "not tried (--device cpu)" and versus["netns"] == "available", versus
+    assert sorted(versus["layouts"]) == ["2x2"], versus
+    rows = versus["layouts"]["2x2"]["rows"]
+    assert sorted((row["backend"], row["bytes"]) for row in rows) == [
+        ("fairring", 256 * 1024),
+        ("fairring-auto", 256 * 1024),
+        ("gloo", 256 * 1024),
+    ], rows
+    assert all(row["correct"] and row["median_s"] > 0 for row in rows), rows
+    assert versus["layouts"]["2x2"]["auto"]["auto_reason"], versus
+    # 8 buckets back to back on 2x2, the engine against the baseline, both right.
+    overlap = versus["overlap"]["rows"]
+    assert sorted(row["backend"] for row in overlap) == ["fairring", "gloo"], overlap
+    assert all(row["correct"] and row["median_s"] > 0 for row in overlap), overlap
+    # FSDP's reduce-scatter on 2x2 (--quick leaves out the all-gather): the engine, the baseline and auto's
+    # routing of that kind.
+    assert sorted(versus["fsdp"]) == ["reduce_scatter"], versus
+    for part in versus["fsdp"].values():
+        assert sorted(row["backend"] for row in part["rows"]) == ["fairring", "fairring-auto", "gloo"], part
+        assert all(row["correct"] and row["median_s"] > 0 for row in part["rows"]) and part["auto"], part
+    assert "reduce_scatter (FSDP's), 2 x 2" in text
+    assert "## Versus NCCL, the network the bottleneck" in text
+
+
+@pytest.mark.timeout(240)
+def test_gpu_check_on_cpu_correctness_compare_failure_and_bench(tmp_path: Path) -> None:
+    text, data = cpu_check(tmp_path, {"worlds", "compare", "failure", "bench"})
+    assert "All cases passed on every rank" in text
     correctness = data["bench"]["correctness"]
     assert correctness["all_passed"] is True and correctness["failed"] == []
     assert correctness["sizes"] == [1, 1000, 65537] and correctness["planned_per_rank"] == 40 * 3
@@ -107,6 +147,10 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
         # The failed group refuses later work, with the cause, instead of running it.
         assert outcome["later_broadcast_seconds"] < 5 and "rank 3" in outcome["later_broadcast"], outcome
 
+
+@pytest.mark.timeout(240)
+def test_gpu_check_on_cpu_training(tmp_path: Path) -> None:
+    _, data = cpu_check(tmp_path, {"training"})
     # The training study's quick part: both tiny models (the transformer under DDP and FSDP2) on both
     # backends, losses in agreement.
     rows = data["training"]["rows"]
@@ -119,31 +163,15 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
         ("gpt-tiny fsdp2", "gloo"),
     ], rows
 
-    # Against the baseline (Gloo on CPU tensors) on shaped hosts: the engine, the baseline and auto's routing,
-    # each result right; --quick runs 2x2 at 256 KiB only, and no MPS on the CPU.
-    if NETNS:
-        versus = data["versus"]
-        assert versus["mps"] == "not tried (--device cpu)" and versus["netns"] == "available", versus
-        assert sorted(versus["layouts"]) == ["2x2"], versus
-        rows = versus["layouts"]["2x2"]["rows"]
-        assert sorted((row["backend"], row["bytes"]) for row in rows) == [
-            ("fairring", 256 * 1024),
-            ("fairring-auto", 256 * 1024),
-            ("gloo", 256 * 1024),
-        ], rows
-        assert all(row["correct"] and row["median_s"] > 0 for row in rows), rows
-        assert versus["layouts"]["2x2"]["auto"]["auto_reason"], versus
-        # 8 buckets back to back on 2x2, the engine against the baseline, both right.
-        overlap = versus["overlap"]["rows"]
-        assert sorted(row["backend"] for row in overlap) == ["fairring", "gloo"], overlap
-        assert all(row["correct"] and row["median_s"] > 0 for row in overlap), overlap
-        # FSDP's reduce-scatter and all-gather on 2x2: the engine, the baseline and auto's routing of that kind.
-        assert sorted(versus["fsdp"]) == ["all_gather", "reduce_scatter"], versus
-        for part in versus["fsdp"].values():
-            assert sorted(row["backend"] for row in part["rows"]) == ["fairring", "fairring-auto", "gloo"], part
-            assert all(row["correct"] and row["median_s"] > 0 for row in part["rows"]) and part["auto"], part
-        assert "reduce_scatter (FSDP's), 2 x 2" in text
-        assert "## Versus NCCL, the network the bottleneck" in text
+
+@pytest.mark.timeout(240)
+def test_gpu_check_on_cpu_stress_validate_and_nixl(tmp_path: Path) -> None:
+    text, data = cpu_check(tmp_path, {"stress", "validate", "nixl"})
+    if not NIXL_MISSING:
+        nixl = data["nixl"]
+        assert nixl["correctness"]["all_passed"] is True and nixl["correctness"]["failed"] == []
+        assert [row["bytes"] for row in nixl["throughput"]] == [MiB] and nixl["throughput"][0]["algbw_GBps"] > 0
+        assert all("nixl" in str(rails) for rails in [nixl["engine_rails"]]), nixl["engine_rails"]
 
     # fairring.validate under torchrun: both CPU paths at 64 KiB and 1 MiB, every element right, a verdict.
     validate = data["validate"]
@@ -168,10 +196,17 @@ def test_gpu_check_on_cpu_writes_a_passing_report(tmp_path: Path) -> None:
         assert stats["ops"] == 16 and stats["slices"] == 16 * 8, stats
 
 
+def test_only_names_the_stages_it_knows(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--only", "worlds,tarining"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert run.returncode == 2 and "--only: no stage tarining; the stages are versus,tests,worlds," in run.stderr
+
+
 def test_a_check_cut_short_has_reported_the_stages_it_ran(tmp_path: Path) -> None:
     """The report is written after each stage: killed after its first, it says what ran and what did not."""
     report = tmp_path / "report.md"
     command = [sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--quick", "--report", str(report)]
+    command += ["--only", "compare,failure"]  # a short first stage: its 2x2 comparison
     check = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120

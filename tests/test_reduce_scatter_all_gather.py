@@ -11,7 +11,6 @@ Gloo local steps, and on the emulated device in launch-order mode.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -302,16 +301,13 @@ def delegated_where_the_engine_cannot(seed: int) -> None:
     dist.destroy_process_group(gloo)
 
 
-# 4x2 (8 processes on CI's 2 cores) runs outside CI: `make test-collective-layouts`.
-ALL_LAYOUTS = os.environ.get("FAIRRING_TEST_ALL_LAYOUTS") == "1"
+# 4x2 (8 processes on CI's 2 cores) is in the extended tier (`make test-extended`); the others cover
+# several machines of several ranks, interleaved and not, in CI.
 LAYOUTS = [
     Layout(2, 2),
     Layout(3, 2, interleaved=True),
     Layout(2, 3),
-    pytest.param(
-        Layout(4, 2),
-        marks=pytest.mark.skipif(not ALL_LAYOUTS, reason="8 ranks: make test-collective-layouts runs it"),
-    ),
+    pytest.param(Layout(4, 2), marks=pytest.mark.extended),
 ]
 
 

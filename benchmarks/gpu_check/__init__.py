@@ -14,8 +14,8 @@ Stages in order of value:
    routing at 4 to 256 MiB on the same tensors, the order rotated every iteration, every
    result checked, with the fraction of the bound; and, on 2 x 2, 8 buckets of 25 MiB
    issued at once, the engine against NCCL (what the op boundary costs), then FSDP's
-   reduce-scatter and all-gather at the same sizes (engine, NCCL, auto), where the stage's
-   time allows; skipped, saying why, where namespaces cannot be made;
+   reduce-scatter and all-gather at the same sizes (engine, NCCL, auto; --quick: the
+   reduce-scatter only), where the stage's time allows; skipped, saying why, where namespaces cannot be made;
 3. tests: `python -m pytest tests/test_cuda.py -rs -s -p no:cacheprovider`;
 4. correctness on the layouts of --worlds with several ranks per machine (2x2, 3x2),
    whose local steps run on real NCCL groups (a distinct NCCL_HOSTID per process,
@@ -64,8 +64,10 @@ Each stage runs for at most its limit less the later stages' reserves, and at
 least its own reserve while the budget lasts (earlier stages first); one that
 the budget no longer fits is recorded as skipped. A stage that fails is
 recorded and the next one runs; the exit status is 1 if any stage failed (or no GPU is visible), else
-0. --device cpu runs the same benches on CPU tensors (a smoke test for machines
-without a GPU; the stress scaled down) and skips the tests.
+0. --only runs the stages it names (versus, tests, worlds, compare, failure, bench, training,
+stress, validate, nixl) and reports the others skipped. --device cpu runs the same
+benches on CPU tensors (a smoke test for machines without a GPU; the stress scaled
+down) and skips the tests.
 
     python -m benchmarks.gpu_check --report gpu-check-report.md
     python -m benchmarks.gpu_check --device cpu --quick --report /tmp/report.md

@@ -39,7 +39,7 @@ from .stress import STRESS_STAGE, run_stress
 from .training import TRAINING_STAGE, run_training
 from .validate import VALIDATE_STAGE, run_validate
 from .versus import run_versus, why_no_netns
-from .worlds import run_world, world_stage
+from .worlds import as_an_nccl_job, run_world, world_stage
 
 
 def steps(args: argparse.Namespace) -> list[Step]:
@@ -54,32 +54,47 @@ def steps(args: argparse.Namespace) -> list[Step]:
         machines, local = parse_layout(spec)
         limit = args.worlds_timeout or WORLD_LIMIT_PER_PROCESS_S * machines * local
         reserve = WORLD_MINIMUM_PER_PROCESS_S[args.device] * machines * local
-        return Step(world_stage(spec), limit, reserve, partial(run_world, args, spec))
+        name = world_stage(spec, as_an_nccl_job(args, spec))
+        return Step("worlds", name, limit, reserve, partial(run_world, args, spec))
 
     def tests_step(seconds: float) -> tuple[Stage, dict[str, Any]]:
         return run_tests(args, seconds), {}
 
     def compare_step(spec: str) -> Step:
-        return Step(compare_stage(spec), args.compare_timeout, COMPARE_MINIMUM_S, partial(run_compare, args, spec))
+        return Step(
+            "compare", compare_stage(spec), args.compare_timeout, COMPARE_MINIMUM_S, partial(run_compare, args, spec)
+        )
 
     # In order of value: the figure against NCCL where the network is the bottleneck, which no CPU
     # machine can give, then the CUDA tests, then the local steps on real NCCL.
     with_local_steps = [spec for spec in args.world_list if parse_layout(spec)[1] > 1]
     versus_skip = why_no_netns()
     stress_skip = "" if args.stress_rounds else "skipped (--stress-rounds 0)"
-    return [
-        Step(versus_nccl.STAGE, args.versus_timeout, versus_nccl.MINIMUM_S, partial(run_versus, args), versus_skip),
-        Step(TESTS_STAGE, args.tests_timeout, TESTS_MINIMUM_S, tests_step, tests_skip),
+    todo = [
+        Step(
+            "versus",
+            versus_nccl.STAGE,
+            args.versus_timeout,
+            versus_nccl.MINIMUM_S,
+            partial(run_versus, args),
+            versus_skip,
+        ),
+        Step("tests", TESTS_STAGE, args.tests_timeout, TESTS_MINIMUM_S, tests_step, tests_skip),
         *(world_step(spec) for spec in with_local_steps),
         *(compare_step(spec) for spec in args.compare_list),
-        Step(FAILURE_STAGE, args.failure_timeout, FAILURE_MINIMUM_S, partial(run_failure, args)),
-        Step(BENCH_STAGE, args.bench_timeout, BENCH_MINIMUM_S, partial(run_bench, args)),
-        Step(TRAINING_STAGE, args.training_timeout, TRAINING_MINIMUM_S, partial(run_training, args)),
+        Step("failure", FAILURE_STAGE, args.failure_timeout, FAILURE_MINIMUM_S, partial(run_failure, args)),
+        Step("bench", BENCH_STAGE, args.bench_timeout, BENCH_MINIMUM_S, partial(run_bench, args)),
+        Step("training", TRAINING_STAGE, args.training_timeout, TRAINING_MINIMUM_S, partial(run_training, args)),
         *(world_step(spec) for spec in args.world_list if spec not in with_local_steps),
-        Step(STRESS_STAGE, args.stress_timeout, STRESS_MINIMUM_S, partial(run_stress, args), stress_skip),
-        Step(VALIDATE_STAGE, args.validate_timeout, VALIDATE_MINIMUM_S, partial(run_validate, args)),
-        Step(NIXL_STAGE, args.nixl_timeout, NIXL_MINIMUM_S, partial(run_nixl, args), why_no_nixl()),
+        Step("stress", STRESS_STAGE, args.stress_timeout, STRESS_MINIMUM_S, partial(run_stress, args), stress_skip),
+        Step("validate", VALIDATE_STAGE, args.validate_timeout, VALIDATE_MINIMUM_S, partial(run_validate, args)),
+        Step("nixl", NIXL_STAGE, args.nixl_timeout, NIXL_MINIMUM_S, partial(run_nixl, args), why_no_nixl()),
     ]
+    if args.only_list:
+        for step in todo:
+            if step.key not in args.only_list and not step.skip:
+                step.skip = f"skipped (not in --only {','.join(args.only_list)})"
+    return todo
 
 
 def main(argv: list[str]) -> int:

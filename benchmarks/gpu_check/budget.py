@@ -41,6 +41,7 @@ NIXL_MINIMUM_S = 45.0
 class Step:
     """A stage to run: at most `limit` seconds; the stages before it leave it `reserve` seconds."""
 
+    key: str  # its short name, for --only (cli.STAGE_KEYS)
     name: str
     limit: float
     reserve: float

@@ -12,6 +12,9 @@ from fairring._sizes import parse_size
 
 from .budget import WORLD_LIMIT_PER_PROCESS_S
 
+# The stages' short names, for --only, in the order they run.
+STAGE_KEYS = ("versus", "tests", "worlds", "compare", "failure", "bench", "training", "stress", "validate", "nixl")
+
 # The package's docstring: the stages, in order, and the time rule.
 HELP = gpu_check.__doc__ or ""
 
@@ -77,6 +80,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--op-timeout", type=float, default=60.0, help="seconds any one wait in the bench may take")
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for every stage together (default 540)")
     parser.add_argument(
+        "--only",
+        default="",
+        help=f"run only these stages, the others reported skipped: any of {','.join(STAGE_KEYS)} (default: all)",
+    )
+    parser.add_argument(
         "--set", action="append", default=[], metavar="VAR=VALUE", help="environment for every stage's ranks"
     )
     parser.add_argument("--build-log", type=Path, help="the build's output, for the report (make gpu-check)")
@@ -109,6 +117,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--stress-bytes must be a multiple of 4, --stress-ops >= 1 and --stress-rounds >= 0")
     if args.iters < 1 or args.warmup < 0:
         parser.error("--iters must be >= 1 and --warmup >= 0")
+    args.only_list = [key.strip() for key in args.only.split(",") if key.strip()]
+    if unknown := [key for key in args.only_list if key not in STAGE_KEYS]:
+        parser.error(f"--only: no stage {', '.join(unknown)}; the stages are {','.join(STAGE_KEYS)}")
     if any("=" not in assignment for assignment in args.set):
         parser.error("--set takes VAR=VALUE")
     return args

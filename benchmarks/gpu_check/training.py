@@ -34,6 +34,8 @@ def run_training(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[
             problems.append(f"{name}: loss gap {record.get('loss_gap')} against {record.get('baseline')}")
         if not record.get("engine_all_reduces"):
             problems.append(f"{name}: no collective went to the engine")
+    if "Reading: with real compute" not in stage.output_tail:
+        problems.append("the study printed no reading of its losses and speeds")
     rows = [
         {
             "model": model_name(record),

@@ -17,11 +17,13 @@ from .ranks import check_phases, run_ranks, summarize
 from .stage import Stage, conclude
 
 
-def world_stage(spec: str) -> str:
+def world_stage(spec: str, nccl_job: bool = False) -> str:
+    """The stage's name, the same whether it runs or is skipped (`nccl_job`: as_an_nccl_job's answer)."""
     machines, local = parse_layout(spec)
     if local == 1:
         return f"correctness: {machines} processes as {machines} machines"
-    return f"correctness: {machines * local} processes as {machines} machines x {local} ranks"
+    as_nccl = ", as an NCCL job starts (pg_options, device_id)" if nccl_job else ""
+    return f"correctness: {machines * local} processes as {machines} machines x {local} ranks{as_nccl}"
 
 
 def as_users_run(args: argparse.Namespace, spec: str) -> dict[str, str]:
@@ -47,7 +49,7 @@ def as_an_nccl_job(args: argparse.Namespace, spec: str) -> bool:
 
 def run_world(args: argparse.Namespace, spec: str, timeout: float) -> tuple[Stage, dict[str, Any]]:
     nccl_job = as_an_nccl_job(args, spec)
-    stage = Stage(world_stage(spec) + (", as an NCCL job starts (pg_options, device_id)" if nccl_job else ""))
+    stage = Stage(world_stage(spec, nccl_job))
     machines, local = parse_layout(spec)
     extra = as_users_run(args, spec)
     phases = check_phases(args) + (["--as-nccl-job"] if nccl_job else [])
