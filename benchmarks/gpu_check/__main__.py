@@ -39,7 +39,7 @@ from .stress import STRESS_STAGE, run_stress
 from .training import TRAINING_STAGE, run_training
 from .validate import VALIDATE_STAGE, run_validate
 from .versus import run_versus, why_no_netns
-from .worlds import as_an_nccl_job, run_world, world_stage
+from .worlds import run_world, world_stage_of
 
 
 def steps(args: argparse.Namespace) -> list[Step]:
@@ -54,8 +54,7 @@ def steps(args: argparse.Namespace) -> list[Step]:
         machines, local = parse_layout(spec)
         limit = args.worlds_timeout or WORLD_LIMIT_PER_PROCESS_S * machines * local
         reserve = WORLD_MINIMUM_PER_PROCESS_S[args.device] * machines * local
-        name = world_stage(spec, as_an_nccl_job(args, spec))
-        return Step("worlds", name, limit, reserve, partial(run_world, args, spec))
+        return Step("worlds", world_stage_of(args, spec), limit, reserve, partial(run_world, args, spec))
 
     def tests_step(seconds: float) -> tuple[Stage, dict[str, Any]]:
         return run_tests(args, seconds), {}

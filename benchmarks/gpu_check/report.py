@@ -22,7 +22,7 @@ from .stage import Stage, display
 from .stress import STRESS_STAGE
 from .training import TRAINING_STAGE
 from .validate import VALIDATE_STAGE
-from .worlds import as_an_nccl_job, world_stage
+from .worlds import world_stage, world_stage_of
 
 
 def cell(value: object) -> str:
@@ -320,7 +320,7 @@ def write_report(
         "environment": info,
         "stages": [{k: v for k, v in asdict(stage).items() if k != "output_tail"} for stage in stages],
         "bench": summaries.get(BENCH_STAGE, {}),
-        "worlds": {spec: summaries.get(world_stage(spec, as_an_nccl_job(args, spec)), {}) for spec in args.world_list},
+        "worlds": {spec: summaries.get(world_stage_of(args, spec), {}) for spec in args.world_list},
         "compare": {spec: summaries.get(compare_stage(spec), {}) for spec in args.compare_list},
         "failure": summaries.get(FAILURE_STAGE, {}),
         "training": summaries.get(TRAINING_STAGE, {}),

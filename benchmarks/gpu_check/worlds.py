@@ -47,9 +47,14 @@ def as_an_nccl_job(args: argparse.Namespace, spec: str) -> bool:
     return len(local_layouts) > 1 and spec == local_layouts[1]
 
 
+def world_stage_of(args: argparse.Namespace, spec: str) -> str:
+    """The name of layout `spec`'s stage in this check: its step's, its stage's and its summary's key."""
+    return world_stage(spec, as_an_nccl_job(args, spec))
+
+
 def run_world(args: argparse.Namespace, spec: str, timeout: float) -> tuple[Stage, dict[str, Any]]:
     nccl_job = as_an_nccl_job(args, spec)
-    stage = Stage(world_stage(spec, nccl_job))
+    stage = Stage(world_stage_of(args, spec))
     machines, local = parse_layout(spec)
     extra = as_users_run(args, spec)
     phases = check_phases(args) + (["--as-nccl-job"] if nccl_job else [])
