@@ -145,6 +145,16 @@ def with_gloo(fault: str, tmp_path: Path, transport: str) -> dict[str, dict[int,
     return outcomes
 
 
+@pytest.mark.extended
+@pytest.mark.timeout(300)
+def test_gloo_under_a_frozen_rank_for_comparison(tmp_path: Path) -> None:
+    """What Gloo's survivors see when rank 3 freezes, to read beside fairring's (pytest -s): outside CI, where
+    it would wait out the group's timeout only to print. Each survivor fails, as fairring's do."""
+    outcomes = {"gloo": inject("gloo", "stop", tmp_path)}
+    report("rank 3 of 2x2 freezes (SIGSTOP) mid-stream; group timeout 10 s; Gloo:", outcomes)
+    assert all(outcome["first"] != "no error in 120 s" for outcome in outcomes["gloo"].values()), outcomes
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("transport", RAILS_TRANSPORTS)
 def test_a_killed_rank_is_named_by_every_survivor(tmp_path: Path, transport: str) -> None:
@@ -180,7 +190,8 @@ def test_a_killed_rank_is_named_during_fsdp_collectives(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("transport", RAILS_TRANSPORTS)
 def test_a_frozen_rank_fails_every_survivor_within_the_timeout(tmp_path: Path, transport: str) -> None:
-    outcomes = with_gloo("stop", tmp_path, transport)
+    # Gloo beside it: test_gloo_under_a_frozen_rank_for_comparison, in the extended tier.
+    outcomes = {"fairring": inject("fairring", "stop", tmp_path, transport=transport)}
     report(f"rank 3 of 2x2 freezes (SIGSTOP) mid-stream; group timeout 10 s; rails over {transport}:", outcomes)
     limit = FAULT_TIMEOUT.total_seconds() + 2 * Engine_SETTLE_GRACE_S + 1
     for rank, outcome in outcomes["fairring"].items():

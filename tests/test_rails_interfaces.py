@@ -22,7 +22,7 @@ from benchmarks.failover_driver import bytes_sent, difference
 from benchmarks.harness import Layout, RankFailure, RankPool
 from benchmarks.reference import all_ranks_reduced, assert_matches, rank_tensor
 from fairring.bench.netns import NetnsCluster, netns_available
-from nixl_support import RAILS_TRANSPORTS, rails_env
+from nixl_support import RAILS_TRANSPORTS, needs_nixl, rails_env
 
 MiB = 1 << 20
 SIZE = 8 * MiB
@@ -92,26 +92,37 @@ PER_HOST = 2 * (LAYOUT.machines - 1) / LAYOUT.machines * SIZE
 PER_RAIL = PER_HOST / LAYOUT.ranks_per_machine
 
 
+# How FAIRRING_SOCKET_IFNAME and FAIRRING_RAIL_INTERFACES choose each rail's NIC: the choice is the
+# transports' common code, each transport's binding to it their own.
+INTERFACE_CHOICES = {
+    # Prefixes: both NICs match, so rail i takes the i-th: each carries its rail's share.
+    "prefix": ({"FAIRRING_SOCKET_IFNAME": "eth"}, ["eth0", "eth1"], {"eth0": PER_RAIL, "eth1": PER_RAIL}),
+    # An exact name: every rail on eth1, nothing on eth0.
+    "exact": ({"FAIRRING_SOCKET_IFNAME": "=eth1"}, ["eth1", "eth1"], {"eth0": 0, "eth1": PER_HOST}),
+    # An exclusion: eth1 is left (lo never joins a NIC).
+    "exclude": ({"FAIRRING_SOCKET_IFNAME": "^eth0"}, ["eth1", "eth1"], {"eth0": 0, "eth1": PER_HOST}),
+    # The rail mapping reversed.
+    "mapping": (
+        {"FAIRRING_SOCKET_IFNAME": "eth", "FAIRRING_RAIL_INTERFACES": "eth1,eth0"},
+        ["eth1", "eth0"],
+        {"eth0": PER_RAIL, "eth1": PER_RAIL},
+    ),
+}
+
+
+def interface_cases() -> list[object]:
+    """Every choice on TensorPipe; on NIXL, prefixes (a rail per NIC) in CI and the rest in the extended tier
+    (8 to 10 s each on 2 cores): the choice is common code, which the TensorPipe cases cover."""
+    cases = []
+    for choice, case in INTERFACE_CHOICES.items():
+        cases.append(pytest.param("tensorpipe", *case, id=f"{choice}-tensorpipe"))
+        tier = () if choice == "prefix" else (pytest.mark.extended,)
+        cases.append(pytest.param("nixl", *case, marks=(needs_nixl, *tier), id=f"{choice}-nixl"))
+    return cases
+
+
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("transport", RAILS_TRANSPORTS)
-@pytest.mark.parametrize(
-    ("env", "rail_interfaces", "expected"),
-    [
-        # Prefixes: both NICs match, so rail i takes the i-th: each carries its rail's share.
-        ({"FAIRRING_SOCKET_IFNAME": "eth"}, ["eth0", "eth1"], {"eth0": PER_RAIL, "eth1": PER_RAIL}),
-        # An exact name: every rail on eth1, nothing on eth0.
-        ({"FAIRRING_SOCKET_IFNAME": "=eth1"}, ["eth1", "eth1"], {"eth0": 0, "eth1": PER_HOST}),
-        # An exclusion: eth1 is left (lo never joins a NIC).
-        ({"FAIRRING_SOCKET_IFNAME": "^eth0"}, ["eth1", "eth1"], {"eth0": 0, "eth1": PER_HOST}),
-        # The rail mapping reversed.
-        (
-            {"FAIRRING_SOCKET_IFNAME": "eth", "FAIRRING_RAIL_INTERFACES": "eth1,eth0"},
-            ["eth1", "eth0"],
-            {"eth0": PER_RAIL, "eth1": PER_RAIL},
-        ),
-    ],
-    ids=["prefix", "exact", "exclude", "mapping"],
-)
+@pytest.mark.parametrize(("transport", "env", "rail_interfaces", "expected"), interface_cases())
 def test_rails_traffic_leaves_through_the_chosen_interfaces(
     cluster: NetnsCluster, transport: str, env: dict[str, str], rail_interfaces: list[str], expected: dict[str, float]
 ) -> None:

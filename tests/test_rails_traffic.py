@@ -50,7 +50,10 @@ def tx_bytes_per_host(cluster: NetnsCluster, ranks: RankPool, backend: str) -> l
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("layout", [Layout(2, 2), Layout(3, 2, interleaved=True)], ids=str)
+# 3x2, interleaved: the extended tier (27 s on 2 cores); its 2x2 run checks the same figure in CI.
+@pytest.mark.parametrize(
+    "layout", [Layout(2, 2), pytest.param(Layout(3, 2, interleaved=True), marks=pytest.mark.extended)], ids=str
+)
 def test_bytes_through_each_host_match_the_hierarchical_figure(layout: Layout) -> None:
     size_bytes = 24 * MiB
     numel = size_bytes // 4
