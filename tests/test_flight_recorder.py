@@ -99,8 +99,13 @@ def skip_an_all_reduce(skipper: int) -> str:
     dist.all_reduce(tensor)
     dist.all_reduce(tensor)
     if dist.get_rank() == skipper:
-        # The others' failure reaches this rank too, which dumps on it.
-        time.sleep(15)
+        # The others' failure reaches this rank too, which dumps on it: wait for its dump (the others
+        # time out after the group's 5 s), then a moment for the file to be whole.
+        dump = Path(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(skipper))
+        deadline = time.monotonic() + 30
+        while not dump.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)
         return "skipped"
     try:
         dist.all_reduce(tensor)
