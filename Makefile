@@ -61,10 +61,12 @@ test-nixl: build
 # depend on timing or namespaces run against it.
 OLDEST_VENV := .venv-oldest
 # The emulated device and the memory order exercise fairring's own ordering code, not torch's:
-# `make test` runs them; here they would only repeat it, at minutes of CI time.
+# `make test` runs them; here they would only repeat it, at minutes of CI time. The synchronous
+# ops run here on the emulated device all the same: what they check is torch's side of a Work
+# (its Python waits for a synchronous op's, and takes none from NCCL since 2.8).
 OLDEST_TESTS ?= tests/test_build.py tests/test_engine.py tests/test_plans.py tests/test_collectives.py \
 	tests/test_rails_protocol.py tests/test_registration.py tests/test_cuda.py \
-	tests/test_drop_in.py tests/test_tracing.py tests/test_summary.py
+	tests/test_drop_in.py tests/test_tracing.py tests/test_summary.py tests/test_synchronous_ops.py
 OLDEST_DESELECT ?= not random_all_reduces
 $(OLDEST_VENV)/.installed: requirements-oldest.txt
 	$(PYTHON) -m venv $(OLDEST_VENV)

@@ -102,6 +102,7 @@ COMMON_SOURCES = [
     "device/capture.cpp",
     "device/device.cpp",
     "device/emulated.cpp",
+    "device/nccl_delegate_model.cpp",
     "device/streamed.cpp",
     "engine/completions.cpp",
     "engine/engine.cpp",

@@ -96,3 +96,112 @@ def checked_all_reduces(seed: int) -> None:
         tensor = rank_tensor(dist.get_rank(), (numel,), dtype, seed, op)
         dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
         assert_matches(tensor, all_ranks_reduced((numel,), dtype, op, seed))
+
+
+def every_collective_kind(device: str, numel: int, async_op: bool) -> list[str]:
+    """Each kind of collective once on `device`, synchronous or not as `async_op` says, each result
+    checked against torch's from every rank's input; the kinds run, in order. `numel` must divide by
+    the world size: the reduce-scatters and all-gathers move `numel` elements in all."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert numel % world == 0, (numel, world)
+    shard, last = numel // world, world - 1
+    on = torch.device(device)
+
+    def mine(seed: int, length: int = numel) -> torch.Tensor:
+        return rank_tensor(rank, (length,), torch.float32, seed).to(on)
+
+    def everyone(seed: int, length: int = numel) -> list[torch.Tensor]:
+        return [rank_tensor(r, (length,), torch.float32, seed) for r in range(world)]
+
+    def summed(seed: int) -> torch.Tensor:
+        return all_ranks_reduced((numel,), torch.float32, seed=seed)
+
+    def ended(work: dist.Work | None) -> None:
+        # torch's Python waits for a synchronous op's Work itself and returns None.
+        if async_op:
+            assert work is not None
+            work.wait()
+        else:
+            assert work is None, work
+
+    kinds: list[str] = []
+
+    def check(kind: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
+        try:
+            assert_matches(actual.cpu(), expected)
+        except AssertionError as error:
+            raise AssertionError(f"{kind} (numel {numel}, async_op={async_op}): {error}") from None
+
+    tensor = mine(1)
+    ended(dist.all_reduce(tensor, async_op=async_op))
+    check("all_reduce", tensor, summed(1))
+    kinds.append("all_reduce")
+
+    output = torch.empty(shard, device=on)
+    ended(dist.reduce_scatter_tensor(output, mine(2), async_op=async_op))
+    check("reduce_scatter_tensor", output, summed(2).chunk(world)[rank])
+    output = torch.empty(shard, device=on)
+    ended(dist.reduce_scatter(output, list(mine(3).chunk(world)), async_op=async_op))
+    check("reduce_scatter", output, summed(3).chunk(world)[rank])
+    kinds += ["reduce_scatter_tensor", "reduce_scatter"]
+
+    gathered = torch.empty(numel, device=on)
+    ended(dist.all_gather_into_tensor(gathered, mine(4, shard), async_op=async_op))
+    check("all_gather_into_tensor", gathered, torch.cat(everyone(4, shard)))
+    outputs = [torch.empty(shard, device=on) for _ in range(world)]
+    ended(dist.all_gather(outputs, mine(5, shard), async_op=async_op))
+    check("all_gather", torch.cat(outputs), torch.cat(everyone(5, shard)))
+    kinds += ["all_gather_into_tensor", "all_gather"]
+
+    first, second = mine(6), mine(7, shard)
+    with dist._coalescing_manager(device=on, async_ops=async_op) as block:
+        dist.all_reduce(first)
+        dist.all_reduce(second)
+    if async_op:
+        block.wait()
+    check("coalesced all_reduce", first, summed(6))
+    check("coalesced all_reduce", second, all_ranks_reduced((shard,), torch.float32, seed=7))
+    kinds.append("coalesced all_reduce")
+
+    tensor = mine(8)
+    ended(dist.broadcast(tensor, src=last, async_op=async_op))
+    check("broadcast", tensor, everyone(8)[last])
+    tensor = mine(9)
+    ended(dist.reduce(tensor, dst=last, async_op=async_op))
+    if rank == last:
+        check("reduce", tensor, summed(9))
+    kinds += ["broadcast", "reduce"]
+
+    gather_list = [torch.empty(shard, device=on) for _ in range(world)] if rank == last else None
+    ended(dist.gather(mine(10, shard), gather_list, dst=last, async_op=async_op))
+    if gather_list is not None:
+        check("gather", torch.cat(gather_list), torch.cat(everyone(10, shard)))
+    output = torch.empty(shard, device=on)
+    scatter_list = list(mine(11).chunk(world)) if rank == last else None
+    ended(dist.scatter(output, scatter_list, src=last, async_op=async_op))
+    check("scatter", output, everyone(11)[last].chunk(world)[rank])
+    kinds += ["gather", "scatter"]
+
+    # Rank r receives chunk r of every rank's input.
+    expected = torch.cat([theirs.chunk(world)[rank] for theirs in everyone(12)])
+    output = torch.empty(numel, device=on)
+    ended(dist.all_to_all_single(output, mine(12), async_op=async_op))
+    check("all_to_all_single", output, expected)
+    outputs = [torch.empty(shard, device=on) for _ in range(world)]
+    ended(dist.all_to_all(outputs, list(mine(12).chunk(world)), async_op=async_op))
+    check("all_to_all", torch.cat(outputs), expected)
+    kinds += ["all_to_all_single", "all_to_all"]
+
+    if world % 2 == 0:  # pairs: even ranks send first, odd ones receive first
+        partner, sent, received = rank ^ 1, mine(13), torch.empty(numel, device=on)
+        steps = [(dist.isend if async_op else dist.send, sent), (dist.irecv if async_op else dist.recv, received)]
+        # Synchronous: send returns None and recv the sender's rank.
+        returned = [step(tensor, partner) for step, tensor in (steps if rank % 2 == 0 else reversed(steps))]
+        for work in returned if async_op else []:
+            work.wait()
+        check("send and recv", received, everyone(13)[partner])
+        kinds.append("send and recv")
+
+    ended(dist.barrier(async_op=async_op))
+    kinds.append("barrier")
+    return kinds

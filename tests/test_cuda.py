@@ -28,7 +28,7 @@ from benchmarks.reference import (
     reduce_reference,
 )
 from fairring.bench.shared_gpu import shared_gpu_env
-from scenarios import broadcast_then_two_all_reduces, shutdown_with_an_op_in_flight
+from scenarios import broadcast_then_two_all_reduces, every_collective_kind, shutdown_with_an_op_in_flight
 
 pytestmark = [
     pytest.mark.cuda,
@@ -268,6 +268,40 @@ def test_cuda_engine_with_local_groups() -> None:
     for stats in run_engine_checks(layout, device_of_rank, [1, 3, 1001, 300_001], nccl_hosts):
         assert stats is not None and stats["slices"] > 0 and stats["flat_ops"] == 0
         assert stats["local_steps"] == "nccl", stats
+
+
+def every_kind_on_nccl(device_of_rank: str) -> dict[str, object]:
+    """Every kind above and below the CUDA threshold, synchronous then asynchronous, on real NCCL
+    (which returns no Work for a synchronous op); the paths they took."""
+    import fairring
+
+    device = torch.device(device_of_rank.format(rank=dist.get_rank()))
+    torch.cuda.set_device(device)
+    kinds = {}
+    for numel in (SYNCHRONOUS_ABOVE, SYNCHRONOUS_BELOW):
+        for async_op in (False, True):
+            kinds[f"{numel} async_op={async_op}"] = every_collective_kind(str(device), numel, async_op)
+    torch.cuda.synchronize(device)
+    return {"kinds": kinds, "paths": {(row.collective, row.path): row.ops for row in fairring.summary().rows}}
+
+
+# Above and below FAIRRING_CUDA_FLAT_THRESHOLD=64KiB, in float32 elements.
+SYNCHRONOUS_ABOVE, SYNCHRONOUS_BELOW = 32_768, 1_000
+
+
+def test_every_kind_synchronous_or_not_on_nccl() -> None:
+    """async_op=False and True for every collective kind, on the engine and on NCCL, 2 x 2 (issue 62:
+    NCCL returns no Work for a synchronous op, which fairring must never dereference)."""
+    layout = Layout(2, 2)
+    device_of_rank, nccl_hosts = devices_for(layout)
+    env = {**CUDA_ENGINE_ENV, "FAIRRING_SERIALIZED_LAUNCHES": "engine", "FAIRRING_CUDA_FLAT_THRESHOLD": "64KiB"}
+    with RankPool(layout, InitSpec(extra_env=env), rank_env=nccl_hosts) as ranks:
+        outcomes = ranks.run(every_kind_on_nccl, device_of_rank, timeout=300)
+    for outcome in outcomes:
+        assert all(len(kinds) == 14 for kinds in outcome["kinds"].values()), outcome["kinds"]
+        for collective in ("all_reduce", "reduce_scatter", "all_gather"):
+            assert outcome["paths"].get((collective, "engine"), 0) >= 2, outcome["paths"]
+            assert outcome["paths"].get((collective, "nccl"), 0) >= 2, outcome["paths"]
 
 
 def engine_ops_in_a_coalescing_block(device_of_rank: str) -> None:

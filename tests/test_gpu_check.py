@@ -26,6 +26,7 @@ MiB = 1024 * 1024
 
 # The stages, each by its name in the report and its key for --only.
 STAGES = {
+    "contract: tests/test_cuda.py -k synchronous (every kind, async_op False and True, 2 x 2)": "contract",
     "versus NCCL: 2 hosts x 2 and x 4 ranks, NICs shaped to 10gbit, MPS where it starts": "versus",
     "tests: tests/test_cuda.py": "tests",
     "correctness: 4 processes as 2 machines x 2 ranks": "worlds",
@@ -40,7 +41,7 @@ STAGES = {
     "nixl: 2 processes as 2 machines on the NIXL rails": "nixl",
 }
 # Stages that cannot run here say why and are skipped; that is no pass of them.
-CANNOT_RUN = {"tests"} | (set() if NETNS else {"versus"}) | ({"nixl"} if NIXL_MISSING else set())
+CANNOT_RUN = {"contract", "tests"} | (set() if NETNS else {"versus"}) | ({"nixl"} if NIXL_MISSING else set())
 
 
 def cpu_check(tmp_path: Path, only: set[str]) -> tuple[str, dict[str, Any]]:
@@ -199,7 +200,9 @@ def test_gpu_check_on_cpu_stress_validate_and_nixl(tmp_path: Path) -> None:
 def test_only_names_the_stages_it_knows(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--only", "worlds,tarining"]
     run = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert run.returncode == 2 and "--only: no stage tarining; the stages are versus,tests,worlds," in run.stderr
+    assert (
+        run.returncode == 2 and "--only: no stage tarining; the stages are contract,versus,tests,worlds," in run.stderr
+    )
 
 
 def test_a_check_cut_short_has_reported_the_stages_it_ran(tmp_path: Path) -> None:

@@ -7,6 +7,9 @@ each with its own time limit inside --budget, so the whole check ends in time:
 Stages in order of value:
 
 1. environment: python, torch, CUDA, NCCL, the compiler, nvcc, fairring.build_info(), the GPUs;
+1b. contract: `tests/test_cuda.py -k synchronous`: every collective kind with async_op False
+   and True, above and below the threshold, engine and NCCL, on 2 machines x 2 ranks (a
+   job's first step meets these; since torch 2.8 NCCL returns no Work for a synchronous op);
 2. versus NCCL (benchmarks/versus_nccl.py): MPS started where the machine lets it (and
    stopped after), each machine a network namespace whose NIC is shaped to 10 Gbit/s, NCCL
    on its socket transport through it; on 2 machines x 2 ranks, then x 4 where the time
@@ -16,7 +19,7 @@ Stages in order of value:
    issued at once, the engine against NCCL (what the op boundary costs), then FSDP's
    reduce-scatter and all-gather at the same sizes (engine, NCCL, auto; --quick: the
    reduce-scatter only), where the stage's time allows; skipped, saying why, where namespaces cannot be made;
-3. tests: `python -m pytest tests/test_cuda.py -rs -s -p no:cacheprovider`;
+3. tests: `python -m pytest tests/test_cuda.py -rs -s -p no:cacheprovider -k "not synchronous"`;
 4. correctness on the layouts of --worlds with several ranks per machine (2x2, 3x2),
    whose local steps run on real NCCL groups (a distinct NCCL_HOSTID per process,
    NCCL's socket transport on loopback): every dtype and op against plain torch on
@@ -64,7 +67,7 @@ Each stage runs for at most its limit less the later stages' reserves, and at
 least its own reserve while the budget lasts (earlier stages first); one that
 the budget no longer fits is recorded as skipped. A stage that fails is
 recorded and the next one runs; the exit status is 1 if any stage failed (or no GPU is visible), else
-0. --only runs the stages it names (versus, tests, worlds, compare, failure, bench, training,
+0. --only runs the stages it names (contract, versus, tests, worlds, compare, failure, bench, training,
 stress, validate, nixl) and reports the others skipped. --device cpu runs the same
 benches on CPU tensors (a smoke test for machines without a GPU; the stress scaled
 down) and skips the tests.

@@ -16,6 +16,7 @@ from .bench import BENCH_STAGE, run_bench
 from .budget import (
     BENCH_MINIMUM_S,
     COMPARE_MINIMUM_S,
+    CONTRACT_MINIMUM_S,
     FAILURE_MINIMUM_S,
     NIXL_MINIMUM_S,
     STRESS_MINIMUM_S,
@@ -29,7 +30,7 @@ from .budget import (
 )
 from .cli import parse_args, parse_layout
 from .compare import compare_stage, run_compare
-from .cuda_tests import TESTS_STAGE, run_tests
+from .cuda_tests import CONTRACT_STAGE, TESTS_STAGE, run_tests
 from .environment import build_stage, environment, gpu_names
 from .failure import FAILURE_STAGE, run_failure
 from .nixl import NIXL_STAGE, run_nixl, why_no_nixl
@@ -59,17 +60,22 @@ def steps(args: argparse.Namespace) -> list[Step]:
     def tests_step(seconds: float) -> tuple[Stage, dict[str, Any]]:
         return run_tests(args, seconds), {}
 
+    def contract_step(seconds: float) -> tuple[Stage, dict[str, Any]]:
+        return run_tests(args, seconds, contract=True), {}
+
     def compare_step(spec: str) -> Step:
         return Step(
             "compare", compare_stage(spec), args.compare_timeout, COMPARE_MINIMUM_S, partial(run_compare, args, spec)
         )
 
-    # In order of value: the figure against NCCL where the network is the bottleneck, which no CPU
-    # machine can give, then the CUDA tests, then the local steps on real NCCL.
+    # In order of value: what a job meets in its first step (synchronous ops on real NCCL), the figure
+    # against NCCL where the network is the bottleneck, which no CPU machine can give, then the CUDA
+    # tests, then the local steps on real NCCL.
     with_local_steps = [spec for spec in args.world_list if parse_layout(spec)[1] > 1]
     versus_skip = why_no_netns()
     stress_skip = "" if args.stress_rounds else "skipped (--stress-rounds 0)"
     todo = [
+        Step("contract", CONTRACT_STAGE, args.contract_timeout, CONTRACT_MINIMUM_S, contract_step, tests_skip),
         Step(
             "versus",
             versus_nccl.STAGE,

@@ -22,6 +22,8 @@ REPORT_RESERVE_S = 5.0
 # test_cuda.py: on an H200 (2026-11-28), 5 of its 9 tests, the 2x1 and 2x2 engine checks among
 # them, took the stage's 100 s; the other 4 run a 2x1 or 2x2 each.
 TESTS_MINIMUM_S = 200.0
+# The contract stage: one 2 x 2 pool, 4 processes on one GPU, 56 collectives each (not yet timed on a GPU).
+CONTRACT_MINIMUM_S = 60.0
 # A correctness layout's time grows with its processes, which share one GPU: on an H200, 2x2 took
 # 77 s, 3x2 130 s, 3 processes 41 s and 4 (one per machine) 67 s, so about 22 s a process.
 WORLD_MINIMUM_PER_PROCESS_S = {"cuda": 24.0, "cpu": 8.0}

@@ -13,7 +13,19 @@ from fairring._sizes import parse_size
 from .budget import WORLD_LIMIT_PER_PROCESS_S
 
 # The stages' short names, for --only, in the order they run.
-STAGE_KEYS = ("versus", "tests", "worlds", "compare", "failure", "bench", "training", "stress", "validate", "nixl")
+STAGE_KEYS = (
+    "contract",
+    "versus",
+    "tests",
+    "worlds",
+    "compare",
+    "failure",
+    "bench",
+    "training",
+    "stress",
+    "validate",
+    "nixl",
+)
 
 # The package's docstring: the stages, in order, and the time rule.
 HELP = gpu_check.__doc__ or ""
@@ -53,6 +65,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("-w", "--warmup", type=int, help="untimed iterations first (default 3, quick 1)")
     parser.add_argument("--tests", choices=("auto", "run", "skip"), default="auto", help="auto: run with --device cuda")
     parser.add_argument("--tests-timeout", type=float, default=300.0, help="seconds for the tests (default 300)")
+    parser.add_argument(
+        "--contract-timeout", type=float, default=120.0, help="seconds for the contract stage (default 120)"
+    )
     parser.add_argument("--bench-timeout", type=float, default=240.0, help="seconds for the bench (default 240)")
     parser.add_argument(
         "--worlds",

@@ -226,8 +226,8 @@ c10::intrusive_ptr<c10d::Work> Backend::launchAllreduce(
                      aliases,
                      own,
                      seq = *runner.seq]() mutable {
-    return gloo ? glooAllreduce(*delegate, aliases, own, seq)
-                : delegate->allreduce(tensors, own);
+    return gloo ? glooAllreduce(*delegate, aliases, askingForWork(own), seq)
+                : delegate->allreduce(tensors, askingForWork(own));
   };
   if (runner.inTurn == nullptr) {
     return onDelegate();
@@ -264,7 +264,8 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(
               *runner.seq,
               tensors);
         }
-        return runner.delegate->allreduce_coalesced(tensors, opts);
+        return runner.delegate->allreduce_coalesced(
+            tensors, askingForWork(opts));
       });
 }
 

@@ -22,6 +22,7 @@
 #include "errors.h"
 #include "device/capture.h"
 #include "device/emulated.h"
+#include "device/nccl_delegate_model.h"
 
 namespace fairring {
 
@@ -48,7 +49,7 @@ Backend::Backend(
       topology_(std::move(topology)),
       config_(config),
       timeout_(timeout),
-      cpuBackend_(std::move(cpuBackend)),
+      cpuBackend_(asEmulatedDeviceDelegate(std::move(cpuBackend))),
       innerGroups_(std::move(innerGroups)),
       // All three kinds of a device type start from its one setting.
       flatThresholds_{
@@ -180,7 +181,7 @@ c10::intrusive_ptr<c10d::Work> Backend::issue(Operation op, Launch launch) {
         op.counted->bytes,
         work);
   }
-  if (runner.seq && onGloo) {
+  if (runner.seq && onGloo && work) {
     work = delegated_.watch(work, work->retrieveOpType(), *runner.seq, {});
   }
   if (work && CaptureModel::onThisThread()) {
@@ -313,6 +314,12 @@ c10::intrusive_ptr<c10d::Work> Backend::launchedInTurn(
         const c10::OptionalStreamGuard onCallersStream(stream);
         try {
           auto inner = launch();
+          // What a synchronous operation gets from NCCL: fairring asks for a
+          // Work (askingForWork), without which nothing could follow it.
+          TORCH_CHECK(
+              inner,
+              "fairring: the delegate returned no Work for an operation "
+              "launched in its turn");
           auto theirs = inner->getFuture();
           work->launched(std::move(inner));
           engine.completeOnWorkers(theirs, work->getFuture());

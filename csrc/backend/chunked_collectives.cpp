@@ -15,6 +15,7 @@
 #include "backend/allreduce_args.h"
 #include "backend/chunked_pack.h"
 #include "backend/chunked_path.h"
+#include "backend/delegated.h"
 #include "backend/premul.h"
 #include "backend/work.h"
 #include "device/capture.h"
@@ -251,11 +252,12 @@ c10::intrusive_ptr<c10d::Work> Backend::_reduce_scatter_base(
        .timeout = timeoutOf(opts.timeout)},
       [&](const Runner& runner, const std::optional<PremulFactor>& premul) {
         if (!premul) {
-          return runner.delegate->_reduce_scatter_base(output, input, opts);
+          return runner.delegate->_reduce_scatter_base(
+              output, input, askingForWork(opts));
         }
         at::Tensor scaled = premul->scaled(input.detach());
         return runner.delegate->_reduce_scatter_base(
-            output, scaled, summing(opts));
+            output, scaled, askingForWork(summing(opts)));
       });
 }
 
@@ -277,11 +279,11 @@ c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter_tensor_coalesced(
       [&](const Runner& runner, const std::optional<PremulFactor>& premul) {
         if (!premul) {
           return runner.delegate->reduce_scatter_tensor_coalesced(
-              outputs, inputs, opts);
+              outputs, inputs, askingForWork(opts));
         }
         auto scaled = scaledCopies(inputs, *premul);
         return runner.delegate->reduce_scatter_tensor_coalesced(
-            outputs, scaled, summing(opts));
+            outputs, scaled, askingForWork(summing(opts)));
       });
 }
 
@@ -303,14 +305,16 @@ c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter(
        .timeout = timeoutOf(opts.timeout)},
       [&](const Runner& runner, const std::optional<PremulFactor>& premul) {
         if (!premul) {
-          return runner.delegate->reduce_scatter(outputs, inputs, opts);
+          return runner.delegate->reduce_scatter(
+              outputs, inputs, askingForWork(opts));
         }
         std::vector<std::vector<at::Tensor>> scaled;
         scaled.reserve(inputs.size());
         for (const auto& list : inputs) {
           scaled.push_back(scaledCopies(list, *premul));
         }
-        return runner.delegate->reduce_scatter(outputs, scaled, summing(opts));
+        return runner.delegate->reduce_scatter(
+            outputs, scaled, askingForWork(summing(opts)));
       });
 }
 
@@ -327,7 +331,8 @@ c10::intrusive_ptr<c10d::Work> Backend::_allgather_base(
        .reduceOp = c10d::ReduceOp::SUM,
        .timeout = timeoutOf(opts.timeout)},
       [&](const Runner& runner, const std::optional<PremulFactor>& /*none*/) {
-        return runner.delegate->_allgather_base(output, input, opts);
+        return runner.delegate->_allgather_base(
+            output, input, askingForWork(opts));
       });
 }
 
@@ -347,7 +352,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allgather_into_tensor_coalesced(
        .timeout = timeoutOf(opts.timeout)},
       [&](const Runner& runner, const std::optional<PremulFactor>& /*none*/) {
         return runner.delegate->allgather_into_tensor_coalesced(
-            outputs, inputs, opts);
+            outputs, inputs, askingForWork(opts));
       });
 }
 
@@ -365,7 +370,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allgather(
        .reduceOp = c10d::ReduceOp::SUM,
        .timeout = timeoutOf(opts.timeout)},
       [&](const Runner& runner, const std::optional<PremulFactor>& /*none*/) {
-        return runner.delegate->allgather(outputs, inputs, opts);
+        return runner.delegate->allgather(outputs, inputs, askingForWork(opts));
       });
 }
 

@@ -15,8 +15,17 @@ namespace fairring {
 namespace {
 
 std::atomic<bool> completedByWaitEnabled{true};
+std::atomic<bool> askedForWork{true};
 
 } // namespace
+
+bool delegatesAskedForWork() {
+  return askedForWork;
+}
+
+void setDelegatesAskedForWorkForTests(bool enabled) {
+  askedForWork = enabled;
+}
 
 void DelegatedWorks::setCompletedByWaitForTests(bool enabled) {
   completedByWaitEnabled = enabled;

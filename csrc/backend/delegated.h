@@ -76,6 +76,28 @@ class DelegatedWorks {
   std::thread failing_; // runs fail()'s callbacks; joined by the destructor
 };
 
+// Whether fairring asks its delegates for a Work (askingForWork): always, but
+// in a test's negative control. Process-wide.
+bool delegatesAskedForWork();
+void setDelegatesAskedForWorkForTests(bool enabled);
+
+// The options fairring hands a delegate: the caller's, asking for a Work.
+// Since torch 2.8 ProcessGroupNCCL returns none for a synchronous operation
+// (asyncOp false) and queues its kernel on the caller's current stream; but
+// fairring follows every operation it hands on (a launch in its turn runs on
+// a stage thread after the caller has returned; the memory order, the hooks
+// and fairring's own Work wait on it). NCCL's asynchronous form keeps the
+// caller's order as well: its stream waits for the caller's at launch, and
+// its Work's wait(), which torch's Python calls for a synchronous operation,
+// makes the caller's current stream wait for it (docs/design.md,
+// "ProcessGroupNCCL's contract").
+template <typename Options>
+Options askingForWork(const Options& opts) {
+  Options asked = opts;
+  asked.asyncOp = asked.asyncOp || delegatesAskedForWork();
+  return asked;
+}
+
 // Throws, saying what to change, where Gloo cannot run `op` on `tensors`.
 void checkGlooReduction(
     const char* opName,

@@ -11,6 +11,7 @@
 #include <ATen/ops/empty.h>
 
 #include "backend/chunked_pack.h"
+#include "backend/delegated.h"
 #include "backend/work.h"
 
 namespace fairring {
@@ -19,7 +20,7 @@ c10::intrusive_ptr<c10d::Work> Backend::broadcast(
     std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
   return issue(
       Operation::collective("broadcast", tensors), [&](const Runner& runner) {
-        return runner.delegate->broadcast(tensors, opts);
+        return runner.delegate->broadcast(tensors, askingForWork(opts));
       });
 }
 
@@ -28,7 +29,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_sparse(
   return issue(
       Operation::collective("allreduce_sparse", tensors),
       [&](const Runner& runner) {
-        return runner.delegate->allreduce_sparse(tensors, opts);
+        return runner.delegate->allreduce_sparse(tensors, askingForWork(opts));
       });
 }
 
@@ -37,7 +38,7 @@ c10::intrusive_ptr<c10d::Work> Backend::reduce(
   return issue(
       Operation::collective("reduce", tensors).reducing(opts.reduceOp, tensors),
       [&](const Runner& runner) {
-        return runner.delegate->reduce(tensors, opts);
+        return runner.delegate->reduce(tensors, askingForWork(opts));
       });
 }
 
@@ -48,7 +49,8 @@ c10::intrusive_ptr<c10d::Work> Backend::allgather_coalesced(
   return issue(
       Operation::collective("allgather_coalesced", outputLists, inputs),
       [&](const Runner& runner) {
-        return runner.delegate->allgather_coalesced(outputLists, inputs, opts);
+        return runner.delegate->allgather_coalesced(
+            outputLists, inputs, askingForWork(opts));
       });
 }
 
@@ -59,7 +61,7 @@ c10::intrusive_ptr<c10d::Work> Backend::gather(
   return issue(
       Operation::collective("gather", outputs, inputs),
       [&](const Runner& runner) {
-        return runner.delegate->gather(outputs, inputs, opts);
+        return runner.delegate->gather(outputs, inputs, askingForWork(opts));
       });
 }
 
@@ -70,7 +72,7 @@ c10::intrusive_ptr<c10d::Work> Backend::scatter(
   return issue(
       Operation::collective("scatter", outputs, inputs),
       [&](const Runner& runner) {
-        return runner.delegate->scatter(outputs, inputs, opts);
+        return runner.delegate->scatter(outputs, inputs, askingForWork(opts));
       });
 }
 
@@ -84,7 +86,11 @@ c10::intrusive_ptr<c10d::Work> Backend::alltoall_base(
       Operation::collective("all_to_all_single", output, input),
       [&](const Runner& runner) {
         return runner.delegate->alltoall_base(
-            output, input, outputSplitSizes, inputSplitSizes, opts);
+            output,
+            input,
+            outputSplitSizes,
+            inputSplitSizes,
+            askingForWork(opts));
       });
 }
 
@@ -97,8 +103,12 @@ c10::intrusive_ptr<c10d::Work> Backend::alltoall(
       [&](const Runner& runner) {
         return isCpu(*runner.delegate)
             ? alltoallAsSingle(
-                  *runner.delegate, outputs, inputs, opts, *runner.seq)
-            : runner.delegate->alltoall(outputs, inputs, opts);
+                  *runner.delegate,
+                  outputs,
+                  inputs,
+                  askingForWork(opts),
+                  *runner.seq)
+            : runner.delegate->alltoall(outputs, inputs, askingForWork(opts));
       });
 }
 
@@ -184,7 +194,9 @@ c10::intrusive_ptr<c10d::Work> Backend::barrier(
           .type = c10::kCPU,
           .signature = "barrier",
           .coalesces = false},
-      [&](const Runner& runner) { return runner.delegate->barrier(opts); });
+      [&](const Runner& runner) {
+        return runner.delegate->barrier(askingForWork(opts));
+      });
 }
 
 void Backend::monitoredBarrier(

@@ -377,6 +377,8 @@ std::optional<EmulatedDeviceSettings> emulatedDeviceFromEnv() {
       settings.unorderedLaunch = true;
     } else if (key == "eager_engine") {
       settings.eagerEngine = true;
+    } else if (key == "nccl_delegate") {
+      settings.ncclDelegate = true;
     } else if (key == "ignore_arrivals") {
       settings.ignoreArrivals = true;
     } else if (key == "receive_delay_ms") {

@@ -45,6 +45,10 @@ namespace fairring {
 //   eager_engine        the group's engine is made at its first collective of
 //                       any kind and warmed up, as a CUDA engine is
 //                       (Backend::prepareEngine)
+//   nccl_delegate       the delegate keeps ProcessGroupNCCL's contract since
+//                       torch 2.8: a synchronous operation ends before it
+//                       returns, and returns no Work
+//                       (device/nccl_delegate_model.h)
 //
 // It also carries the tests' model of CUDA graph capture (device/capture.h):
 // the caller's fences recorded during a capture are captured ones.
@@ -58,6 +62,7 @@ struct EmulatedDeviceSettings {
   bool ignoreArrivals = false;
   std::chrono::milliseconds receiveDelay{0};
   bool eagerEngine = false;
+  bool ncclDelegate = false;
 };
 
 // The settings in FAIRRING_TEST_EMULATED_DEVICE, or nothing when it is unset.

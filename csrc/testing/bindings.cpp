@@ -388,6 +388,14 @@ void bindTesting(py::module_& testing) {
       "waits on its caller's thread for the engine's launches of the ops "
       "issued before it (process-wide).");
 
+  testing.def(
+      "set_delegates_asked_for_work",
+      &fairring::setDelegatesAskedForWorkForTests,
+      py::arg("enabled"),
+      "The negative control's switch: with False, a delegate gets the "
+      "caller's asyncOp as it is, and may return no Work for a synchronous "
+      "operation (process-wide).");
+
   // The model of CUDA graph capture on the emulated device (device/capture.h).
   testing.def(
       "begin_capture",

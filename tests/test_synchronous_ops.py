@@ -1,0 +1,100 @@
+"""Synchronous and asynchronous collectives of every kind, on the engine and the delegate.
+
+Since torch 2.8 ProcessGroupNCCL returns no Work for a synchronous operation (`async_op=False`) and
+queues its kernel on the caller's stream (docs/design.md, "ProcessGroupNCCL's contract"). Gloo always
+returns one, so CPU jobs never meet that; the emulated device's delegate keeps NCCL's contract
+(`nccl_delegate`, csrc/device/nccl_delegate_model.h), so that a path of fairring's that needs the
+delegate's Work where NCCL gives none fails here as it would on a GPU. Every result is checked against
+torch's from every rank's input; tests/test_cuda.py runs the same on real NCCL.
+
+Negative control: with fairring no longer asking its delegates for a Work, a synchronous all-reduce
+below the threshold, launched in its turn behind the engine, fails.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from benchmarks.harness import InitSpec, Layout, RankPool
+from benchmarks.reference import all_ranks_reduced, assert_matches, rank_tensor
+from nixl_support import rails_env
+from scenarios import every_collective_kind
+
+# Above the threshold the engine takes all-reduces, reduce-scatters and all-gathers; below, the delegate.
+THRESHOLD = "64KiB"
+ABOVE, BELOW = 32_768, 1_000  # float32 elements: 128 KiB and 4 KB
+
+
+def nccl_contract(seed: int) -> InitSpec:
+    return InitSpec(
+        extra_env={
+            "FAIRRING_SHM_DISABLE": "1",
+            "FAIRRING_SLICE_SIZE": "16KiB",
+            "FAIRRING_FLAT_THRESHOLD": THRESHOLD,
+            "FAIRRING_TEST_EMULATED_DEVICE": f"seed={seed},nccl_delegate",
+            **rails_env("tensorpipe"),
+        },
+        timeout=timedelta(seconds=60),
+    )
+
+
+def every_kind_both_ways() -> dict[str, object]:
+    """Every kind above and below the threshold, synchronous then asynchronous; the paths they took."""
+    import fairring
+
+    kinds = {}
+    for numel in (ABOVE, BELOW):
+        for async_op in (False, True):
+            kinds[f"{numel} async_op={async_op}"] = every_collective_kind("cpu", numel, async_op)
+    rows = fairring.summary().rows
+    return {"kinds": kinds, "paths": {(row.collective, row.path): row.ops for row in rows}}
+
+
+@pytest.mark.timeout(180)
+def test_every_kind_synchronous_or_not_against_nccls_contract() -> None:
+    with RankPool(Layout(2, 2), nccl_contract(seed=21)) as ranks:
+        outcomes = ranks.run(every_kind_both_ways, timeout=150)
+    for outcome in outcomes:
+        assert all(len(kinds) == 14 for kinds in outcome["kinds"].values()), outcome["kinds"]
+        paths = outcome["paths"]
+        # Synchronous and asynchronous, each of the three on both paths.
+        for collective in ("all_reduce", "reduce_scatter", "all_gather"):
+            assert paths.get((collective, "engine"), 0) >= 2, paths
+            assert paths.get((collective, "gloo"), 0) >= 2, paths
+
+
+def synchronous_all_reduce_in_turn(asked: bool) -> str:
+    """An engine all-reduce in flight, then a synchronous one below the threshold, which takes its turn
+    in the engine's launch order; checked. What the second raised, if anything."""
+    from fairring import _C
+
+    _C._testing.set_delegates_asked_for_work(asked)
+    rank = dist.get_rank()
+    big = rank_tensor(rank, (ABOVE,), torch.float32, 1)
+    small = rank_tensor(rank, (BELOW,), torch.float32, 2)
+    work = dist.all_reduce(big, async_op=True)
+    try:
+        dist.all_reduce(small)
+    except Exception as error:  # the negative control's outcome, reported
+        work.wait()
+        return str(error)
+    work.wait()
+    assert_matches(big, all_ranks_reduced((ABOVE,), torch.float32, seed=1))
+    assert_matches(small, all_ranks_reduced((BELOW,), torch.float32, seed=2))
+    return "no error"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("asked", [True, False], ids=["asking_for_work", "negative_control"])
+def test_a_synchronous_all_reduce_in_turn_gets_a_work(asked: bool) -> None:
+    with RankPool(Layout(2, 2), nccl_contract(seed=22)) as ranks:
+        outcomes = ranks.run(synchronous_all_reduce_in_turn, asked, timeout=120)
+    for outcome in outcomes:
+        if asked:
+            assert outcome == "no error", outcome
+        else:
+            assert "the delegate returned no Work" in outcome, outcome
