@@ -201,6 +201,12 @@ test-extended: build
 launch-order-cost: build
 	$(PY) benchmarks/launch_order_cost.py $(LAUNCH_ORDER_ARGS)
 
+# Threads and CPU time per rank, idle and busy, 2 machines x 8 ranks on the emulated device
+# (benchmarks/rank_threads.py; RANK_THREADS_ARGS=--layout 2x2 for another layout).
+.PHONY: rank-threads
+rank-threads: build
+	$(PY) benchmarks/rank_threads.py $(RANK_THREADS_ARGS)
+
 # What a delegated collective costs through fairring against its delegate called directly, issued as
 # FSDP2, ZeRO and DDP issue them (benchmarks/delegated_cost.py; DELEGATED_COST_ARGS=--device cuda on a GPU).
 .PHONY: delegated-cost
