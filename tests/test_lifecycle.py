@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -119,3 +120,27 @@ def nested_all_reduce_in_a_callback() -> None:
 def test_a_callback_may_issue_and_wait_for_another_all_reduce() -> None:
     with RankPool(Layout(2, 2)) as ranks:
         ranks.run(nested_all_reduce_in_a_callback, timeout=60)
+
+
+def thread_names_with_an_engine() -> list[str]:
+    """This rank's threads by name (/proc), once its engine is made and has run an all-reduce."""
+    tensor = rank_tensor(dist.get_rank(), (100_000,), torch.float32)
+    dist.all_reduce(tensor)
+    assert_matches(tensor, all_ranks_reduced((100_000,), torch.float32))
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
+        except OSError:  # it left meanwhile
+            pass
+    return names
+
+
+@pytest.mark.timeout(120)
+def test_fairrings_threads_are_named() -> None:
+    """An operator tells fairring's threads from torch's and the transports' (top -H, py-spy, gdb):
+    the engine's stages, watchdog and completion workers, each named fr-..."""
+    with RankPool(Layout(2, 2), InitSpec(extra_env={"FAIRRING_FLAT_THRESHOLD": "0"})) as ranks:
+        for names in ranks.run(thread_names_with_an_engine):
+            for name in ("fr-rs-stage", "fr-reduce-stage", "fr-ag-stage", "fr-watchdog", "fr-completion"):
+                assert name in names, names

@@ -9,6 +9,7 @@
 #include "backend/work.h"
 #include "errors.h"
 #include "reduction.h"
+#include "thread_name.h"
 
 namespace fairring {
 
@@ -129,6 +130,7 @@ void DelegatedWorks::fail(const std::string& cause) {
     // callbacks of the works it fails.
     failing_ =
         std::thread([failing = std::move(failing), cause, prefix = prefix_] {
+          nameThisThread("fr-fail-works");
           for (const auto& watched : failing) {
             watched->fail(
                 prefix + c10d::opTypeToString(watched->opType) +

@@ -11,6 +11,7 @@
 #include "backend/work.h"
 #include "device/capture.h"
 #include "log.h"
+#include "thread_name.h"
 
 namespace fairring {
 
@@ -56,6 +57,7 @@ void reportFailure(
     ++inFlight->running;
   }
   std::thread([inFlight, running, hooks = std::move(hooks)] {
+    nameThisThread("fr-abort-hooks");
     for (const auto& hook : hooks) {
       try {
         hook();
@@ -342,6 +344,7 @@ c10::intrusive_ptr<c10d::Work> BackendHooks::report(
     poller_->works.push_back(work);
     if (!polling_.joinable()) {
       polling_ = std::thread([poller = poller_] {
+        nameThisThread("fr-hooks-poll");
         relaxCaptureChecksOnThisThread();
         poller->loop();
       });

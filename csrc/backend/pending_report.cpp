@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "backend/backend.h"
+#include "thread_name.h"
 
 namespace fairring {
 namespace {
@@ -75,7 +76,10 @@ class SignalReporter {
     // anyway).
     ::fcntl(fds[1], F_SETFL, O_NONBLOCK);
     signalPipe.store(fds[1]);
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+      nameThisThread("fr-pending");
+      run();
+    });
   }
   ~SignalReporter() {
     const int fd = signalPipe.exchange(-1);

@@ -16,6 +16,7 @@
 #include "device/capture.h"
 #include "device/streamed.h"
 #include "test_switches.h"
+#include "thread_name.h"
 
 namespace fairring {
 
@@ -26,7 +27,10 @@ namespace {
 class EmulatedStream {
  public:
   EmulatedStream(uint64_t seed, std::chrono::microseconds jitter)
-      : random_(seed), jitter_(jitter), worker_([this] { run(); }) {}
+      : random_(seed), jitter_(jitter), worker_([this] {
+          nameThisThread("fr-emu-stream");
+          run();
+        }) {}
   ~EmulatedStream() {
     join();
   }

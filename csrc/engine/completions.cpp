@@ -7,6 +7,8 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include "thread_name.h"
+
 namespace fairring {
 
 Completions::~Completions() {
@@ -76,7 +78,10 @@ void Completions::post(std::function<void()> task) {
     if (idle_ == 0 && running_ < kMaxWorkers) {
       const bool first = running_ == 0;
       ++running_;
-      workers_.emplace_back([this, first] { work(first); });
+      workers_.emplace_back([this, first] {
+        nameThisThread("fr-completion");
+        work(first);
+      });
     }
   }
   wake_.notify_one();

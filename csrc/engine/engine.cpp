@@ -10,6 +10,7 @@
 #include "engine/plan.h"
 #include "reduction.h"
 #include "log.h"
+#include "thread_name.h"
 
 namespace fairring {
 
@@ -140,6 +141,9 @@ Engine::Engine(
       &Engine::reduceScatterLoop, &Engine::reduceLoop, &Engine::allGatherLoop};
   for (int stage = 0; stage < kStages; ++stage) {
     threads_[stage] = std::thread([this, stage, loop = loops[stage]] {
+      static constexpr std::array<const char*, kStages> kNames{
+          "fr-rs-stage", "fr-reduce-stage", "fr-ag-stage"};
+      nameThisThread(kNames[stage]);
       try {
         (this->*loop)();
       } catch (const std::exception& error) {
@@ -152,7 +156,10 @@ Engine::Engine(
       }
     });
   }
-  watchdog_ = std::thread([this] { watchdogLoop(); });
+  watchdog_ = std::thread([this] {
+    nameThisThread("fr-watchdog");
+    watchdogLoop();
+  });
 }
 
 Engine::~Engine() {

@@ -9,6 +9,7 @@
 
 #include "reduction.h"
 #include "log.h"
+#include "thread_name.h"
 
 namespace fairring {
 
@@ -153,6 +154,7 @@ void GroupSteps::stopGroups(void (c10d::Backend::*stop)()) {
   waits_->stopsRunning = 2;
   for (const auto& group : {reduceScatter_, allGather_}) {
     stopping_.emplace_back([group, stop, waits = waits_] {
+      nameThisThread("fr-group-stop");
       try {
         ((*group).*stop)();
       } catch (const std::exception&) {

@@ -5,6 +5,7 @@
 
 #include "rails/interfaces.h"
 #include "rails/peer_text.h"
+#include "thread_name.h"
 
 namespace fairring::rails {
 
@@ -61,11 +62,17 @@ RailFailover::RailFailover(
   for (Pair& pair : pairs_) {
     pair.interface = own_;
   }
-  monitor_ = std::thread([this] { monitor(); });
+  monitor_ = std::thread([this] {
+    nameThisThread("fr-failover");
+    monitor();
+  });
   const size_t workers = std::min<size_t>(
       kWorkers, static_cast<size_t>(topology_.numMachines() - 1));
   for (size_t index = 0; index < workers; ++index) {
-    workers_.emplace_back([this] { work(); });
+    workers_.emplace_back([this] {
+      nameThisThread("fr-failover-wk");
+      work();
+    });
   }
 }
 

@@ -12,6 +12,7 @@
 #include "rails/interfaces.h"
 #include "rails/peer_text.h"
 #include "test_switches.h"
+#include "thread_name.h"
 
 namespace fairring::rails::nixl {
 
@@ -182,7 +183,10 @@ void NixlMesh::registerStaging(const Buffer& staging) {
   for (size_t index = 0; index < peers_.size(); ++index) {
     byAgent_[peers_[index].agent] = index;
   }
-  thread_ = std::thread([this] { progressLoop(); });
+  thread_ = std::thread([this] {
+    nameThisThread("fr-nixl");
+    progressLoop();
+  });
 }
 
 std::string NixlMesh::checkBuffer(
