@@ -205,3 +205,32 @@ def every_collective_kind(device: str, numel: int, async_op: bool) -> list[str]:
     ended(dist.barrier(async_op=async_op))
     kinds.append("barrier")
     return kinds
+
+
+# Above and below a flat threshold of 64 KiB, in float32 elements (128 KiB and 4 KB).
+ABOVE_64KIB, BELOW_64KIB = 32_768, 1_000
+
+
+def every_kind_both_ways(device: str) -> dict[str, object]:
+    """every_collective_kind above and below a 64 KiB threshold, synchronous then asynchronous; the
+    paths they took (fairring.summary()'s ops by collective and path)."""
+    import fairring
+
+    kinds = {}
+    for numel in (ABOVE_64KIB, BELOW_64KIB):
+        for async_op in (False, True):
+            kinds[f"{numel} async_op={async_op}"] = every_collective_kind(device, numel, async_op)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(torch.device(device))
+    return {"kinds": kinds, "paths": {(row.collective, row.path): row.ops for row in fairring.summary().rows}}
+
+
+def assert_every_kind_on_both_paths(outcomes: list[dict[str, object]], delegate: str) -> None:
+    """Each rank's every_kind_both_ways: all 14 kinds ran each way, and each of the engine's three kinds
+    took both the engine and `delegate` ("gloo", "nccl"), synchronously and not."""
+    for outcome in outcomes:
+        assert all(len(kinds) == 14 for kinds in outcome["kinds"].values()), outcome["kinds"]
+        paths = outcome["paths"]
+        for collective in ("all_reduce", "reduce_scatter", "all_gather"):
+            assert paths.get((collective, "engine"), 0) >= 2, paths
+            assert paths.get((collective, delegate), 0) >= 2, paths

@@ -28,7 +28,12 @@ from benchmarks.reference import (
     reduce_reference,
 )
 from fairring.bench.shared_gpu import shared_gpu_env
-from scenarios import broadcast_then_two_all_reduces, every_collective_kind, shutdown_with_an_op_in_flight
+from scenarios import (
+    assert_every_kind_on_both_paths,
+    broadcast_then_two_all_reduces,
+    every_kind_both_ways,
+    shutdown_with_an_op_in_flight,
+)
 
 pytestmark = [
     pytest.mark.cuda,
@@ -271,22 +276,10 @@ def test_cuda_engine_with_local_groups() -> None:
 
 
 def every_kind_on_nccl(device_of_rank: str) -> dict[str, object]:
-    """Every kind above and below the CUDA threshold, synchronous then asynchronous, on real NCCL
-    (which returns no Work for a synchronous op); the paths they took."""
-    import fairring
-
+    """every_kind_both_ways on this rank's GPU, on real NCCL (which returns no Work for a synchronous op)."""
     device = torch.device(device_of_rank.format(rank=dist.get_rank()))
     torch.cuda.set_device(device)
-    kinds = {}
-    for numel in (SYNCHRONOUS_ABOVE, SYNCHRONOUS_BELOW):
-        for async_op in (False, True):
-            kinds[f"{numel} async_op={async_op}"] = every_collective_kind(str(device), numel, async_op)
-    torch.cuda.synchronize(device)
-    return {"kinds": kinds, "paths": {(row.collective, row.path): row.ops for row in fairring.summary().rows}}
-
-
-# Above and below FAIRRING_CUDA_FLAT_THRESHOLD=64KiB, in float32 elements.
-SYNCHRONOUS_ABOVE, SYNCHRONOUS_BELOW = 32_768, 1_000
+    return every_kind_both_ways(str(device))
 
 
 def test_every_kind_synchronous_or_not_on_nccl() -> None:
@@ -297,11 +290,7 @@ def test_every_kind_synchronous_or_not_on_nccl() -> None:
     env = {**CUDA_ENGINE_ENV, "FAIRRING_SERIALIZED_LAUNCHES": "engine", "FAIRRING_CUDA_FLAT_THRESHOLD": "64KiB"}
     with RankPool(layout, InitSpec(extra_env=env), rank_env=nccl_hosts) as ranks:
         outcomes = ranks.run(every_kind_on_nccl, device_of_rank, timeout=300)
-    for outcome in outcomes:
-        assert all(len(kinds) == 14 for kinds in outcome["kinds"].values()), outcome["kinds"]
-        for collective in ("all_reduce", "reduce_scatter", "all_gather"):
-            assert outcome["paths"].get((collective, "engine"), 0) >= 2, outcome["paths"]
-            assert outcome["paths"].get((collective, "nccl"), 0) >= 2, outcome["paths"]
+    assert_every_kind_on_both_paths(outcomes, "nccl")
 
 
 def engine_ops_in_a_coalescing_block(device_of_rank: str) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -122,18 +121,14 @@ def test_a_callback_may_issue_and_wait_for_another_all_reduce() -> None:
         ranks.run(nested_all_reduce_in_a_callback, timeout=60)
 
 
-def thread_names_with_an_engine() -> list[str]:
-    """This rank's threads by name (/proc), once its engine is made and has run an all-reduce."""
+def thread_names_with_an_engine() -> dict[str, int]:
+    """This rank's threads by name, once its engine is made and has run an all-reduce."""
+    from benchmarks.rank_threads import thread_names
+
     tensor = rank_tensor(dist.get_rank(), (100_000,), torch.float32)
     dist.all_reduce(tensor)
     assert_matches(tensor, all_ranks_reduced((100_000,), torch.float32))
-    names = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
-        except OSError:  # it left meanwhile
-            pass
-    return names
+    return thread_names()
 
 
 @pytest.mark.timeout(120)

@@ -22,11 +22,10 @@ import torch.distributed as dist
 from benchmarks.harness import InitSpec, Layout, RankPool
 from benchmarks.reference import all_ranks_reduced, assert_matches, rank_tensor
 from nixl_support import rails_env
-from scenarios import every_collective_kind
+from scenarios import ABOVE_64KIB, BELOW_64KIB, assert_every_kind_on_both_paths, every_kind_both_ways
 
-# Above the threshold the engine takes all-reduces, reduce-scatters and all-gathers; below, the delegate.
+# Above it (ABOVE_64KIB) the engine takes all-reduces, reduce-scatters and all-gathers; below, the delegate.
 THRESHOLD = "64KiB"
-ABOVE, BELOW = 32_768, 1_000  # float32 elements: 128 KiB and 4 KB
 
 
 def nccl_contract(seed: int) -> InitSpec:
@@ -42,29 +41,11 @@ def nccl_contract(seed: int) -> InitSpec:
     )
 
 
-def every_kind_both_ways() -> dict[str, object]:
-    """Every kind above and below the threshold, synchronous then asynchronous; the paths they took."""
-    import fairring
-
-    kinds = {}
-    for numel in (ABOVE, BELOW):
-        for async_op in (False, True):
-            kinds[f"{numel} async_op={async_op}"] = every_collective_kind("cpu", numel, async_op)
-    rows = fairring.summary().rows
-    return {"kinds": kinds, "paths": {(row.collective, row.path): row.ops for row in rows}}
-
-
 @pytest.mark.timeout(180)
 def test_every_kind_synchronous_or_not_against_nccls_contract() -> None:
     with RankPool(Layout(2, 2), nccl_contract(seed=21)) as ranks:
-        outcomes = ranks.run(every_kind_both_ways, timeout=150)
-    for outcome in outcomes:
-        assert all(len(kinds) == 14 for kinds in outcome["kinds"].values()), outcome["kinds"]
-        paths = outcome["paths"]
-        # Synchronous and asynchronous, each of the three on both paths.
-        for collective in ("all_reduce", "reduce_scatter", "all_gather"):
-            assert paths.get((collective, "engine"), 0) >= 2, paths
-            assert paths.get((collective, "gloo"), 0) >= 2, paths
+        outcomes = ranks.run(every_kind_both_ways, "cpu", timeout=150)
+    assert_every_kind_on_both_paths(outcomes, "gloo")
 
 
 def synchronous_all_reduce_in_turn(asked: bool) -> str:
@@ -74,8 +55,8 @@ def synchronous_all_reduce_in_turn(asked: bool) -> str:
 
     _C._testing.set_delegates_asked_for_work(asked)
     rank = dist.get_rank()
-    big = rank_tensor(rank, (ABOVE,), torch.float32, 1)
-    small = rank_tensor(rank, (BELOW,), torch.float32, 2)
+    big = rank_tensor(rank, (ABOVE_64KIB,), torch.float32, 1)
+    small = rank_tensor(rank, (BELOW_64KIB,), torch.float32, 2)
     work = dist.all_reduce(big, async_op=True)
     try:
         dist.all_reduce(small)
@@ -83,8 +64,8 @@ def synchronous_all_reduce_in_turn(asked: bool) -> str:
         work.wait()
         return str(error)
     work.wait()
-    assert_matches(big, all_ranks_reduced((ABOVE,), torch.float32, seed=1))
-    assert_matches(small, all_ranks_reduced((BELOW,), torch.float32, seed=2))
+    assert_matches(big, all_ranks_reduced((ABOVE_64KIB,), torch.float32, seed=1))
+    assert_matches(small, all_ranks_reduced((BELOW_64KIB,), torch.float32, seed=2))
     return "no error"
 
 
