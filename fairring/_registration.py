@@ -245,13 +245,16 @@ def check_device_memory(config: Config, topology: _C.Topology, device: torch.dev
     """The CUDA engine's staging must fit in what the GPU has free when it is made; say what to change if not."""
     staging = plan_of(config.slice_size, config, topology, "cuda")["staging_capacity"]
     free, total = torch.cuda.mem_get_info(device)
-    if staging > free:
+    # The caching allocator's free blocks are this process's too: it releases them and retries before it fails.
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if staging > free + cached:
         memory = format_size(config.total_memory)
         raise ConfigError(
             f"the CUDA engine's staging ({format_size(staging)}, from {TOTAL_MEMORY}={memory} "
-            f"and {SLICE_SIZE}={format_size(config.slice_size)}) does not fit in the {format_size(free)} free of "
-            f"{device}'s {format_size(total)}: lower {TOTAL_MEMORY} or {SLICES_IN_FLIGHT}, or make the group (with "
-            "device_id, or its first CUDA collective) before the model takes the GPU's memory"
+            f"and {SLICE_SIZE}={format_size(config.slice_size)}) does not fit in the {format_size(free + cached)} "
+            f"free of {device}'s {format_size(total)} ({format_size(cached)} of it cached by torch's allocator): "
+            f"lower {TOTAL_MEMORY} or {SLICES_IN_FLIGHT}, or make the group (with device_id, or its first CUDA "
+            "collective) before the model takes the GPU's memory"
         )
 
 

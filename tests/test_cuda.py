@@ -282,14 +282,36 @@ def every_kind_on_nccl(device_of_rank: str) -> dict[str, object]:
     return every_kind_both_ways(str(device))
 
 
+def native_block_behind_a_launch_in_turn(device_of_rank: str) -> None:
+    """An engine all-reduce, a small one that takes its turn behind it (launched later, on a stage
+    thread), then a native NCCL coalescing block: the block must not take that launch in (NCCL's
+    coalescing state is its group's, not a thread's). Every result checked."""
+    rank = dist.get_rank()
+    device = torch.device(device_of_rank.format(rank=rank))
+    torch.cuda.set_device(device)
+    tensors = [rank_tensor(rank, (n,), torch.float32, seed=n).to(device) for n in (4_000_001, 1000, 5, 777)]
+    works = [dist.all_reduce(tensor, async_op=True) for tensor in tensors[:2]]
+    with dist._coalescing_manager(device=device, async_ops=True) as block:
+        for tensor in tensors[2:]:
+            dist.all_reduce(tensor)
+    block.wait()
+    for work in works:
+        work.wait()
+    for tensor in tensors:
+        numel = tensor.numel()
+        assert_matches(tensor.cpu(), all_ranks_reduced((numel,), torch.float32, seed=numel))
+
+
 def test_every_kind_synchronous_or_not_on_nccl() -> None:
     """async_op=False and True for every collective kind, on the engine and on NCCL, 2 x 2 (issue 62:
-    NCCL returns no Work for a synchronous op, which fairring must never dereference)."""
+    NCCL returns no Work for a synchronous op, which fairring must never dereference); and a native
+    coalescing block behind a launch in turn."""
     layout = Layout(2, 2)
     device_of_rank, nccl_hosts = devices_for(layout)
     env = {**CUDA_ENGINE_ENV, "FAIRRING_SERIALIZED_LAUNCHES": "engine", "FAIRRING_CUDA_FLAT_THRESHOLD": "64KiB"}
     with RankPool(layout, InitSpec(extra_env=env), rank_env=nccl_hosts) as ranks:
         outcomes = ranks.run(every_kind_on_nccl, device_of_rank, timeout=300)
+        ranks.run(native_block_behind_a_launch_in_turn, device_of_rank, timeout=120)
     assert_every_kind_on_both_paths(outcomes, "nccl")
 
 
@@ -318,8 +340,9 @@ def test_cuda_engine_coalescing_and_shutdown_on_one_gpu() -> None:
 
 
 def shrink_a_cuda_group(device_of_rank: str) -> dict[str, object]:
-    """3 x 1, the engine and NCCL both used; rank 2 leaves and the others shrink: NCCL shrinks its own
-    communicator (ncclCommShrink), the engine is made anew for 2 x 1, and CPU tensors still work."""
+    """3 x 1, the engine and NCCL both used; rank 2 leaves and the others shrink: a group with an engine
+    makes a new NCCL communicator (a failure may have aborted the old one), the engine is made anew for
+    2 x 1, and CPU tensors still work."""
     import fairring
 
     rank = dist.get_rank()
@@ -338,7 +361,7 @@ def shrink_a_cuda_group(device_of_rank: str) -> dict[str, object]:
     inputs = [rank_tensor(survivor, shape, torch.float32, seed=1) for survivor in (0, 1)]
     assert_matches(tensor.cpu(), reduce_reference(inputs, "sum"))
     sent = torch.full((4,), float(rank), device=device)
-    dist.broadcast(sent, src=1)  # through the shrunk NCCL communicator
+    dist.broadcast(sent, src=1)  # through the shrunk group's NCCL communicator
     assert torch.all(sent.cpu() == 1), sent
     on_cpu = torch.ones(4)
     dist.all_reduce(on_cpu)

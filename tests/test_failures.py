@@ -267,6 +267,42 @@ def test_ranks_issuing_different_all_reduces_fail_instead_of_mixing_data(differe
     assert all(message.startswith("DistBackendError: ") for message in disagreed), messages
 
 
+def cuda_delegate_stops(aborted_on_failure: bool) -> dict[str, list[str]]:
+    """How a group's CUDA delegate (a stand-in for NCCL's group that records its stops) is stopped:
+    a subgroup that ends normally, then the world group failed by a size mismatch."""
+    from fairring import _C
+
+    _C._testing.set_delegate_aborted_on_failure(aborted_on_failure)
+    try:
+        subgroup = dist.new_group([0, 1])
+        ended = _C._testing.record_cuda_delegate(subgroup._get_backend(torch.device("cpu")))
+        dist.all_reduce(torch.ones(4096), group=subgroup)
+        dist.destroy_process_group(subgroup)
+        failed = _C._testing.record_cuda_delegate(dist.group.WORLD._get_backend(torch.device("cpu")))
+        outcome = mismatched_all_reduce("size")
+        # Aborted off the failing thread: soon, not at once. Without the abort, a second says so.
+        deadline = time.monotonic() + (10 if aborted_on_failure else 1)
+        while "cuda abort" not in failed.events() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return {"ended": ended.events(), "failed": failed.events(), "outcome": [outcome]}
+    finally:
+        _C._testing.set_delegate_aborted_on_failure(True)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("aborted_on_failure", [True, pytest.param(False, id="negative_control")])
+def test_a_failed_group_aborts_its_cuda_delegate_and_an_ended_one_shuts_it_down(aborted_on_failure: bool) -> None:
+    """NCCL's kernels launched before a failure may wait on a rank that never launches its own: the
+    failure aborts NCCL's group at once, rather than leaving them to NCCL's watchdog. A group that
+    ends in good order shuts it down instead. Negative control: without the abort, nothing stops it."""
+    with RankPool(Layout(2, 1)) as ranks:
+        stops = ranks.run(cuda_delegate_stops, aborted_on_failure, timeout=90)
+    for rank, seen in enumerate(stops):
+        assert "issued different" in seen["outcome"][0] or "rail peer rank" in seen["outcome"][0], (rank, seen)
+        assert "cuda abort" not in seen["ended"] and "cuda shutdown" in seen["ended"], (rank, seen)
+        assert ("cuda abort" in seen["failed"]) == aborted_on_failure, (rank, seen)
+
+
 @pytest.mark.timeout(300)
 def test_a_machine_whose_link_goes_down_is_named_by_every_rank(tmp_path: Path) -> None:
     available, reason = netns_available()

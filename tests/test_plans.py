@@ -264,9 +264,15 @@ def test_the_cuda_staging_must_fit_in_the_gpus_free_memory(monkeypatch: pytest.M
         max_slices_in_flight=config.slices_in_flight,
     )["staging_capacity"]
     free = {"bytes": staging - 1}
+    cached = {"bytes": 0}
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free["bytes"], 80 * GiB))
-    expected = r"does not fit in the .* free of cuda:0's 80GiB: lower FAIRRING_TOTAL_MEMORY"
-    with pytest.raises(ConfigError, match=expected):
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 5 * GiB + cached["bytes"])
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 5 * GiB)
+    expected = r"does not fit in the .* free of cuda:0's 80GiB \(0B of it cached by torch's allocator\): lower "
+    with pytest.raises(ConfigError, match=expected + "FAIRRING_TOTAL_MEMORY"):
         check_device_memory(config, topology, torch.device("cuda:0"))
     free["bytes"] = staging
+    check_device_memory(config, topology, torch.device("cuda:0"))
+    # The allocator's free blocks count: it releases them before it fails.
+    free["bytes"], cached["bytes"] = staging - 1, 1
     check_device_memory(config, topology, torch.device("cuda:0"))

@@ -11,7 +11,10 @@
 #include "backend/backend.h"
 
 #include <limits>
+#include <memory>
+#include <optional>
 
+#include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
@@ -210,6 +213,17 @@ c10::intrusive_ptr<c10d::Work> Backend::handOut(
 
 Backend::BlockMembership Backend::joinBlock(
     const Operation& op, const Runner& runner, bool captured) {
+  if (runner.delegate != nullptr && runner.delegate->supportsCoalescing() &&
+      coalescingBlockOpen()) {
+    // NCCL's coalescing state is its group's, not a thread's: a launch made
+    // in its turn on a stage thread while the block is open would join the
+    // block, and two threads would be inside ProcessGroupNCCL at once. So
+    // the block's members launch once every launch issued before them has
+    // been made (as its end did already): afterwards none is pending, and
+    // none is issued until the block ends (c10d issues a group's
+    // collectives from one thread at a time).
+    followEngineLaunches(op.type);
+  }
   std::lock_guard<std::mutex> lock(coalescingMutex_);
   CoalescingBlock* block = openBlockLocked(op.name, op.type);
   if (block == nullptr) {
@@ -289,11 +303,17 @@ c10::intrusive_ptr<c10d::Work> Backend::launchedInTurn(
     const std::vector<at::Tensor>& tensors,
     uint64_t seq) {
   std::vector<c10::Device> devices;
-  std::optional<c10::Stream> stream;
+  // Where the caller's stream stands now, at issue: the launch, later and
+  // perhaps on a stage thread, follows that point and none of the caller's
+  // later work (backward kernels queued since, or a graph capture begun
+  // since, which a record on the caller's stream would join).
+  std::shared_ptr<c10::Event> issued;
   if (!tensors.empty() && !tensors[0].is_cpu()) {
     const c10::Device device = tensors[0].device();
     devices.push_back(device);
-    stream = c10::impl::VirtualGuardImpl(device.type()).getStream(device);
+    issued = std::make_shared<c10::Event>(device.type());
+    issued->record(
+        c10::impl::VirtualGuardImpl(device.type()).getStream(device));
   }
   auto work = c10::make_intrusive<InTurnWork>(opType, devices, seq);
   // The future completes on the engine's completion workers, never on the
@@ -307,11 +327,17 @@ c10::intrusive_ptr<c10d::Work> Backend::launchedInTurn(
     engine.completeOnWorkers(failed, work->getFuture());
   };
   engine.launchInTurn(
-      [&engine, work, settle, launch = std::move(launch), stream] {
-        // The caller's stream: the delegate orders itself after the caller's
-        // work there, as when the caller launches it (it may also follow
-        // what the caller queued since, which only delays it).
-        const c10::OptionalStreamGuard onCallersStream(stream);
+      [&engine, work, settle, launch = std::move(launch), issued] {
+        // The delegate orders itself after its launch's current stream, as
+        // after the caller's when the caller launches it: here a stream of
+        // torch's pool that waits for the caller's at issue.
+        std::optional<c10::Stream> afterIssue;
+        if (issued) {
+          afterIssue = c10::impl::VirtualGuardImpl(issued->device_type())
+                           .getStreamFromGlobalPool(issued->device());
+          issued->block(*afterIssue);
+        }
+        const c10::OptionalStreamGuard onStreamAfterIssue(afterIssue);
         try {
           auto inner = launch();
           // What a synchronous operation gets from NCCL: fairring asks for a

@@ -143,6 +143,13 @@ class Backend final : public c10d::Backend {
   // the caller's thread for the engine's launches again (followEngineLaunches)
   // instead of taking their turn. Process-wide; never set outside tests.
   static void setLaunchInTurnForTests(bool enabled);
+  // A test's negative control: with false, a failure of the group leaves
+  // the CUDA delegate running, as before (its pending kernels wait for
+  // NCCL's watchdog). Process-wide; never set outside tests.
+  static void setDelegateAbortedOnFailureForTests(bool enabled);
+  // Tests: `delegate` serves this group's CUDA tensors from now, as if the
+  // group had made it (a stand-in that records how it is stopped).
+  void adoptCudaDelegateForTests(c10::intrusive_ptr<c10d::Backend> delegate);
 
   // split_group: a fairring backend over some of this group's ranks.
   bool supportsSplitting() const override {
@@ -398,6 +405,9 @@ class Backend final : public c10d::Backend {
   // The engines made so far (null where none), read under the lock; engines
   // live until the destructor, so the pointers may be used without it.
   std::array<Engine*, 2> madeEngines() const;
+  // Whether an engine of either device type is made: the same on every rank,
+  // made at one collective of the group's.
+  bool anyEngineMade() const;
   // Calls `call(engine)` for each engine made, without holding a lock.
   template <typename Call>
   void forEachEngine(Call&& call);

@@ -8,6 +8,7 @@
 
 #include "backend/work.h"
 #include "errors.h"
+#include "log.h"
 #include "reduction.h"
 #include "thread_name.h"
 
@@ -112,7 +113,8 @@ c10::intrusive_ptr<c10d::Work> DelegatedWorks::watch(
       watched->outer, opType, nullptr, seq, inputs);
 }
 
-void DelegatedWorks::fail(const std::string& cause) {
+void DelegatedWorks::fail(
+    const std::string& cause, std::function<void()> andThen) {
   std::vector<std::shared_ptr<Watched>> failing;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -128,15 +130,26 @@ void DelegatedWorks::fail(const std::string& cause) {
     pending_.clear();
     // The first and only failure: a thread of this object's runs the
     // callbacks of the works it fails.
-    failing_ =
-        std::thread([failing = std::move(failing), cause, prefix = prefix_] {
-          nameThisThread("fr-fail-works");
-          for (const auto& watched : failing) {
-            watched->fail(
-                prefix + c10d::opTypeToString(watched->opType) +
-                " failed: " + cause);
-          }
-        });
+    failing_ = std::thread([failing = std::move(failing),
+                            cause,
+                            prefix = prefix_,
+                            andThen = std::move(andThen)] {
+      nameThisThread("fr-fail-works");
+      for (const auto& watched : failing) {
+        watched->fail(
+            prefix + c10d::opTypeToString(watched->opType) +
+            " failed: " + cause);
+      }
+      if (andThen) {
+        try {
+          andThen();
+        } catch (const std::exception& error) {
+          notice(
+              LogLevel::kWarning,
+              c10::str(prefix, "after a failure: ", error.what()));
+        }
+      }
+    });
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,7 +26,8 @@ namespace fairring {
 //
 // Gloo's own operation goes on until Gloo ends it; its output tensors are
 // undefined, as after any failed collective. NCCL's operations run on the
-// GPU and are not watched: NCCL's watchdog ends them (docs/design.md).
+// GPU and are not watched: the group's failure aborts NCCL's group, which
+// ends them (Backend::onEngineFailed, docs/design.md).
 class DelegatedWorks {
  public:
   // `prefix` starts every error ("fairring: rank 3: ").
@@ -43,10 +45,10 @@ class DelegatedWorks {
       uint64_t seq,
       const std::vector<at::Tensor>& inputs);
 
-  // The group failed: pending works fail with `cause`, on a thread of this
-  // object's (their callbacks must not run on the caller's, an engine or
-  // transport thread). Later calls do nothing.
-  void fail(const std::string& cause);
+  // The group failed: pending works fail with `cause`, then `andThen` runs
+  // (if any), on a thread of this object's (their callbacks must not run on
+  // the caller's, an engine or transport thread). Later calls do nothing.
+  void fail(const std::string& cause, std::function<void()> andThen = {});
 
   // A test's negative control: with false, a Gloo collective's Work that
   // has no future is handed out as Gloo made it, never completed and run

@@ -237,6 +237,11 @@ std::array<Engine*, 2> Backend::madeEngines() const {
   return {engines_[0].get(), engines_[1].get()};
 }
 
+bool Backend::anyEngineMade() const {
+  const auto made = madeEngines();
+  return made[0] != nullptr || made[1] != nullptr;
+}
+
 void Backend::failGroup(const std::string& what) {
   forEachEngine([&](Engine& engine) { engine.fail(what); });
 }

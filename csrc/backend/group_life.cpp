@@ -8,23 +8,58 @@
 #include "log.h"
 
 #include <algorithm>
+#include <atomic>
+#include <functional>
 
 #include <c10/util/Exception.h>
 
 namespace fairring {
 
+namespace {
+
+// Backend::setDelegateAbortedOnFailureForTests.
+std::atomic<bool> delegateAbortedOnFailure{true};
+
+} // namespace
+
 void Backend::onEngineFailed(
     const std::string& cause, Engine::FailureKind kind) {
-  if (!leaving_) {
-    const auto type = kind == Engine::FailureKind::kTimeout
-        ? c10d::ErrorType::TIMEOUT
-        : kind == Engine::FailureKind::kRemote ? c10d::ErrorType::REMOTE_ERROR
-                                               : c10d::ErrorType::COMM_ERROR;
-    auto none = c10d::ErrorType::SUCCESS;
-    failureKind_.compare_exchange_strong(none, type);
+  if (leaving_) {
+    // abort() or shutdown() stops the delegate itself, as it was asked to.
+    torchHooks_.runAbortHooks();
+    delegated_.fail(cause);
+    return;
   }
+  const auto type = kind == Engine::FailureKind::kTimeout
+      ? c10d::ErrorType::TIMEOUT
+      : kind == Engine::FailureKind::kRemote ? c10d::ErrorType::REMOTE_ERROR
+                                             : c10d::ErrorType::COMM_ERROR;
+  auto none = c10d::ErrorType::SUCCESS;
+  failureKind_.compare_exchange_strong(none, type);
   torchHooks_.runAbortHooks();
-  delegated_.fail(cause);
+  // The CUDA delegate's kernels launched before the failure may wait on a
+  // rank whose matching launch never came (its in-turn launch failed):
+  // NCCL's abort ends them now, as its watchdog would only after the
+  // group's timeout. The group takes no delegated collective after this
+  // (checkNotFailed), so nothing is lost, and a group with an engine (as
+  // this one) makes a new communicator when it shrinks. Aborted on
+  // DelegatedWorks' thread, not this engine thread: ncclCommAbort can block
+  // while kernels spin.
+  std::function<void()> abortDelegate;
+  if (auto cuda = cudaBackendIfCreated(); cuda && delegateAbortedOnFailure) {
+    abortDelegate = [cuda] { cuda->abort(); };
+  }
+  delegated_.fail(cause, std::move(abortDelegate));
+}
+
+void Backend::setDelegateAbortedOnFailureForTests(bool enabled) {
+  delegateAbortedOnFailure = enabled;
+}
+
+void Backend::adoptCudaDelegateForTests(
+    c10::intrusive_ptr<c10d::Backend> delegate) {
+  std::lock_guard<std::mutex> lock(stateMutex_);
+  cudaBackend_ = std::move(delegate);
 }
 
 c10d::ErrorType Backend::getError() {
@@ -228,10 +263,20 @@ c10::intrusive_ptr<c10d::Backend> Backend::shrink(
   // NCCL shrinks its own communicator (ncclCommShrink, NCCL >= 2.27),
   // collectively over the survivors, which reach this point in the same
   // order. Where it cannot, the old one is aborted (a rank of it is gone)
-  // and the shrunk group makes a new one at its first CUDA collective.
+  // and the shrunk group makes a new one at its first CUDA collective; so
+  // too where the group has an engine, whose failure may have aborted it on
+  // some ranks (onEngineFailed): whether a group has made an engine is the
+  // same on every rank (made at one collective), so the survivors all take
+  // one way.
   c10::intrusive_ptr<c10d::Backend> cuda;
   if (auto made = cudaBackendIfCreated()) {
-    if (made->supportsShrinking()) {
+    if (anyEngineMade()) {
+      innerGroups_->noticeOnce(
+          "a group with an engine makes a new NCCL communicator when it "
+          "shrinks (its failure may have aborted the old one): at the "
+          "shrunk group's first CUDA collective");
+      made->abort();
+    } else if (made->supportsShrinking()) {
       cuda = made->shrink(ranksToExclude, shrinkFlags, nullptr);
     } else {
       innerGroups_->noticeOnce(
@@ -285,7 +330,8 @@ void Backend::stopEngines(const std::string& did, bool drain) {
 void Backend::abort() {
   leaving_ = true;
   torchHooks_.quiet();
-  awaitDumps();
+  // Everything pending ends first, at once, as NCCL's abort ends its
+  // kernels; then a dump that an earlier failure started gets its time.
   stopEngines("aborted its process group", /*drain=*/false);
   delegated_.fail(
       topology_.describeRank(getRank()) + " aborted its process group");
@@ -293,6 +339,7 @@ void Backend::abort() {
     cuda->abort();
   }
   cpuBackend_->abort();
+  awaitDumps();
 }
 
 void Backend::shutdown() {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <utility>
 
 namespace fairring {
 
@@ -61,7 +62,7 @@ void MemoryOrder::awaitOverlapping(
   if (!enabled) {
     return;
   }
-  std::vector<c10::intrusive_ptr<c10d::Work>> earlier;
+  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, Executor>> earlier;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     std::erase_if(inFlight_, [](const Entry& entry) {
@@ -75,13 +76,18 @@ void MemoryOrder::awaitOverlapping(
       const bool ordersItself =
           executor == Executor::kNccl && entry.executor == Executor::kNccl;
       if (!ordersItself && overlap(extents, entry.extents)) {
-        earlier.push_back(entry.work);
+        earlier.emplace_back(entry.work, entry.executor);
       }
     }
   }
-  for (const auto& work : earlier) {
+  for (const auto& [work, earlierExecutor] : earlier) {
+    // NCCL's Work, given a timeout, holds the host until the GPU is done;
+    // without one it makes the caller's stream wait, and its watchdog
+    // bounds it.
+    const auto waitFor =
+        earlierExecutor == Executor::kNccl ? kNoTimeout : timeout;
     try {
-      work->wait(timeout);
+      work->wait(waitFor);
     } catch (const std::exception&) {
       // Its failure is reported by its own Work, and fails the group.
     }

@@ -39,7 +39,9 @@ class MemoryOrder {
   // The earlier collectives in flight whose memory overlaps `tensors`, on
   // this executor or one that does not order itself against it, each
   // waited for up to `timeout` (an op that outlives it fails by its own
-  // timeout, and the group with it). Their errors are theirs: not rethrown.
+  // timeout, and the group with it); NCCL's with no timeout, which makes the
+  // caller's stream wait rather than the host. Their errors are theirs: not
+  // rethrown.
   void awaitOverlapping(
       const std::vector<at::Tensor>& tensors,
       Executor executor,

@@ -6,6 +6,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "device/capture.h"
 #include "engine/ops.h"
 #include "engine/plan.h"
 #include "reduction.h"
@@ -144,6 +145,14 @@ Engine::Engine(
       static constexpr std::array<const char*, kStages> kNames{
           "fr-rs-stage", "fr-reduce-stage", "fr-ag-stage"};
       nameThisThread(kNames[stage]);
+      // Its CUDA calls, and the delegate launches it makes in their turn,
+      // touch no stream a caller captures (captured collectives never reach
+      // the engine): they must not invalidate a capture that another thread
+      // runs in CUDA's global mode. Only a CUDA engine's: the call would
+      // make a CPU engine's process a CUDA context.
+      if (this->device().is_cuda()) {
+        relaxCaptureChecksOnThisThread();
+      }
       try {
         (this->*loop)();
       } catch (const std::exception& error) {

@@ -178,10 +178,11 @@ class Engine {
   // Fails all pending and later ops because this rank `did` something
   // ("shut down its process group"), tells the neighbours (a goodbye where
   // nothing is pending), and lets the stage threads return. The local
-  // groups: leave() lets the device finish what was launched (up to
-  // kDrainLimit) and shuts them down in good order, as a normal end of a
-  // job does; abort() aborts both at once, whatever runs (Backend::abort,
-  // SHRINK_ABORT). Any thread; both return at once.
+  // groups: leave() lets the device finish what was launched and shuts them
+  // down in good order, as a normal end of a job does, so it returns once
+  // the device has (at most kDrainLimit: then it aborts them); abort()
+  // aborts both at once, whatever runs (Backend::abort, SHRINK_ABORT), and
+  // returns at once. Any thread.
   void leave(const std::string& did);
   void abort(const std::string& did);
   // How the engine stopped its local steps so far: "running", "closed" (a

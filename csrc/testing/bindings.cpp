@@ -389,6 +389,29 @@ void bindTesting(py::module_& testing) {
       "issued before it (process-wide).");
 
   testing.def(
+      "set_delegate_aborted_on_failure",
+      &fairring::Backend::setDelegateAbortedOnFailureForTests,
+      py::arg("enabled"),
+      "The negative control's switch: with False, a failure of the group "
+      "leaves its CUDA delegate running (process-wide).");
+  py::class_<GroupLog, std::shared_ptr<GroupLog>>(testing, "GroupLog")
+      .def(
+          "events",
+          &GroupLog::snapshot,
+          "What the recording groups were asked, in order.");
+  testing.def(
+      "record_cuda_delegate",
+      [](fairring::Backend& backend) {
+        auto log = std::make_shared<GroupLog>();
+        backend.adoptCudaDelegateForTests(
+            c10::make_intrusive<RecordingGroup>("cuda", "nccl", log));
+        return log;
+      },
+      py::arg("backend"),
+      "A stand-in for `backend`'s CUDA delegate (NCCL's group) that runs no "
+      "collective and records how it is stopped; returns its GroupLog.");
+
+  testing.def(
       "set_delegates_asked_for_work",
       &fairring::setDelegatesAskedForWorkForTests,
       py::arg("enabled"),
