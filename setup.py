@@ -139,7 +139,7 @@ COMMON_SOURCES = [
     "topology.cpp",
 ]
 # The sources that see CUDA headers, and their CPU-only twins.
-CUDA_SOURCES = ["device/cuda.cpp"]
+CUDA_SOURCES = ["device/cuda.cpp", "device/cuda_release.cpp"]
 CPU_ONLY_SOURCES = ["device/cuda_none.cpp"]
 # The TensorPipe rails and their harnesses; without TensorPipe, what stands in for them.
 TENSORPIPE_SOURCES = [

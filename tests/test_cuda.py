@@ -315,6 +315,45 @@ def test_every_kind_synchronous_or_not_on_nccl() -> None:
     assert_every_kind_on_both_paths(outcomes, "nccl")
 
 
+def synchronous_engine_all_reduce_timed(device_of_rank: str) -> dict[str, float]:
+    """How long a synchronous engine all-reduce of 16 MiB held the host, and how long until the GPU had
+    its result (torch.cuda.synchronize); the result checked."""
+    import time
+
+    rank = dist.get_rank()
+    device = torch.device(device_of_rank.format(rank=rank))
+    torch.cuda.set_device(device)
+    numel = 4 << 20
+    dist.all_reduce(torch.ones(numel, device=device))  # the engine, made
+    tensor = rank_tensor(rank, (numel,), torch.float32, seed=5).to(device)
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    dist.all_reduce(tensor)
+    held_s = time.perf_counter() - start
+    torch.cuda.synchronize(device)
+    op_s = time.perf_counter() - start
+    assert_matches(tensor.cpu(), all_ranks_reduced((numel,), torch.float32, seed=5))
+    from fairring._config import load_config
+
+    return {"held_s": held_s, "op_s": op_s, "hazard": load_config().launch_order_hazard}
+
+
+def test_a_synchronous_engine_all_reduce_holds_the_stream_not_the_host() -> None:
+    """docs/design.md, "The host never waits": the call returns once the caller's stream is held on the
+    device (the hold kernel), long before the result has come back from the network; the result read
+    after torch.cuda.synchronize() is exact. A hold that never released would hang here until the
+    test's timeout; one that released early would fail the check."""
+    env = {**CUDA_ENGINE_ENV, "FAIRRING_SERIALIZED_LAUNCHES": "engine", "FAIRRING_TOTAL_MEMORY": "8MiB"}
+    with RankPool(Layout(2, 1), InitSpec(extra_env=env)) as ranks:
+        outcomes = ranks.run(synchronous_engine_all_reduce_timed, ONE_GPU, timeout=120)
+    if outcomes[0]["hazard"]:
+        pytest.skip(f"the host waits where the GPU may run kernels in launch order: {outcomes[0]['hazard']}")
+    for outcome in outcomes:
+        held_ms, op_ms = outcome["held_s"] * 1e3, outcome["op_s"] * 1e3
+        print(f"fairring: a synchronous engine all-reduce of 16 MiB held the host {held_ms:.2f} ms of {op_ms:.1f} ms")
+        assert outcome["held_s"] < 0.25 * outcome["op_s"], outcome
+
+
 def engine_ops_in_a_coalescing_block(device_of_rank: str) -> None:
     """Engine all-reduces inside a raw coalescing block: the block's Work covers them."""
     rank = dist.get_rank()

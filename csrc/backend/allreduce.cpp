@@ -149,8 +149,9 @@ c10::intrusive_ptr<c10::ivalue::Future> packedAllreduce(
     flattened.push_back(tensor.reshape({-1}));
   }
   at::Tensor packed = at::cat(flattened);
+  // Unpacked on the host once done: no hold can wait for that.
   return engine.allreduce(packed, op, timeout, collective)
-      ->then(
+      .future->then(
           [tensors, packed](c10::ivalue::Future& done) {
             done.value(); // rethrows the engine's error
             unpackInto(packed, tensors);
@@ -212,13 +213,15 @@ c10::intrusive_ptr<c10d::Work> Backend::launchAllreduce(
   const c10d::AllreduceOptions own =
       route.premultiplyHere ? premultiplied(aliases, opts) : opts;
   if (runner.engine != nullptr) {
-    return futureWork(
-        runner.engine->allreduce(
-            aliases[0], own.reduceOp, timeoutOf(opts.timeout), *runner.seq),
+    auto started = runner.engine->allreduce(
+        aliases[0], own.reduceOp, timeoutOf(opts.timeout), *runner.seq);
+    return c10::make_intrusive<FutureWork>(
+        std::move(started.future),
         c10d::OpType::ALLREDUCE,
         "fairring:all_reduce",
         *runner.seq,
-        tensors);
+        tensors,
+        std::move(started.holdCaller));
   }
   auto onDelegate = [delegate = runner.delegate,
                      gloo = isCpu(*runner.delegate),

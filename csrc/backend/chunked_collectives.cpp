@@ -157,7 +157,7 @@ c10::intrusive_ptr<c10d::Work> Backend::launchChunked(
         }
         auto packed = std::make_shared<const PackedChunks>(
             call.kind, std::move(call.parts), topology_.worldSize(), premul);
-        auto future = call.kind == Collective::kReduceScatter
+        auto started = call.kind == Collective::kReduceScatter
             ? runner.engine->reduceScatter(
                   packed->input(),
                   packed->output(),
@@ -166,7 +166,10 @@ c10::intrusive_ptr<c10d::Work> Backend::launchChunked(
                   *runner.seq)
             : runner.engine->allGather(
                   packed->input(), packed->output(), call.timeout, *runner.seq);
+        auto future = std::move(started.future);
+        CallerHold holdCaller = std::move(started.holdCaller);
         if (packed->unpacks()) {
+          holdCaller = nullptr; // unpacked on the host once done
           future = future->then(
               [packed](c10::ivalue::Future& done) {
                 done.value(); // rethrows the engine's error
@@ -180,7 +183,8 @@ c10::intrusive_ptr<c10d::Work> Backend::launchChunked(
             call.opType,
             call.profilingName,
             *runner.seq,
-            packed->callerOutputs());
+            packed->callerOutputs(),
+            std::move(holdCaller));
       });
 }
 

@@ -41,7 +41,10 @@ std::unique_ptr<Engine> makeEngine(
   localSteps->setTimeout(site.timeout);
   std::unique_ptr<DeviceContext> context;
   if (device.is_cuda()) {
-    context = makeCudaContext(device, site.config.highPriorityStreams);
+    context = makeCudaContext(
+        device,
+        site.config.highPriorityStreams,
+        site.config.launchesMaySerialize);
   } else if (const auto emulated = emulatedDeviceFromEnv()) {
     context = makeEmulatedContext(*emulated, topology.rank());
   } else {

@@ -203,7 +203,7 @@ void Backend::warmUp(Engine& engine) {
       {std::max<int64_t>(1, config_.sliceSizeBytes / 4)},
       at::TensorOptions().device(engine.device()).dtype(at::kFloat));
   engine.allreduce(slice, c10d::ReduceOp::SUM, timeout(), ledger_.issued())
-      ->wait();
+      .future->wait();
 }
 
 void Backend::prepareEngine(c10::Device device) {

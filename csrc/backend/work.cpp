@@ -17,13 +17,15 @@ FutureWork::FutureWork(
     c10d::OpType opType,
     const char* profilingTitle,
     uint64_t seq,
-    const std::vector<at::Tensor>& inputs)
+    const std::vector<at::Tensor>& inputs,
+    CallerHold holdCaller)
     : c10d::Work(-1, opType, profilingTitle, inputs),
       future_(std::move(future)),
       deviceEnd_(
           future_->devices().empty() ? nullptr : std::make_shared<DeviceEnd>()),
       title_(profilingTitle),
-      seq_(seq) {
+      seq_(seq),
+      holdCaller_(std::move(holdCaller)) {
   if (deviceEnd_) {
     // A future's callback runs with a current stream per device that waits
     // for the future's events: an event recorded there marks their end.
@@ -82,6 +84,13 @@ std::exception_ptr FutureWork::exception() const {
 }
 
 bool FutureWork::wait(std::chrono::milliseconds timeout) {
+  // Not done: the caller's stream waits for it on the device, and the host
+  // goes on (docs/design.md, "The host never waits"). The op's own timeout
+  // bounds that wait, as NCCL's watchdog bounds its kernels'. Settled (its
+  // ticket released) but its future not yet relayed: the host waits below.
+  if (holdCaller_ && !future_->completed() && holdCaller_()) {
+    return true;
+  }
   if (timeout != kNoTimeout) {
     struct Signal {
       std::mutex mutex;

@@ -13,6 +13,8 @@
 #include <c10/core/Event.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "device/device.h"
+
 namespace fairring {
 
 // A Work for an operation whose outcome is `future`. Unlike the Work that
@@ -21,7 +23,9 @@ namespace fairring {
 // `profilingTitle` (a string literal, e.g. "fairring:all_reduce") names the
 // operation in torch.profiler traces, from issue to completion, and in
 // errors (null: no profiler range, errors name the op type); `seq` is its
-// collective sequence number in the group.
+// collective sequence number in the group. `holdCaller` (an engine op's on a
+// device that can, Engine::Started): how wait() makes the caller's stream
+// wait for the op on the device, the host not waiting.
 class FutureWork final : public c10d::Work {
  public:
   FutureWork(
@@ -29,7 +33,8 @@ class FutureWork final : public c10d::Work {
       c10d::OpType opType,
       const char* profilingTitle,
       uint64_t seq,
-      const std::vector<at::Tensor>& inputs);
+      const std::vector<at::Tensor>& inputs,
+      CallerHold holdCaller = nullptr);
 
   // Done, on the device too where it has one (failed: at once).
   bool isCompleted() override;
@@ -37,7 +42,10 @@ class FutureWork final : public c10d::Work {
   std::exception_ptr exception() const override;
   // Throws the operation's error, or a timeout error naming the operation.
   // With CUDA tensors, the caller's current streams then wait for the
-  // operation's; the host does not wait for the GPU.
+  // operation's; the host does not wait for the GPU. With a hold, an op not
+  // yet done makes them wait for it on the device and returns at once: its
+  // failure releases them and reaches the caller at its next wait or
+  // collective, as NCCL's does.
   bool wait(std::chrono::milliseconds timeout) override;
   std::vector<at::Tensor> result() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
@@ -74,6 +82,7 @@ class FutureWork final : public c10d::Work {
   const char* const title_;
   const uint64_t seq_;
   std::shared_ptr<ProfilingRange> profilingRange_; // null: no profiler
+  const CallerHold holdCaller_; // null: the host waits for the future
 };
 
 // One Work standing for several (a coalescing block): it completes when all

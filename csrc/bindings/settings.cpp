@@ -135,6 +135,8 @@ void bindSettings(py::module_& module) {
                 settings.attr("cuda_engine_in_use").cast<bool>();
             config.highPriorityStreams =
                 settings.attr("high_priority_streams").cast<bool>();
+            config.launchesMaySerialize =
+                !settings.attr("launch_order_hazard").is_none();
             const py::object timeline = settings.attr("timeline_directory");
             if (!timeline.is_none()) {
               config.timelineDirectory = timeline.cast<std::string>();

@@ -18,6 +18,7 @@
 #include <c10/util/Exception.h>
 
 #include "device/capture.h"
+#include "device/cuda_release.h"
 #include "device/streamed.h"
 #include "log.h"
 
@@ -136,13 +137,19 @@ class EngineStreams {
 // left on them, which waits for nothing of this one's.
 class CudaStreams final : public StreamPolicy {
  public:
-  CudaStreams(c10::Device device, bool highPriority)
+  CudaStreams(c10::Device device, bool highPriority, bool launchesMaySerialize)
       : device_(checked(device)),
         highPriority_(highPriority),
-        raw_(EngineStreams::take(device_, highPriority)) {}
+        raw_(EngineStreams::take(device_, highPriority)),
+        releaseWord_(CudaReleaseWord::make(device_, launchesMaySerialize)) {}
 
   ~CudaStreams() override {
     EngineStreams::giveBack(device_, highPriority_, raw_);
+    if (releaseWord_) {
+      // The streams are drained or retired: a release they made after the
+      // host's cannot take it back now.
+      releaseWord_->rewriteHostRelease();
+    }
   }
 
   c10::Device device() const override {
@@ -189,6 +196,26 @@ class CudaStreams final : public StreamPolicy {
   void recordUse(const at::Tensor& tensor, int stream) override {
     c10::cuda::CUDACachingAllocator::recordStream(
         tensor.storage().data_ptr(), cudaStream(stream));
+  }
+
+  CallerHold callerHold(uint32_t ticket) override {
+    if (!releaseWord_) {
+      return nullptr;
+    }
+    // Owns the word, not this: a Work may be waited on after its engine.
+    return [word = releaseWord_, ticket] { return word->hold(ticket); };
+  }
+
+  void release(int stream, uint32_t ticket) override {
+    if (releaseWord_) {
+      releaseWord_->release(raw_[stream], ticket);
+    }
+  }
+
+  void releaseFromHost(uint32_t ticket) override {
+    if (releaseWord_) {
+      releaseWord_->releaseFromHost(ticket);
+    }
   }
 
   rails::Buffer sendBuffer(const at::Tensor& tensor) override {
@@ -239,14 +266,15 @@ class CudaStreams final : public StreamPolicy {
   const c10::Device device_;
   const bool highPriority_;
   const EngineStreams::Set raw_;
+  const std::shared_ptr<CudaReleaseWord> releaseWord_; // null: the host waits
 };
 
 } // namespace
 
 std::unique_ptr<DeviceContext> makeCudaContext(
-    c10::Device device, bool highPriority) {
-  return std::make_unique<StreamedContext>(
-      std::make_unique<CudaStreams>(device, highPriority));
+    c10::Device device, bool highPriority, bool launchesMaySerialize) {
+  return std::make_unique<StreamedContext>(std::make_unique<CudaStreams>(
+      device, highPriority, launchesMaySerialize));
 }
 
 bool cudaGraphCaptureUnderway(c10::Device device) {

@@ -6,7 +6,9 @@
 namespace fairring {
 
 std::unique_ptr<DeviceContext> makeCudaContext(
-    c10::Device /*device*/, bool /*highPriority*/) {
+    c10::Device /*device*/,
+    bool /*highPriority*/,
+    bool /*launchesMaySerialize*/) {
   TORCH_CHECK(
       false,
       "fairring was built without its CUDA path, so it cannot run the engine "

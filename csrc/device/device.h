@@ -1,6 +1,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -40,6 +41,16 @@ class Fence {
  private:
   std::shared_ptr<const FenceState> state_;
 };
+
+// Makes the caller's current stream wait on the device for an op; false
+// where it need not or could not (DeviceContext::callerHold).
+using CallerHold = std::function<bool()>;
+
+// Whether a release of `released` covers `ticket`: the comparison CUDA's
+// cuStreamWaitValue32 makes with CU_STREAM_WAIT_VALUE_GEQ, which wraps.
+constexpr bool ticketReleased(uint32_t released, uint32_t ticket) {
+  return static_cast<int32_t>(released - ticket) >= 0;
+}
 
 // TensorPipe's GPUDirect channel has crashed on buffers under 32 bytes. Every
 // CUDA engine keeps shards at least this long, GPUDirect or not, so that the
@@ -97,6 +108,29 @@ class DeviceContext {
   virtual bool waitOnHost(
       const Fence& fence, const std::function<bool()>& cancelled) = 0;
 
+  // -- Releasing the caller's stream from the device (docs/design.md, "The
+  // host never waits"). Each op has a ticket; the device releases tickets in
+  // increasing order (cyclically, as 32-bit numbers), every ticket up to the
+  // one it releases.
+
+  // Caller's thread, at issue: what makes the caller's current stream wait,
+  // on the device, until `ticket` is released, to be called when the op's
+  // Work is waited on; null where the host waits instead (the CPU, or a
+  // device that cannot hold a stream). The hold returns false, having done
+  // nothing, where it need not (the ticket is released: the op is settled,
+  // and its Work's waiter waits for that on the host, briefly) or cannot
+  // (that stream is being captured).
+  virtual CallerHold callerHold(uint32_t /*ticket*/) {
+    return nullptr;
+  }
+  // Stage: once `queue`'s work so far is done, the device releases `ticket`.
+  virtual void releaseCaller(Queue /*queue*/, uint32_t /*ticket*/) {}
+  // Any thread: `ticket` is released now, by the host (a failure, whose ops
+  // will not release theirs); again behind the output queue's work, so that
+  // a release the device makes later cannot take it back; and once more when
+  // the context is joined.
+  virtual void releaseCallersFromHost(uint32_t /*ticket*/) {}
+
   // -- Memory.
 
   // Where staging memory is allocated.
@@ -150,8 +184,9 @@ rails::Buffer hostBuffer(const at::Tensor& tensor);
 std::unique_ptr<DeviceContext> makeCpuContext();
 // Throws where the CUDA path is not built (device/cuda_none.cpp).
 // `highPriority`: its streams take the device's greatest priority.
+// `launchesMaySerialize`: Config::launchesMaySerialize.
 std::unique_ptr<DeviceContext> makeCudaContext(
-    c10::Device device, bool highPriority);
+    c10::Device device, bool highPriority, bool launchesMaySerialize);
 
 // Whether the caller's current stream on `device` (a CUDA device) is being
 // captured into a CUDA graph (false where the CUDA path is not built).

@@ -1,10 +1,12 @@
 #include "device/emulated.h"
 
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string_view>
 #include <thread>
@@ -67,6 +69,12 @@ class EmulatedStream {
   void awaitReached(uint64_t position) {
     std::unique_lock<std::mutex> lock(mutex_);
     changed_.wait(lock, [&] { return done_ >= position || aborted_; });
+  }
+  // The same for at most `timeout`: whether it was reached.
+  bool awaitReached(uint64_t position, std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return changed_.wait_for(
+        lock, timeout, [&] { return done_ >= position || aborted_; });
   }
 
   void abort() {
@@ -164,6 +172,75 @@ bool capturedFence(const Fence& fence, const char* use) {
   return true;
 }
 
+// The caller's stream, as CUDA's current stream is: one for the process,
+// made at its first use (the caller_stream setting), living as long.
+class CallerStream {
+ public:
+  static const std::shared_ptr<EmulatedStream>& get() {
+    static CallerStream holder;
+    return holder.stream_;
+  }
+  // Whether the process is exiting: holds stop waiting, so that the
+  // stream's worker can be joined.
+  static bool closing() {
+    return closing_;
+  }
+
+ private:
+  CallerStream()
+      : stream_(
+            std::make_shared<EmulatedStream>(
+                /*seed=*/0, std::chrono::microseconds(0))) {}
+  ~CallerStream() {
+    closing_ = true;
+  }
+
+  static inline std::atomic<bool> closing_{false};
+  std::shared_ptr<EmulatedStream> stream_;
+};
+
+// An engine's release word (DeviceContext::callerHold), as CUDA's: written in
+// stream order by release items, or by the host, and waited on by holds on
+// the caller's stream until the process exits.
+class EmulatedReleaseWord {
+ public:
+  void write(uint32_t ticket) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      value_ = ticket;
+    }
+    changed_.notify_all();
+  }
+  void writeFromHost(uint32_t ticket) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!hostReleased_ || !ticketReleased(hostTicket_, ticket)) {
+        hostTicket_ = ticket;
+      }
+      hostReleased_ = true;
+      value_ = hostTicket_;
+    }
+    changed_.notify_all();
+  }
+  bool released(uint32_t ticket) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return ticketReleased(value_, ticket);
+  }
+  void awaitTicket(uint32_t ticket) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!ticketReleased(value_, ticket) && !CallerStream::closing()) {
+      changed_.wait_for(lock, std::chrono::milliseconds(10));
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  uint32_t value_ = 0;
+  bool hostReleased_ = false;
+  uint32_t hostTicket_ = 0;
+};
+
 class EmulatedStreams final : public StreamPolicy {
  public:
   EmulatedStreams(const EmulatedDeviceSettings& settings, int rank)
@@ -195,7 +272,49 @@ class EmulatedStreams final : public StreamPolicy {
     if (CaptureModel::onThisThread()) {
       return Fence(std::make_shared<CapturedFence>());
     }
+    if (settings_.callerStream) {
+      const auto& caller = CallerStream::get();
+      return Fence(
+          std::make_shared<EmulatedFence>(
+              caller, kCallerStream, caller->position()));
+    }
     return Fence(); // a CPU caller's work is done when it issues
+  }
+
+  CallerHold callerHold(uint32_t ticket) override {
+    if (!settings_.callerStream || settings_.hostWaits) {
+      return nullptr;
+    }
+    return
+        [word = releaseWord_, ticket, unordered = settings_.callerUnordered] {
+          if (word->released(ticket)) {
+            return false;
+          }
+          CallerStream::get()->push(
+              [word, ticket, unordered] {
+                if (!unordered) {
+                  word->awaitTicket(ticket);
+                }
+              },
+              /*jitter=*/false);
+          return true;
+        };
+  }
+
+  void release(int stream, uint32_t ticket) override {
+    {
+      std::lock_guard<std::mutex> lock(forceMutex_);
+      lastQueuedRelease_ = ticket;
+    }
+    streams_[stream]->push(
+        [word = releaseWord_, ticket] { word->write(ticket); },
+        /*jitter=*/false);
+  }
+
+  void releaseFromHost(uint32_t ticket) override {
+    if (!settings_.dropHostRelease) {
+      releaseWord_->writeFromHost(ticket);
+    }
   }
 
   void issue(int stream, Queue issuer, std::function<void()> work) override {
@@ -279,6 +398,16 @@ class EmulatedStreams final : public StreamPolicy {
     for (const auto& stream : streams_) {
       stream->abort();
     }
+    // An abort drops the queued work, but CUDA's cannot take back a
+    // release it queued: its last one is made now, as the stream would.
+    std::optional<uint32_t> lastQueued;
+    {
+      std::lock_guard<std::mutex> lock(forceMutex_);
+      lastQueued = lastQueuedRelease_;
+    }
+    if (lastQueued) {
+      releaseWord_->write(*lastQueued);
+    }
     {
       std::lock_guard<std::mutex> lock(forceMutex_);
       aborted_ = true;
@@ -325,14 +454,20 @@ class EmulatedStreams final : public StreamPolicy {
     });
   }
 
+  // EmulatedFence::index of the caller's stream, which is not the policy's.
+  static constexpr int kCallerStream = -1;
+
   const EmulatedDeviceSettings settings_;
   std::array<std::shared_ptr<EmulatedStream>, kStreams> streams_;
+  const std::shared_ptr<EmulatedReleaseWord> releaseWord_ =
+      std::make_shared<EmulatedReleaseWord>();
   std::mutex bouncesMutex_;
   std::unordered_map<void*, Bounce> bounces_; // by the rails' buffer
   std::mutex forceMutex_;
   std::condition_variable forceChanged_;
   std::array<int64_t, kQueues> issued_{}; // work enqueued, by queue
   bool aborted_ = false;
+  std::optional<uint32_t> lastQueuedRelease_;
 };
 
 int64_t parseNumber(std::string_view text, std::string_view item) {
@@ -352,6 +487,15 @@ int64_t parseNumber(std::string_view text, std::string_view item) {
 }
 
 } // namespace
+
+void enqueueOnEmulatedCallerStream(std::function<void()> work) {
+  CallerStream::get()->push(std::move(work), /*jitter=*/false);
+}
+
+bool synchronizeEmulatedCallerStream(std::chrono::milliseconds timeout) {
+  const auto& caller = CallerStream::get();
+  return caller->awaitReached(caller->position(), timeout);
+}
 
 std::optional<EmulatedDeviceSettings> emulatedDeviceFromEnv() {
   const auto value = testSwitch(TestSwitch::kEmulatedDevice);
@@ -383,6 +527,14 @@ std::optional<EmulatedDeviceSettings> emulatedDeviceFromEnv() {
       settings.eagerEngine = true;
     } else if (key == "nccl_delegate") {
       settings.ncclDelegate = true;
+    } else if (key == "caller_stream") {
+      settings.callerStream = true;
+    } else if (key == "host_waits") {
+      settings.hostWaits = true;
+    } else if (key == "caller_unordered") {
+      settings.callerUnordered = true;
+    } else if (key == "drop_host_release") {
+      settings.dropHostRelease = true;
     } else if (key == "ignore_arrivals") {
       settings.ignoreArrivals = true;
     } else if (key == "receive_delay_ms") {

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,6 +46,19 @@ namespace fairring {
 //   eager_engine        the group's engine is made at its first collective of
 //                       any kind and warmed up, as a CUDA engine is
 //                       (Backend::prepareEngine)
+//   caller_stream       the caller has a stream, as CUDA's current stream:
+//                       one for the process, on which the tests queue work
+//                       (enqueueOnEmulatedCallerStream) and which an engine
+//                       op's wait() makes wait for the op's release, the host
+//                       not waiting (DeviceContext::callerHold)
+//   host_waits          with caller_stream: wait() holds the host until the
+//                       op is done instead (negative control: the old way)
+//   caller_unordered    with caller_stream: the caller's stream does not wait
+//                       for the release (negative control: a result read
+//                       there must be caught wrong)
+//   drop_host_release   a failure's release from the host is not made
+//                       (negative control: the caller's stream then waits
+//                       for an op that failed)
 //   nccl_delegate       the delegate keeps ProcessGroupNCCL's contract since
 //                       torch 2.8: a synchronous operation ends before it
 //                       returns, and returns no Work
@@ -63,11 +77,22 @@ struct EmulatedDeviceSettings {
   std::chrono::milliseconds receiveDelay{0};
   bool eagerEngine = false;
   bool ncclDelegate = false;
+  bool callerStream = false;
+  bool hostWaits = false;
+  bool callerUnordered = false;
+  bool dropHostRelease = false;
 };
 
 // The settings in FAIRRING_TEST_EMULATED_DEVICE, or nothing when it is unset.
 // Throws on a value it does not understand.
 std::optional<EmulatedDeviceSettings> emulatedDeviceFromEnv();
+
+// The caller_stream setting's stream: `work` runs there after what was
+// queued before (an engine op's hold among it); synchronize returns once
+// all of it has run, as torch.cuda.synchronize() would, or false once
+// `timeout` has passed first.
+void enqueueOnEmulatedCallerStream(std::function<void()> work);
+bool synchronizeEmulatedCallerStream(std::chrono::milliseconds timeout);
 
 std::unique_ptr<DeviceContext> makeEmulatedContext(
     const EmulatedDeviceSettings& settings, int rank);

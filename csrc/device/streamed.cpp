@@ -84,6 +84,25 @@ rails::Buffer StreamedContext::receiveBuffer(const at::Tensor& tensor) {
   return policy_->receiveBuffer(tensor);
 }
 
+CallerHold StreamedContext::callerHold(uint32_t ticket) {
+  return policy_->callerHold(ticket);
+}
+
+void StreamedContext::releaseCaller(Queue queue, uint32_t ticket) {
+  policy_->release(streamOf(queue), ticket);
+}
+
+void StreamedContext::releaseCallersFromHost(uint32_t ticket) {
+  policy_->releaseFromHost(ticket);
+  // A release the output stream makes later, for an op launched before the
+  // failure, must not take this one back: this one follows it there too.
+  try {
+    policy_->release(streamOf(Queue::kOutput), ticket);
+  } catch (const std::exception&) {
+    // The host's release stands; the policy makes it again when joined.
+  }
+}
+
 Fence StreamedContext::receivedFence(const rails::Buffer& received) {
   return policy_->received(received);
 }

@@ -57,6 +57,14 @@ class StreamPolicy {
   virtual rails::Buffer receiveBuffer(const at::Tensor& tensor) = 0;
   virtual Fence received(const rails::Buffer& received) = 0;
 
+  // DeviceContext::callerHold, releaseCaller (on `stream`) and
+  // releaseCallersFromHost; by default the host waits.
+  virtual CallerHold callerHold(uint32_t /*ticket*/) {
+    return nullptr;
+  }
+  virtual void release(int /*stream*/, uint32_t /*ticket*/) {}
+  virtual void releaseFromHost(uint32_t /*ticket*/) {}
+
   // Queued work is dropped and device-side waits end (any thread); then the
   // policy's own threads, if any, are joined.
   virtual void abort() {}
@@ -85,6 +93,9 @@ class StreamedContext final : public DeviceContext {
   void adoptStaging(const at::Tensor& staging) override;
   rails::Buffer sendBuffer(const at::Tensor& tensor) override;
   rails::Buffer receiveBuffer(const at::Tensor& tensor) override;
+  CallerHold callerHold(uint32_t ticket) override;
+  void releaseCaller(Queue queue, uint32_t ticket) override;
+  void releaseCallersFromHost(uint32_t ticket) override;
   Fence receivedFence(const rails::Buffer& received) override;
   int64_t minShardBytes() const override;
   bool mayRunInLaunchOrder() const override;

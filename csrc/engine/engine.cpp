@@ -197,7 +197,7 @@ Engine::~Engine() {
   mesh_->shutdown();
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
+Engine::Started Engine::allreduce(
     const at::Tensor& tensor,
     c10d::ReduceOp::RedOpType reduceOp,
     std::chrono::milliseconds timeout,
@@ -210,7 +210,7 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::allreduce(
       op, makePlan(op->elements.numel(), shape.sliceNumel, shape.unit));
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> Engine::reduceScatter(
+Engine::Started Engine::reduceScatter(
     const at::Tensor& input,
     const at::Tensor& output,
     c10d::ReduceOp::RedOpType reduceOp,
@@ -221,7 +221,7 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::reduceScatter(
   return issue(op, chunkPlan(op->chunkNumel, input.element_size()));
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> Engine::allGather(
+Engine::Started Engine::allGather(
     const at::Tensor& input,
     const at::Tensor& output,
     std::chrono::milliseconds timeout,
@@ -322,12 +322,17 @@ std::vector<Slice> Engine::chunkPlan(
   return makePlan(chunkNumel, shape.sliceNumel / world, shape.unit / world);
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> Engine::issue(
+Engine::Started Engine::issue(
     const std::shared_ptr<Op>& op, const std::vector<Slice>& plan) {
-  auto result = completions_->relay(op->future);
+  Started result{completions_->relay(op->future), nullptr};
   op->slicesLeft = static_cast<int64_t>(plan.size());
   if (plan.empty()) {
-    op->seq = nextSeq_++;
+    // Numbered with the others, so that the numbers follow queue order; it
+    // releases nothing: its Work's waiter waits on the host, for nothing.
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      op->seq = nextSeq_++;
+    }
     op->slicesLeft = 1;
     op->finishSlice();
     return result;
@@ -372,8 +377,9 @@ c10::intrusive_ptr<c10::ivalue::Future> Engine::issue(
               op->describe() +
               " not started: an earlier failure stopped the engine: " + error_,
           ErrorClass::kBackend);
-      return result;
+      return result; // failed: its Work's waiter throws
     }
+    result.holdCaller = device_->callerHold(callerTicket(op->seq));
     liveOps_.push_back(op);
     if (failed()) {
       return result; // stopped: fails once the cause is settled

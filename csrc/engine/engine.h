@@ -137,13 +137,21 @@ class Engine {
     return device_->device();
   }
 
+  // What starting an op hands back: its future, and how a wait on it makes
+  // the caller's current stream wait on the device for the op (null where
+  // the host waits on the future: the CPU, or an op done at issue).
+  struct Started {
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+    CallerHold holdCaller;
+  };
+
   // Starts an all-reduce of `tensor` (on device()), in place. Must be called
   // in the same order on every rank (c10d's rule). The future holds [tensor]
   // when done, or fails once `timeout` has passed; with CUDA, its events
   // follow the engine's last stage. `collective`: its number in the group,
   // by which errors name it. `tensor` must not require grad: the engine's
   // threads run in grad mode (the Backend passes a detached alias).
-  c10::intrusive_ptr<c10::ivalue::Future> allreduce(
+  Started allreduce(
       const at::Tensor& tensor,
       c10d::ReduceOp::RedOpType op,
       std::chrono::milliseconds timeout,
@@ -155,7 +163,7 @@ class Engine {
   // this rank's chunk of `input` (in place, as FSDP has it): a slice reads
   // and writes only its own columns, reading before it writes.
   // As allreduce() otherwise; the future holds [output].
-  c10::intrusive_ptr<c10::ivalue::Future> reduceScatter(
+  Started reduceScatter(
       const at::Tensor& input,
       const at::Tensor& output,
       c10d::ReduceOp::RedOpType op,
@@ -163,7 +171,7 @@ class Engine {
       uint64_t collective);
   // Starts an all-gather: `output` (N x C elements) = every rank's `input`
   // (C), in group-rank order. As reduceScatter() otherwise.
-  c10::intrusive_ptr<c10::ivalue::Future> allGather(
+  Started allGather(
       const at::Tensor& input,
       const at::Tensor& output,
       std::chrono::milliseconds timeout,
@@ -297,8 +305,13 @@ class Engine {
       c10d::ReduceOp::RedOpType reduceOp,
       std::chrono::milliseconds timeout,
       uint64_t collective);
-  c10::intrusive_ptr<c10::ivalue::Future> issue(
-      const std::shared_ptr<Op>& op, const std::vector<Slice>& plan);
+  Started issue(const std::shared_ptr<Op>& op, const std::vector<Slice>& plan);
+  // The ticket by which the op numbered `seq` releases its callers' streams
+  // (DeviceContext::callerHold): tickets follow the engine's numbers, which
+  // its all-gathers, and so the releases after them, follow.
+  static uint32_t callerTicket(uint64_t seq) {
+    return static_cast<uint32_t>(seq + 1); // a word starts at 0: none yet
+  }
   // A reduce-scatter's or an all-gather's plan: slices of its chunks'
   // columns.
   std::vector<Slice> chunkPlan(int64_t chunkNumel, int64_t elementSize) const;

@@ -7,6 +7,8 @@
 
 #include "engine/engine.h"
 
+#include <optional>
+
 #include <c10/util/Exception.h>
 
 #include "engine/ops.h"
@@ -240,11 +242,20 @@ void Engine::stop(Cause cause) {
   }
   const std::string prefix =
       "fairring: rank " + std::to_string(topology_.rank()) + ": ";
+  std::optional<uint64_t> lastFailed;
   for (const auto& op : ops) {
+    if (!op->settled) {
+      lastFailed = op->seq;
+    }
     op->fail(
         prefix + op->describe() + " failed: " + cause.what,
         cause.kind == FailureKind::kConnection ? ErrorClass::kNetwork
                                                : ErrorClass::kBackend);
+  }
+  if (lastFailed) {
+    // Their releases will not come from the device: every caller's stream
+    // that waits for them, or for an earlier op, goes on now.
+    device_->releaseCallersFromHost(callerTicket(*lastFailed));
   }
   for (const auto& launch : foreign) {
     launch.failed(prefix + "not launched: the engine stopped: " + cause.what);

@@ -88,6 +88,13 @@ void Engine::allGatherLoop() {
         }
       }
     });
+    // After the op's last device work (every stage takes slices in queue
+    // order, so its last slice comes last): its callers' streams go on.
+    if (slice->index + 1 == static_cast<int64_t>(slice->op->slices.size())) {
+      deviceWork(slice, Stage::kAllGather, [this, seq = slice->op->seq] {
+        device_->releaseCaller(queueOf(Stage::kAllGather), callerTicket(seq));
+      })();
+    }
   }
 }
 

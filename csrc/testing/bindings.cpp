@@ -26,6 +26,7 @@
 #include "backend/work.h"
 #include "bindings/bindings.h"
 #include "device/capture.h"
+#include "device/emulated.h"
 #include "engine/launch_order.h"
 #include "engine/plan.h"
 #include "reduction.h"
@@ -433,6 +434,24 @@ void bindTesting(py::module_& testing) {
       &fairring::CaptureModel::takeViolations,
       "What was done that would invalidate a CUDA graph capture, since the "
       "last call (which clears the list).");
+  // The emulated caller's stream (device/emulated.h, caller_stream).
+  testing.def(
+      "caller_stream_copy",
+      [](at::Tensor destination, at::Tensor source) {
+        fairring::enqueueOnEmulatedCallerStream(
+            [destination, source]() mutable { destination.copy_(source); });
+      },
+      py::arg("destination"),
+      py::arg("source"),
+      "Copies `source` into `destination` on the emulated caller's stream, "
+      "after what was queued there before.");
+  testing.def(
+      "caller_stream_synchronize",
+      &fairring::synchronizeEmulatedCallerStream,
+      py::arg("timeout") = std::chrono::milliseconds(60'000),
+      py::call_guard<py::gil_scoped_release>(),
+      "Whether the emulated caller's stream ran what was queued within "
+      "`timeout`.");
   testing.def(
       "plan_unit",
       &fairring::planUnit,

@@ -1,0 +1,297 @@
+#include "device/cuda_release.h"
+
+#include <array>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include <cuda.h> // the driver's types only: its functions come by entry point
+#include <cuda_runtime_api.h>
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+
+#include "log.h"
+
+namespace fairring {
+
+namespace {
+
+using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
+using ModuleLoadData = CUresult (*)(CUmodule*, const void*);
+using ModuleGetFunction = CUresult (*)(CUfunction*, CUmodule, const char*);
+using LaunchKernel = CUresult (*)(
+    CUfunction,
+    unsigned,
+    unsigned,
+    unsigned,
+    unsigned,
+    unsigned,
+    unsigned,
+    unsigned,
+    CUstream,
+    void**,
+    void**);
+
+// The hold: one thread that polls the word until it reaches the ticket
+// (the comparison of ticketReleased), sleeping 2 us between reads. Written
+// in PTX, which the driver compiles for the GPU at hand, so that the build
+// needs no nvcc. A kernel, not cuStreamWaitValue32: a stream memory wait
+// stops the hardware queue it sits in, which the engine's streams may share
+// with the caller's (docs/design.md, "The host never waits"); a running
+// kernel does not.
+constexpr const char* kHoldPtx = R"(
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry fairring_hold(
+    .param .u64 fairring_hold_word,
+    .param .u32 fairring_hold_ticket
+)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<3>;
+
+    ld.param.u64 %rd1, [fairring_hold_word];
+    ld.param.u32 %r1, [fairring_hold_ticket];
+    cvta.to.global.u64 %rd2, %rd1;
+$L_poll:
+    ld.acquire.sys.global.u32 %r2, [%rd2];
+    sub.s32 %r3, %r2, %r1;
+    setp.ge.s32 %p1, %r3, 0;
+    @%p1 bra.uni $L_released;
+    nanosleep.u32 2000;
+    bra.uni $L_poll;
+$L_released:
+    ret;
+}
+)";
+
+// The driver functions the release needs, found once through the runtime
+// (the extension links no libcuda); all null where one is missing.
+struct DriverFunctions {
+  WriteValue32 writeValue = nullptr;
+  ModuleLoadData loadModule = nullptr;
+  ModuleGetFunction getFunction = nullptr;
+  LaunchKernel launch = nullptr;
+
+  static const DriverFunctions& get() {
+    static const DriverFunctions functions = find();
+    return functions;
+  }
+
+  bool found() const {
+    return writeValue != nullptr && loadModule != nullptr &&
+        getFunction != nullptr && launch != nullptr;
+  }
+
+ private:
+  static void* entryPoint(const char* symbol) {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    // The ABI these symbols had in CUDA 12.0, which declares them as above.
+    const cudaError_t status = cudaGetDriverEntryPointByVersion(
+        symbol, &function, 12000, cudaEnableDefault, &found);
+#else
+    const cudaError_t status =
+        cudaGetDriverEntryPoint(symbol, &function, cudaEnableDefault, &found);
+#endif
+    if (status != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    return function;
+  }
+
+  static DriverFunctions find() {
+    DriverFunctions functions;
+    functions.writeValue =
+        reinterpret_cast<WriteValue32>(entryPoint("cuStreamWriteValue32"));
+    functions.loadModule =
+        reinterpret_cast<ModuleLoadData>(entryPoint("cuModuleLoadData"));
+    functions.getFunction =
+        reinterpret_cast<ModuleGetFunction>(entryPoint("cuModuleGetFunction"));
+    functions.launch =
+        reinterpret_cast<LaunchKernel>(entryPoint("cuLaunchKernel"));
+    return functions;
+  }
+};
+
+// Says once per process why the host waits for engine ops.
+void noteHostWaits(const std::string& why) {
+  static std::once_flag noted;
+  std::call_once(noted, [&] {
+    notice(
+        LogLevel::kWarning,
+        "fairring: waiting on a CUDA engine op holds the host until the op is "
+        "done: " +
+            why);
+  });
+}
+
+// The hold kernel, loaded once per device into its primary context; null
+// where it could not be (noted once).
+CUfunction holdKernel(c10::Device device) {
+  static std::mutex mutex;
+  static std::map<c10::DeviceIndex, CUfunction> loaded;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (const auto found = loaded.find(device.index()); found != loaded.end()) {
+    return found->second;
+  }
+  const auto& driver = DriverFunctions::get();
+  CUfunction kernel = nullptr;
+  if (!driver.found()) {
+    noteHostWaits("the CUDA driver lacks a function it needs");
+  } else {
+    const c10::cuda::CUDAGuard onDevice(device); // its primary context
+    CUmodule module = nullptr;
+    CUresult result = driver.loadModule(&module, kHoldPtx);
+    if (result == CUDA_SUCCESS) {
+      result = driver.getFunction(&kernel, module, "fairring_hold");
+    }
+    if (result != CUDA_SUCCESS) {
+      kernel = nullptr;
+      noteHostWaits(
+          "loading its hold kernel failed with CUDA driver error " +
+          std::to_string(static_cast<int>(result)));
+    }
+  }
+  loaded.emplace(device.index(), kernel);
+  return kernel;
+}
+
+void checked(CUresult result, const char* what) {
+  TORCH_CHECK(
+      result == CUDA_SUCCESS,
+      "fairring: ",
+      what,
+      " failed with CUDA driver error ",
+      static_cast<int>(result));
+}
+
+// Pinned, mapped pages of words, handed out one word per engine and never
+// freed (CudaReleaseWord).
+class WordPages {
+ public:
+  static constexpr size_t kPageBytes = 4096;
+
+  static std::pair<uint32_t*, uint64_t> take(c10::Device device) {
+    static WordPages pages;
+    // Legal while another thread captures a graph in global mode.
+    const c10::cuda::CUDAStreamCaptureModeGuard relaxed(
+        cudaStreamCaptureModeRelaxed);
+    const c10::cuda::CUDAGuard onDevice(device);
+    std::lock_guard<std::mutex> lock(pages.mutex_);
+    if (pages.next_ == nullptr || pages.left_ == 0) {
+      pages.addPage();
+    }
+    uint32_t* host = pages.next_++;
+    --pages.left_;
+    *host = 0;
+    void* address = nullptr;
+    // Portable and mapped: one device address, valid on every device (UVA).
+    C10_CUDA_CHECK(cudaHostGetDevicePointer(&address, host, 0));
+    return {host, reinterpret_cast<uint64_t>(address)};
+  }
+
+ private:
+  void addPage() {
+    void* page = nullptr;
+    C10_CUDA_CHECK(cudaHostAlloc(
+        &page, kPageBytes, cudaHostAllocMapped | cudaHostAllocPortable));
+    next_ = static_cast<uint32_t*>(page);
+    left_ = kPageBytes / sizeof(uint32_t);
+  }
+
+  std::mutex mutex_;
+  uint32_t* next_ = nullptr;
+  size_t left_ = 0;
+};
+
+} // namespace
+
+std::shared_ptr<CudaReleaseWord> CudaReleaseWord::make(
+    c10::Device device, bool launchesMaySerialize) {
+  if (launchesMaySerialize) {
+    // The hold would be launched before the engine's work that releases it,
+    // which such a GPU may then never run (docs/design.md).
+    noteHostWaits(
+        "this GPU may run kernels in launch order (see "
+        "FAIRRING_SERIALIZED_LAUNCHES)");
+    return nullptr;
+  }
+  const CUfunction kernel = holdKernel(device);
+  if (kernel == nullptr) {
+    return nullptr;
+  }
+  const auto [host, address] = WordPages::take(device);
+  return std::make_shared<CudaReleaseWord>(device, kernel, host, address);
+}
+
+bool CudaReleaseWord::hold(uint32_t ticket) const {
+  if (ticketReleased(
+          std::atomic_ref<uint32_t>(*host_).load(std::memory_order_acquire),
+          ticket)) {
+    return false;
+  }
+  const c10::cuda::CUDAStream stream =
+      c10::cuda::getCurrentCUDAStream(device_.index());
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &status));
+  if (status != cudaStreamCaptureStatusNone) {
+    return false; // a graph's hold would outlive this op
+  }
+  uint64_t word = address_;
+  std::array<void*, 2> arguments{&word, &ticket};
+  checked(
+      DriverFunctions::get().launch(
+          static_cast<CUfunction>(kernel_),
+          1,
+          1,
+          1,
+          1,
+          1,
+          1,
+          0,
+          reinterpret_cast<CUstream>(stream.stream()),
+          arguments.data(),
+          nullptr),
+      "launching the hold kernel (the caller's stream waiting for an engine "
+      "op)");
+  return true;
+}
+
+void CudaReleaseWord::release(void* stream, uint32_t ticket) const {
+  // The default flags fence the stream's earlier writes before this one.
+  checked(
+      DriverFunctions::get().writeValue(
+          static_cast<CUstream>(stream),
+          static_cast<CUdeviceptr>(address_),
+          ticket,
+          CU_STREAM_WRITE_VALUE_DEFAULT),
+      "cuStreamWriteValue32 (an engine op releasing its callers' streams)");
+}
+
+void CudaReleaseWord::releaseFromHost(uint32_t ticket) {
+  uint32_t greatest = hostTicket_.load();
+  while ((!hostReleased_ || !ticketReleased(greatest, ticket)) &&
+         !hostTicket_.compare_exchange_weak(greatest, ticket)) {
+  }
+  hostReleased_ = true;
+  rewriteHostRelease();
+}
+
+void CudaReleaseWord::rewriteHostRelease() {
+  if (hostReleased_) {
+    std::atomic_ref<uint32_t>(*host_).store(
+        hostTicket_.load(), std::memory_order_release);
+  }
+}
+
+} // namespace fairring
