@@ -85,10 +85,11 @@ struct Config {
   // The CUDA engine's streams take the greatest priority, as the group's
   // NCCL options ask of NCCL's (is_high_priority_stream).
   bool highPriorityStreams = false;
-  // Something says this GPU may run kernels in launch order (MPS,
-  // CUDA_DEVICE_MAX_CONNECTIONS=1, ...): a wait on an engine op then holds
-  // the host, not the caller's stream (docs/design.md, "The host never
-  // waits").
+  // wait() on a CUDA engine op holds the caller's stream on the device, not
+  // the host (FAIRRING_CUDA_WAIT=stream; docs/design.md, "The host never
+  // waits"), unless something says this GPU may run kernels in launch order
+  // (MPS, CUDA_DEVICE_MAX_CONNECTIONS=1, ...).
+  bool cudaStreamHold = false;
   bool launchesMaySerialize = false;
   // Where each engine writes its Chrome-trace timeline (FAIRRING_TIMELINE);
   // empty: nowhere.

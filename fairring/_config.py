@@ -49,6 +49,11 @@ AUTO_BUDGET = "FAIRRING_AUTO_BUDGET"
 AUTO_CACHE = "FAIRRING_AUTO_CACHE"
 SERIALIZED_LAUNCHES = "FAIRRING_SERIALIZED_LAUNCHES"
 ENGINE_DISABLE = "FAIRRING_ENGINE_DISABLE"
+CUDA_WAIT = "FAIRRING_CUDA_WAIT"
+# What wait() on a CUDA engine op holds until the result is back (the first is the default): the
+# host, or only the caller's stream, on the GPU, which can deadlock where the GPU's hardware queues
+# are shared (docs/design.md, "The host never waits").
+CUDA_WAIT_CHOICES = ("host", "stream")
 # Where CUDA all-reduces go while the GPU may run every kernel in launch order (the first is the
 # default): NCCL, or the engine, which the user keeps knowing that no other communicator has
 # collectives in flight alongside it (docs/design.md, "Serialized launches").
@@ -256,6 +261,8 @@ class Config:
     # FAIRRING_ENGINE_DISABLE=1: every group off the engine, whatever its fairring.Options say (the
     # rollback switch: one variable, no code).
     engine_disable: bool = False
+    # What wait() on a CUDA engine op holds (FAIRRING_CUDA_WAIT): "host" or "stream".
+    cuda_wait: str = CUDA_WAIT_CHOICES[0]
 
     @property
     def cuda_engine_routed_to_nccl(self) -> bool:
@@ -367,7 +374,8 @@ class Config:
             f"{TIMELINE}={self.timeline_directory or '(off)'} "
             f"{RAILS_TRANSPORT}={self.rails_transport} "
             f"{SERIALIZED_LAUNCHES}={self.serialized_launches} "
-            f"(launch order: {self.launch_order_hazard or 'nothing serializes it'})"
+            f"(launch order: {self.launch_order_hazard or 'nothing serializes it'}) "
+            f"{CUDA_WAIT}={self.cuda_wait}"
             + (f" {NIXL_BACKEND}={self.nixl_backend}" if self.rails_transport == "nixl" else "")
         )
 
@@ -474,6 +482,7 @@ def load_config(env: Mapping[str, str] | None = None, tensorpipe_built: bool | N
         launch_order_hazard=launch_order_hazard(env, os.path.exists),
         serialized_launches=_choice(env, SERIALIZED_LAUNCHES, SERIALIZED_LAUNCH_CHOICES, str.lower),
         engine_disable=parse_flag(ENGINE_DISABLE, env.get(ENGINE_DISABLE)),
+        cuda_wait=_choice(env, CUDA_WAIT, CUDA_WAIT_CHOICES, str.lower),
     )
 
 

@@ -44,6 +44,7 @@ SETTINGS = frozenset(
         config.AUTO_CACHE,
         config.SERIALIZED_LAUNCHES,
         config.ENGINE_DISABLE,
+        config.CUDA_WAIT,
         config.TRANSPORTS,
         config.CHANNELS,
         config.IB_HCA,

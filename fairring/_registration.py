@@ -15,6 +15,7 @@ from ._auto_threshold import measure_flat_threshold
 from ._config import (
     AUTO,
     CUDA_ENGINE,
+    CUDA_WAIT,
     ENGINE_DISABLE,
     IB_HCA,
     SERIALIZED_LAUNCHES,
@@ -102,6 +103,7 @@ def create_backend(
     check_cuda_path(env_config, config, bool(_C.build_info()["cuda_path"]), torch.version.cuda is not None)
     warn_if_engine_disabled(config)
     warn_if_routed_to_nccl(config)
+    warn_if_stream_wait_set_aside(config)
     if config.launcher_attempt is not None:
         store = dist.PrefixStore(f"fairring-attempt{config.launcher_attempt}/", store)
 
@@ -198,6 +200,24 @@ def warn_if_routed_to_nccl(config: Config) -> None:
             "them on the engine (docs/design.md, 'Serialized launches').",
             config.launch_order_hazard,
             SERIALIZED_LAUNCHES,
+        )
+
+
+def warn_if_stream_wait_set_aside(config: Config) -> None:
+    """Once per process, at WARNING: FAIRRING_CUDA_WAIT=stream asked for where the GPU may run kernels in
+    launch order, where the hold would be launched before the work that ends it."""
+    if (
+        config.cuda_engine_in_use
+        and config.cuda_wait == "stream"
+        and config.launch_order_hazard is not None
+        and _first_time("stream wait")
+    ):
+        logger.warning(
+            "%s=stream is set aside: %s, so this GPU may run every kernel in the order it was launched, and a "
+            "hold on the caller's stream would run before the engine's work that ends it. wait() on a CUDA "
+            "engine op holds the host (docs/design.md, 'The host never waits').",
+            CUDA_WAIT,
+            config.launch_order_hazard,
         )
 
 

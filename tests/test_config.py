@@ -311,6 +311,30 @@ def test_a_gpu_in_launch_order_sends_cuda_all_reduces_to_nccl_unless_told() -> N
         load_config({"FAIRRING_SERIALIZED_LAUNCHES": "ncl"})
 
 
+def test_cuda_wait_holds_the_host_unless_the_stream_is_asked_and_nothing_serializes_the_gpu(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """FAIRRING_CUDA_WAIT=stream: wait() on a CUDA engine op holds the caller's stream; on a GPU that may run
+    kernels in launch order the hold would run before the work that ends it, so the host waits, said once."""
+    from fairring._registration import warn_if_stream_wait_set_aside
+
+    assert load_config({}).cuda_wait == "host" and not _C.Config.from_settings(load_config({})).cuda_stream_hold
+    asked = {"FAIRRING_CUDA_ENGINE": "1", "FAIRRING_CUDA_WAIT": "Stream"}
+    held = _C.Config.from_settings(load_config(asked))
+    assert held.cuda_stream_hold and not held.launches_may_serialize
+    serialized = load_config({**asked, "CUDA_DEVICE_MAX_CONNECTIONS": "1", "FAIRRING_SERIALIZED_LAUNCHES": "engine"})
+    assert _C.Config.from_settings(serialized).launches_may_serialize
+    assert "FAIRRING_CUDA_WAIT=stream" in serialized.describe()
+    with caplog.at_level("WARNING", logger="fairring"):
+        warn_if_stream_wait_set_aside(load_config(asked))  # nothing serializes: nothing to say
+        assert not caplog.records
+        warn_if_stream_wait_set_aside(serialized)
+        warn_if_stream_wait_set_aside(serialized)
+    assert len(caplog.records) == 1 and "FAIRRING_CUDA_WAIT=stream is set aside" in caplog.records[0].getMessage()
+    with pytest.raises(ConfigError, match="FAIRRING_CUDA_WAIT='device' is not one of host, stream"):
+        load_config({"FAIRRING_CUDA_WAIT": "device"})
+
+
 def test_each_device_type_has_its_own_flat_threshold() -> None:
     from fairring._config import DEFAULT_CUDA_FLAT_THRESHOLD, ENGINE_OFF_THRESHOLD, MEASURED_THRESHOLD
 

@@ -343,7 +343,12 @@ def test_a_synchronous_engine_all_reduce_holds_the_stream_not_the_host() -> None
     device (the hold kernel), long before the result has come back from the network; the result read
     after torch.cuda.synchronize() is exact. A hold that never released would hang here until the
     test's timeout; one that released early would fail the check."""
-    env = {**CUDA_ENGINE_ENV, "FAIRRING_SERIALIZED_LAUNCHES": "engine", "FAIRRING_TOTAL_MEMORY": "8MiB"}
+    env = {
+        **CUDA_ENGINE_ENV,
+        "FAIRRING_SERIALIZED_LAUNCHES": "engine",
+        "FAIRRING_TOTAL_MEMORY": "8MiB",
+        "FAIRRING_CUDA_WAIT": "stream",
+    }
     with RankPool(Layout(2, 1), InitSpec(extra_env=env)) as ranks:
         outcomes = ranks.run(synchronous_engine_all_reduce_timed, ONE_GPU, timeout=120)
     if outcomes[0]["hazard"]:

@@ -44,7 +44,7 @@ std::unique_ptr<Engine> makeEngine(
     context = makeCudaContext(
         device,
         site.config.highPriorityStreams,
-        site.config.launchesMaySerialize);
+        site.config.cudaStreamHold && !site.config.launchesMaySerialize);
   } else if (const auto emulated = emulatedDeviceFromEnv()) {
     context = makeEmulatedContext(*emulated, topology.rank());
   } else {

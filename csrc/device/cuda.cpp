@@ -137,11 +137,11 @@ class EngineStreams {
 // left on them, which waits for nothing of this one's.
 class CudaStreams final : public StreamPolicy {
  public:
-  CudaStreams(c10::Device device, bool highPriority, bool launchesMaySerialize)
+  CudaStreams(c10::Device device, bool highPriority, bool streamHold)
       : device_(checked(device)),
         highPriority_(highPriority),
         raw_(EngineStreams::take(device_, highPriority)),
-        releaseWord_(CudaReleaseWord::make(device_, launchesMaySerialize)) {}
+        releaseWord_(streamHold ? CudaReleaseWord::make(device_) : nullptr) {}
 
   ~CudaStreams() override {
     EngineStreams::giveBack(device_, highPriority_, raw_);
@@ -272,9 +272,9 @@ class CudaStreams final : public StreamPolicy {
 } // namespace
 
 std::unique_ptr<DeviceContext> makeCudaContext(
-    c10::Device device, bool highPriority, bool launchesMaySerialize) {
-  return std::make_unique<StreamedContext>(std::make_unique<CudaStreams>(
-      device, highPriority, launchesMaySerialize));
+    c10::Device device, bool highPriority, bool streamHold) {
+  return std::make_unique<StreamedContext>(
+      std::make_unique<CudaStreams>(device, highPriority, streamHold));
 }
 
 bool cudaGraphCaptureUnderway(c10::Device device) {

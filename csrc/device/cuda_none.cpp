@@ -6,9 +6,7 @@
 namespace fairring {
 
 std::unique_ptr<DeviceContext> makeCudaContext(
-    c10::Device /*device*/,
-    bool /*highPriority*/,
-    bool /*launchesMaySerialize*/) {
+    c10::Device /*device*/, bool /*highPriority*/, bool /*streamHold*/) {
   TORCH_CHECK(
       false,
       "fairring was built without its CUDA path, so it cannot run the engine "

@@ -216,16 +216,7 @@ class WordPages {
 
 } // namespace
 
-std::shared_ptr<CudaReleaseWord> CudaReleaseWord::make(
-    c10::Device device, bool launchesMaySerialize) {
-  if (launchesMaySerialize) {
-    // The hold would be launched before the engine's work that releases it,
-    // which such a GPU may then never run (docs/design.md).
-    noteHostWaits(
-        "this GPU may run kernels in launch order (see "
-        "FAIRRING_SERIALIZED_LAUNCHES)");
-    return nullptr;
-  }
+std::shared_ptr<CudaReleaseWord> CudaReleaseWord::make(c10::Device device) {
   const CUfunction kernel = holdKernel(device);
   if (kernel == nullptr) {
     return nullptr;

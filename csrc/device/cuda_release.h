@@ -26,11 +26,10 @@ namespace fairring {
 // thread-safe); releaseFromHost() on any.
 class CudaReleaseWord {
  public:
-  // Null where the host must wait instead, which a notice says once: the GPU
-  // may run kernels in launch order (`launchesMaySerialize`), or the driver
-  // lacks a function the release needs, or the hold kernel did not load.
-  static std::shared_ptr<CudaReleaseWord> make(
-      c10::Device device, bool launchesMaySerialize);
+  // Null where the host must wait instead, which a notice says once: the
+  // driver lacks a function the release needs, or the hold kernel did not
+  // load.
+  static std::shared_ptr<CudaReleaseWord> make(c10::Device device);
 
   // The caller's current stream on the device waits until `ticket` is
   // released; false, doing nothing, where it is released already or that

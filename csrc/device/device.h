@@ -184,9 +184,10 @@ rails::Buffer hostBuffer(const at::Tensor& tensor);
 std::unique_ptr<DeviceContext> makeCpuContext();
 // Throws where the CUDA path is not built (device/cuda_none.cpp).
 // `highPriority`: its streams take the device's greatest priority.
-// `launchesMaySerialize`: Config::launchesMaySerialize.
+// `streamHold`: a wait on its ops holds the caller's stream, not the host
+// (Config::cudaStreamHold).
 std::unique_ptr<DeviceContext> makeCudaContext(
-    c10::Device device, bool highPriority, bool launchesMaySerialize);
+    c10::Device device, bool highPriority, bool streamHold);
 
 // Whether the caller's current stream on `device` (a CUDA device) is being
 // captured into a CUDA graph (false where the CUDA path is not built).
