@@ -27,6 +27,7 @@ MiB = 1024 * 1024
 # The stages, each by its name in the report and its key for --only.
 STAGES = {
     "contract: tests/test_cuda.py -k synchronous (every kind, async_op False and True, 2 x 2)": "contract",
+    "fsdp2: GPT-124M by FSDP2, 2 hosts x 2 and x 4 ranks, NICs at 10gbit, MPS where it starts": "fsdp2",
     "versus NCCL: 2 hosts x 2 and x 4 ranks, NICs shaped to 10gbit, MPS where it starts": "versus",
     "tests: tests/test_cuda.py": "tests",
     "correctness: 4 processes as 2 machines x 2 ranks": "worlds",
@@ -150,6 +151,17 @@ def test_gpu_check_on_cpu_correctness_compare_failure_and_bench(tmp_path: Path) 
 
 
 @pytest.mark.timeout(240)
+def test_gpu_check_on_cpu_fsdp2(tmp_path: Path) -> None:
+    text, data = cpu_check(tmp_path, {"fsdp2"})
+    # The FSDP2 stage's flow, on the tiny transformer (--quick: 2 x 2 only), shaped hosts where they can be
+    # made: fairring and the baseline, losses in agreement, the host's issue time beside each step's.
+    fsdp2 = data["fsdp2"]
+    assert sorted((row["layout"], row["backend"]) for row in fsdp2["rows"]) == [("2x2", "fairring"), ("2x2", "gloo")]
+    assert all(0 < row["issue_s"] <= row["median_s"] * 1.5 for row in fsdp2["rows"]), fsdp2
+    assert "| layout | backend | step s | issued s |" in text
+
+
+@pytest.mark.timeout(240)
 def test_gpu_check_on_cpu_training(tmp_path: Path) -> None:
     _, data = cpu_check(tmp_path, {"training"})
     # The training study's quick part: both tiny models (the transformer under DDP and FSDP2) on both
@@ -201,7 +213,8 @@ def test_only_names_the_stages_it_knows(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--only", "worlds,tarining"]
     run = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert (
-        run.returncode == 2 and "--only: no stage tarining; the stages are contract,versus,tests,worlds," in run.stderr
+        run.returncode == 2
+        and "--only: no stage tarining; the stages are contract,fsdp2,versus,tests,worlds," in run.stderr
     )
 
 

@@ -18,6 +18,7 @@ from .budget import (
     COMPARE_MINIMUM_S,
     CONTRACT_MINIMUM_S,
     FAILURE_MINIMUM_S,
+    FSDP2_MINIMUM_S,
     NIXL_MINIMUM_S,
     STRESS_MINIMUM_S,
     TESTS_MINIMUM_S,
@@ -33,6 +34,7 @@ from .compare import compare_stage, run_compare
 from .cuda_tests import CONTRACT_STAGE, TESTS_STAGE, run_tests
 from .environment import build_stage, environment, gpu_names
 from .failure import FAILURE_STAGE, run_failure
+from .fsdp2 import FSDP2_STAGE, run_fsdp2
 from .nixl import NIXL_STAGE, run_nixl, why_no_nixl
 from .report import write_report
 from .stage import Stage
@@ -68,14 +70,15 @@ def steps(args: argparse.Namespace) -> list[Step]:
             "compare", compare_stage(spec), args.compare_timeout, COMPARE_MINIMUM_S, partial(run_compare, args, spec)
         )
 
-    # In order of value: what a job meets in its first step (synchronous ops on real NCCL), the figure
-    # against NCCL where the network is the bottleneck, which no CPU machine can give, then the CUDA
-    # tests, then the local steps on real NCCL.
+    # In order of value: what a job meets in its first step (synchronous ops on real NCCL), FSDP2 on a
+    # real model against NCCL, the figure against NCCL where the network is the bottleneck, which no CPU
+    # machine can give, then the CUDA tests, then the local steps on real NCCL.
     with_local_steps = [spec for spec in args.world_list if parse_layout(spec)[1] > 1]
     versus_skip = why_no_netns()
     stress_skip = "" if args.stress_rounds else "skipped (--stress-rounds 0)"
     todo = [
         Step("contract", CONTRACT_STAGE, args.contract_timeout, CONTRACT_MINIMUM_S, contract_step, tests_skip),
+        Step("fsdp2", FSDP2_STAGE, args.fsdp2_timeout, FSDP2_MINIMUM_S, partial(run_fsdp2, args)),
         Step(
             "versus",
             versus_nccl.STAGE,

@@ -15,6 +15,7 @@ from .budget import WORLD_LIMIT_PER_PROCESS_S
 # The stages' short names, for --only, in the order they run.
 STAGE_KEYS = (
     "contract",
+    "fsdp2",
     "versus",
     "tests",
     "worlds",
@@ -79,6 +80,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--compare-timeout", type=float, default=150.0, help="seconds for the comparison")
     parser.add_argument("--failure-timeout", type=float, default=90.0, help="seconds for the failure stage")
     parser.add_argument("--training-timeout", type=float, default=150.0, help="seconds for the training stage")
+    parser.add_argument("--fsdp2-timeout", type=float, default=240.0, help="seconds for the FSDP2 stage")
     parser.add_argument(
         "--versus-timeout", type=float, default=240.0, help="seconds for the stage against NCCL (default 240)"
     )

@@ -16,6 +16,7 @@ from fairring._sizes import format_size
 from .bench import BENCH_STAGE
 from .compare import compare_stage
 from .failure import FAILURE_STAGE
+from .fsdp2 import FSDP2_STAGE, fsdp2_lines
 from .nixl import NIXL_STAGE
 from .ranks import BENCH_WORLD
 from .stage import Stage, display
@@ -239,6 +240,8 @@ def render(report: dict[str, Any], stages: list[Stage]) -> str:
         ["CPUs", f"{env['cpus']} (nproc {env['nproc']})"],
         ["environment", json.dumps(env["environment"])],
     ])  # fmt: skip
+    lines += ["", "## FSDP2 on GPT-124M, the engine against NCCL", ""]
+    lines += fsdp2_lines(report["fsdp2"], table)
     lines += ["", "## Versus NCCL, the network the bottleneck", ""]
     lines += versus_nccl.lines(report["versus"], table, percent)
     lines += ["", "## Stages", ""]
@@ -283,6 +286,7 @@ def render(report: dict[str, Any], stages: list[Stage]) -> str:
     by_stage.update({compare_stage(spec): summary for spec, summary in report["compare"].items()})
     by_stage["failure"] = report["failure"]
     by_stage["training"] = report["training"]
+    by_stage["fsdp2"] = report["fsdp2"]
     by_stage["versus"] = report["versus"]
     by_stage["validate"] = report["validate"]
     by_stage.update({world_stage(world): summary for world, summary in report["worlds"].items()})
@@ -324,6 +328,7 @@ def write_report(
         "compare": {spec: summaries.get(compare_stage(spec), {}) for spec in args.compare_list},
         "failure": summaries.get(FAILURE_STAGE, {}),
         "training": summaries.get(TRAINING_STAGE, {}),
+        "fsdp2": summaries.get(FSDP2_STAGE, {}),
         "versus": summaries.get(versus_nccl.STAGE, {}),
         "stress": summaries.get(STRESS_STAGE, {}),
         "validate": summaries.get(VALIDATE_STAGE, {}),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,3 +36,13 @@ def conclude(stage: Stage, summary: dict[str, Any], problems: list[str], passed:
     stage.status = "failed" if summary["problems"] else "ok"
     stage.detail = "; ".join(summary["problems"][:6]) or passed
     return stage, summary
+
+
+def time_left_for(layout: str, timeout: float, started: float, first_s: float | None, summary: dict[str, Any]) -> float:
+    """Seconds a stage that began at `started` has left for `layout`; 0 where a layout after the first
+    (which took `first_s`) would not fit, since 2 x 4 takes about twice 2 x 2: said in summary["left_out"]."""
+    left = timeout - (time.monotonic() - started)
+    if first_s is not None and left < 2.2 * first_s:
+        summary["left_out"] = f"{layout} left out: {left:.0f} s of the stage left, {first_s:.0f} s for 2x2"
+        return 0.0
+    return left

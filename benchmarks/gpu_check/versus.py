@@ -11,7 +11,7 @@ from fairring._sizes import format_size
 from fairring.bench.netns import netns_available
 
 from .processes import run_fairring_bench
-from .stage import Stage, conclude, tail
+from .stage import Stage, conclude, tail, time_left_for
 
 
 def why_no_netns() -> str:
@@ -42,9 +42,8 @@ def run_versus(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[st
         first_s = None
         for machines, local in versus_nccl.LAYOUTS[: 1 if args.quick else None]:
             layout = f"{machines}x{local}"
-            left = timeout - (time.monotonic() - started)
-            if first_s is not None and left < 2.2 * first_s:
-                summary["left_out"] = f"{layout} left out: {left:.0f} s of the stage left, {first_s:.0f} s for 2x2"
+            left = time_left_for(layout, timeout, started, first_s, summary)
+            if not left:
                 break
             sizes = (versus_nccl.QUICK_SIZES if args.quick else versus_nccl.SIZES)[args.device]
             arguments = versus_nccl.bench_arguments(machines, local, sizes, args.compare_iters, mps)

@@ -56,6 +56,15 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         "--parallelism", choices=("ddp", "fsdp2", "both"), default="both", help="real: which runs (default both)"
     )
     group.add_argument("--real-layouts", default="2x2", help="real: hosts x ranks (default %(default)s)")
+    group.add_argument(
+        "--real-models",
+        help="real: comma-separated, of cnn, gpt, gpt-124m, cnn-tiny, gpt-tiny, each with bf16 autocast (default: "
+        "the study's runs)",
+    )
+    group.add_argument("--real-steps", type=int, help="real: timed steps, after 2 of warmup (default 18; --quick 4)")
+    group.add_argument(
+        "--hosts-only", action="store_true", help="real: on the shaped hosts only, not again on loopback"
+    )
     group.add_argument("--cuda", action="store_true", help="CUDA tensors, the CUDA engine on, against NCCL")
     group.add_argument("--gpu-tflops", type=float, default=989.0, help="emulated: GPU peak (default 989, H100 bf16)")
     group.add_argument("--mfu", type=float, default=0.4, help="emulated: share of the peak achieved (default 0.4)")
@@ -90,8 +99,16 @@ def plan(args: argparse.Namespace, hosts_possible: bool) -> list[tuple[str, Run,
         user_env["FAIRRING_CUDA_ENGINE"] = "1"
     if args.part in ("real", "both"):
         steps, warmup = (4, 1) if args.quick else (18, 2)
+        if args.real_steps:
+            steps, warmup = args.real_steps, 2
         links: list[str | None] = [None] if args.quick or not hosts_possible else [args.link or STUDY_LINK, None]
-        chosen = [run for run in (QUICK_RUNS if args.quick else REAL_RUNS) if args.parallelism in ("both", run[2])]
+        if args.hosts_only and hosts_possible:
+            links = [args.link or STUDY_LINK]
+        runs_of = QUICK_RUNS if args.quick else REAL_RUNS
+        if args.real_models:
+            parallel = ("ddp", "fsdp2") if args.parallelism == "both" else (args.parallelism,)
+            runs_of = tuple((name, True, way) for name in args.real_models.split(",") for way in parallel)
+        chosen = [run for run in runs_of if args.parallelism in ("both", run[2])]
         for (machines, ranks), link in itertools.product(parse_layouts(args.real_layouts), links):
             for model, autocast, parallel in chosen:
                 worker = ["fairring.bench.training_worker", "--part", "real", "--model", model]
@@ -116,6 +133,13 @@ def plan(args: argparse.Namespace, hosts_possible: bool) -> list[tuple[str, Run,
 
 
 def run_training_study(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.real_models:
+        from .training_models import REAL_MODELS
+
+        unknown = sorted(set(args.real_models.split(",")) - set(REAL_MODELS))
+        if unknown:
+            print(f"fairring.bench: --real-models: no model {', '.join(unknown)}; they are {', '.join(REAL_MODELS)}")
+            return 2
     if args.cuda:
         import torch
 

@@ -116,6 +116,10 @@ class RealModel:
 REAL_MODELS = {
     "cnn": RealModel("cnn", "cnn", batch=4, size={"width": 64}),
     "gpt": RealModel("gpt", "gpt", batch=2, size={"vocab": 8192, "context": 64, "width": 512, "layers": 8, "heads": 8}),
+    # GPT-2 small's shape (124M parameters): what a GPU runs (the GPU check's FSDP2 stage).
+    "gpt-124m": RealModel(
+        "gpt-124m", "gpt", batch=4, size={"vocab": 50304, "context": 256, "width": 768, "layers": 12, "heads": 12}
+    ),
     # Small enough for CI's few steps.
     "cnn-tiny": RealModel("cnn-tiny", "cnn", batch=4, size={"width": 8}),
     "gpt-tiny": RealModel(

@@ -32,6 +32,7 @@ PARITY_STEPS = 20
 COLUMNS = (
     ("backend", 9),
     ("median s", 9),
+    ("issued s", 9),
     ("spread s", 13),
     ("samples/s", 10),
     ("vs base", 8),
@@ -65,15 +66,17 @@ def train(
     sync: bool = True,
     first_step: int = 0,
     momentum: float = 0.9,
-) -> tuple[list[float], list[float]]:
-    """Seconds and rank 0's loss of each step; with sync=False, DDP skips its all-reduces."""
+) -> tuple[list[float], list[float], list[float]]:
+    """Seconds, rank 0's loss and the seconds its host took to issue the step (until the GPU is waited
+    for: the rest of the step the host could have queued more work) of each step; with sync=False, DDP
+    skips its all-reduces."""
     # A small step. Training the CNN on batches this small is chaotic: a 1e-7 nudge to its weights
     # (what another summation order makes) grows to 2e-4 in the loss within 20 steps at lr 1e-4,
     # so no two backends could agree to 1e-5; at 2e-5 it stays below 5e-6. The time per step does
     # not depend on it. Momentum only where it fits: 8 ranks of GPT-2 small with momentum buffers
     # and Gloo's buffers exceed this machine's 24 GiB.
     optimizer = torch.optim.SGD(model.parameters(), lr=2e-5, momentum=momentum, foreach=True)
-    seconds, losses = [], []
+    seconds, losses, issued = [], [], []
     for step in range(first_step, first_step + steps):
         dist.barrier(group=group)
         start = time.perf_counter()
@@ -84,11 +87,12 @@ def train(
             with model.no_sync():
                 loss = step_fn(model, step)
         optimizer.step()
+        issued.append(time.perf_counter() - start)
         if loss.is_cuda:
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - start)
         losses.append(loss.item())
-    return seconds, losses
+    return seconds, losses, issued
 
 
 def fully_sharded(model: torch.nn.Module, group: dist.ProcessGroup, device: torch.device) -> torch.nn.Module:
@@ -119,11 +123,11 @@ def measure(args: argparse.Namespace, group: dist.ProcessGroup, device: torch.de
             loss.backward()
             return loss.detach().float()
 
-        seconds, losses = train(model, group, step_fn, args.warmup + args.steps)
+        seconds, losses, issued = train(model, group, step_fn, args.warmup + args.steps)
         if not sharded:
             # The same steps again without the all-reduces: what the step costs without communication.
             # FSDP2 has no such step: it gathers the parameters it computes with.
-            compute, _ = train(model, group, step_fn, 3, sync=False)
+            compute, _, _ = train(model, group, step_fn, 3, sync=False)
         samples = spec.batch
         comm = None
     else:
@@ -137,10 +141,10 @@ def measure(args: argparse.Namespace, group: dist.ProcessGroup, device: torch.de
             loss.backward()
             return loss.detach()
 
-        seconds, losses = train(model, group, step_fn, args.warmup + args.steps, momentum=0.0)
-        compute, _ = train(model, group, step_fn, 1, sync=False, momentum=0.0)
+        seconds, losses, issued = train(model, group, step_fn, args.warmup + args.steps, momentum=0.0)
+        compute, _, _ = train(model, group, step_fn, 1, sync=False, momentum=0.0)
         net.compute_scale = 0.0  # the all-reduces of every bucket, nothing to hide them behind
-        comm, _ = train(model, group, step_fn, 1, momentum=0.0)
+        comm, _, _ = train(model, group, step_fn, 1, momentum=0.0)
         samples = shaped.samples
     timed = seconds[args.warmup :]
     median = statistics.median(timed)
@@ -150,6 +154,9 @@ def measure(args: argparse.Namespace, group: dist.ProcessGroup, device: torch.de
         "max_s": max(timed),
         "step_s": timed,
         "samples_per_s": samples * dist.get_world_size() / median,
+        # How long the host was busy issuing a step, waits in collectives included: near the step's
+        # time where the host waits for the network (the engine holds the host in wait()).
+        "issue_s": statistics.median(issued[args.warmup :]),
         "losses": losses[:PARITY_STEPS],
     }
     if compute is not None:
@@ -194,6 +201,7 @@ def print_row(record: dict[str, object]) -> None:
     values = (
         record["backend"],
         f"{record['median_s']:.3f}",
+        f"{record['issue_s']:.3f}",
         f"{record['min_s']:.3f}-{record['max_s']:.3f}",
         f"{record['samples_per_s']:.1f}",
         f"{record['speedup_vs_baseline']:.2f}x" if record.get("speedup_vs_baseline") else "",

@@ -1,0 +1,117 @@
+"""The FSDP2 stage: a GPT of 124M parameters trained by FSDP2 on hosts with shaped NICs, the engine against
+NCCL (issue 62: step time, losses, and how long the host is busy issuing each step)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from benchmarks import versus_nccl
+from fairring.bench.netns import netns_available
+
+from .processes import run_fairring_bench
+from .stage import Stage, conclude, time_left_for
+
+FSDP2_STAGE = f"fsdp2: GPT-124M by FSDP2, 2 hosts x 2 and x 4 ranks, NICs at {versus_nccl.LINK}, MPS where it starts"
+# On the CPU (the check's own test) the tiny transformer: the flow, not the figures.
+MODEL = {"cuda": "gpt-124m", "cpu": "gpt-tiny"}
+# Timed steps after 2 of warmup, each backend: enough for a median on a GPU shared under MPS.
+STEPS = {"cuda": 6, "cpu": 2}
+# bf16 autocast: the training study's own tolerance for its losses.
+LOSS_TOLERANCE = 1e-2
+
+
+def fsdp2_arguments(device: str, layout: str, mps: versus_nccl.Mps, shaped: bool) -> list[str]:
+    """`python -m fairring.bench`'s arguments for one layout: the training study's real part, FSDP2 only."""
+    arguments = ["--study", "training", "--part", "real", "--parallelism", "fsdp2", "--real-models", MODEL[device]]
+    arguments += ["--real-layouts", layout, "--real-steps", str(STEPS[device])]
+    arguments += ["--link", versus_nccl.LINK, "--hosts-only"] if shaped else ["--loopback"]
+    arguments += ["--cuda"] if device == "cuda" else []
+    return arguments + versus_nccl.rank_settings(mps)
+
+
+def run_fsdp2(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
+    """2x2, then 2x4 where the time allows (not with --quick); every layout's fairring record against its
+    baseline's: losses within the study's tolerance, and the engine used."""
+    stage = Stage(FSDP2_STAGE)
+    shaped, reason = netns_available()
+    summary: dict[str, Any] = {
+        "model": MODEL[args.device],
+        "netns": "available" if shaped else f"unavailable ({reason}): loopback",
+        "rows": [],
+        "problems": [],
+    }
+    problems: list[str] = []
+    started = time.monotonic()
+    mps = versus_nccl.start_mps(args.device)
+    summary["mps"] = mps.state
+    try:
+        first_s = None
+        for machines, local in versus_nccl.LAYOUTS[: 1 if args.quick else None]:
+            layout = f"{machines}x{local}"
+            left = time_left_for(layout, timeout, started, first_s, summary)
+            if not left:
+                break
+            part = Stage(stage.name)
+            records, found = run_fairring_bench(part, fsdp2_arguments(args.device, layout, mps, shaped), left)
+            stage.commands += part.commands
+            stage.output_tail = part.output_tail
+            first_s = first_s or part.seconds
+            problems += [f"{layout}: {problem}" for problem in found + check(records)]
+            summary["rows"] += [row(record, layout) for record in records]
+    finally:
+        summary["mps_stopped"] = versus_nccl.stop_mps(mps)
+    stage.seconds = time.monotonic() - started
+    return conclude(stage, summary, problems, "FSDP2's losses agree with the baseline's on every layout run")
+
+
+def check(records: list[dict[str, Any]]) -> list[str]:
+    """What is wrong with one layout's records: fairring's and the baseline's, fairring's losses close to
+    the baseline's, and some of its collectives on the engine."""
+    ours = [record for record in records if record["backend"] == "fairring"]
+    if len(ours) != 1 or len(records) != 2:
+        return [f"{len(records)} records, {len(ours)} of them fairring's (expected 2 and 1)"]
+    problems = []
+    gap = ours[0].get("loss_gap")
+    if gap is None or gap >= LOSS_TOLERANCE:
+        problems.append(f"loss gap {gap} against {ours[0].get('baseline')}")
+    if not ours[0].get("engine_all_reduces"):
+        problems.append("no collective went to the engine")
+    return problems
+
+
+def row(record: dict[str, Any], layout: str) -> dict[str, Any]:
+    keys = ("backend", "median_s", "issue_s", "speedup_vs_baseline", "loss_gap")
+    return {"layout": layout, **{key: record.get(key) for key in keys}}
+
+
+def fsdp2_lines(summary: dict[str, Any], table: Any) -> list[str]:
+    """The stage's table for the report: step and issue time per layout and backend."""
+    rows = summary.get("rows", [])
+    if not rows:
+        return ["Not run."]
+    lines = [
+        f"Model {summary['model']}, FSDP2's fully_shard per block, bf16 autocast. MPS: {summary.get('mps')}. "
+        f"Network namespaces: {summary.get('netns')}. 'issued s': how long the host took to issue a step, "
+        "waits in collectives included (the rest of the step it was free); one GPU shared by every process, "
+        "not a cluster.",
+        "",
+    ]
+
+    def cell(value: Any, form: str) -> str:
+        return format(value, form) if isinstance(value, (int, float)) else "-"
+
+    body = [
+        [
+            item["layout"],
+            item["backend"],
+            cell(item.get("median_s"), ".3f"),
+            cell(item.get("issue_s"), ".3f"),
+            f"{item['speedup_vs_baseline']:.2f}x" if item.get("speedup_vs_baseline") else "",
+            cell(item.get("loss_gap"), ".1e"),
+        ]
+        for item in rows
+    ]
+    lines += table(["layout", "backend", "step s", "issued s", "vs baseline", "loss gap"], body)
+    return lines + ([summary["left_out"]] if summary.get("left_out") else [])
