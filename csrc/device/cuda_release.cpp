@@ -231,6 +231,9 @@ bool CudaReleaseWord::hold(uint32_t ticket) const {
           ticket)) {
     return false;
   }
+  // The driver launches into the thread's current context: the device's
+  // primary one, where the kernel was loaded, whatever device is current.
+  const c10::cuda::CUDAGuard onDevice(device_);
   const c10::cuda::CUDAStream stream =
       c10::cuda::getCurrentCUDAStream(device_.index());
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -259,6 +262,7 @@ bool CudaReleaseWord::hold(uint32_t ticket) const {
 }
 
 void CudaReleaseWord::release(void* stream, uint32_t ticket) const {
+  const c10::cuda::CUDAGuard onDevice(device_); // the stream's context
   // The default flags fence the stream's earlier writes before this one.
   checked(
       DriverFunctions::get().writeValue(
