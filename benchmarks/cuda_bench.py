@@ -21,9 +21,11 @@ phases it is given:
    of the same tensor (which the delegate runs), and an all-reduce whose
    is_completed() is polled and whose tensor is read, without wait(), once it
    says True: both against torch;
-5. --kill-rank R (last): every rank all-reduces 4 MiB in a stream; rank R kills
-   itself (SIGKILL) after a few, and each survivor records its first error, how
-   long after the kill it came, and how long destroying the group then took;
+5. --kill-rank R (last): every rank all-reduces 4 MiB and broadcasts 16 KiB (the
+   delegate's) in a stream; rank R kills itself (SIGKILL) after a few, and each
+   survivor records its first error, how long after the kill it came, whether its
+   device then drained (the delegate's kernels ended) within the op timeout, and
+   how long destroying the group then took;
 6. --compare-sizes: side by side in these processes, on the same tensors, the
    order alternated each round: fairring's all-reduce, NCCL's (a NCCL group
    of every rank; --device cuda) and, with --compare-gloo, Gloo's; every
@@ -528,8 +530,10 @@ def run_kill(bench: Bench, results: Results) -> None:
     outcome: dict[str, Any] = {"victim": victim}
     results.data["failure"] = outcome
     tensor = torch.ones(1 << 20, device=bench.device)
+    side = torch.ones(4096, device=bench.device)  # the delegate's traffic beside the engine's
     for _ in range(3):  # the engine made and every path warm
         dist.all_reduce(tensor)
+        dist.broadcast(side, src=0)
     bench.sync()
     bench.barrier()
     if bench.rank == victim:
@@ -540,7 +544,9 @@ def run_kill(bench: Bench, results: Results) -> None:
     started = time.monotonic()
     try:
         while time.monotonic() - started < 4 * bench.args.op_timeout:
-            dist.all_reduce(tensor)
+            works = [dist.all_reduce(tensor, async_op=True), dist.broadcast(side, src=0, async_op=True)]
+            for work in works:
+                work.wait()
             bench.sync()
         outcome["first"] = f"no error in {4 * bench.args.op_timeout:.0f} s"
     except Exception as error:  # what the survivor sees is the result
@@ -549,6 +555,12 @@ def run_kill(bench: Bench, results: Results) -> None:
     with contextlib.suppress(OSError, ValueError):
         outcome["seconds"] = failed_at - float(fault.read_text())
     outcome["names_victim"] = f"rank {victim}" in outcome["first"]
+    # The delegate's kernels in flight (a broadcast that needs the dead rank) end with the engine's
+    # failure, which aborts the delegate, not at NCCL's own watchdog minutes later: the device drains.
+    drained = threading.Event()
+    threading.Thread(target=lambda: (bench.sync(), drained.set()), daemon=True).start()
+    outcome["device_drained"] = drained.wait(timeout=bench.args.op_timeout)
+    outcome["drain_seconds"] = time.time() - failed_at
     results.save()
     # A later collective of the failed group, one the delegate (NCCL on CUDA) would run: refused at once.
     refusing = time.monotonic()

@@ -43,8 +43,10 @@ Stages in order of value:
    all-reduce and Gloo's on the same tensors in the same processes, the order
    alternated each round, every result checked, NCCL's INFO lines on its transport
    quoted (one GPU time-sliced between the processes, on loopback: not a cluster);
-5b. failure: rank 3 of 2 machines x 2 ranks kills itself mid-stream; each survivor's
-   first error must name it within the op's timeout (20 s) and 15 s, a later broadcast
+5b. failure: rank 3 of 2 machines x 2 ranks kills itself mid-stream of engine all-reduces
+   and delegated broadcasts; each survivor's first error must name it within the op's
+   timeout (20 s) and 15 s, its device then drain within the op's timeout (the delegate's
+   kernels ended by the engine's failure, not NCCL's watchdog), a later broadcast
    (NCCL's on the GPU) be refused with that cause within 5 s, and its teardown return
    within 15 s;
 6. bench: two processes on one GPU as two machines (benchmarks/cuda_bench.py):

@@ -37,6 +37,11 @@ def run_failure(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[s
             problems.append(f"rank {rank}'s error does not name rank {victim}: {str(outcome.get('first'))[:300]}")
         if outcome.get("seconds", float("inf")) > FAILURE_OP_TIMEOUT_S + FAILURE_SLACK_S:
             problems.append(f"rank {rank} saw the failure after {outcome.get('seconds')} s")
+        if not outcome.get("device_drained"):
+            problems.append(
+                f"rank {rank}'s device did not drain within the op timeout after the failure: the delegate's "
+                "kernels in flight were not ended"
+            )
         later = str(outcome.get("later_broadcast"))
         if later == "completed" or outcome.get("later_broadcast_seconds", float("inf")) > LATER_REFUSAL_S:
             problems.append(
