@@ -341,3 +341,67 @@ def test_a_delegated_all_reduce_does_not_wait_for_the_engine_on_its_callers_thre
             assert outcome["issue_small_s"] < 0.25 * outcome["total_s"], outcome
         else:
             assert outcome["issue_small_s"] > 0.5 * outcome["total_s"], outcome
+
+
+def every_delegated_kind_behind_an_engine_op(in_turn: bool) -> dict[str, float]:
+    """An engine all-reduce slowed by its receives, then a delegated broadcast, reduce-scatter, all-gather
+    and all-to-all (below the threshold), all async: how long issuing each took, and the whole; every
+    result checked against torch once all are waited for."""
+    import time
+
+    from fairring import _C
+
+    _C._testing.set_launch_in_turn_enabled(in_turn)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dist.all_reduce(torch.ones(32_768))  # the engine, made
+    big = rank_tensor(rank, (32_768,), torch.float32, 1)
+    mine = rank_tensor(rank, (world * 250,), torch.float32, 3)
+    every = [rank_tensor(other, (world * 250,), torch.float32, 3) for other in range(world)]
+    tensors = {
+        "broadcast": mine.clone(),
+        "reduce_scatter": torch.empty(250),
+        "all_gather": torch.empty(world * world * 250),
+        "all_to_all": torch.empty(world * 250),
+    }
+    issue = {
+        "broadcast": lambda: dist.broadcast(tensors["broadcast"], src=0, async_op=True),
+        # Each its own input: an op on memory an earlier one still uses waits for it (the memory order).
+        "reduce_scatter": lambda: dist.reduce_scatter_tensor(tensors["reduce_scatter"], mine.clone(), async_op=True),
+        "all_gather": lambda: dist.all_gather_into_tensor(tensors["all_gather"], mine.clone(), async_op=True),
+        "all_to_all": lambda: dist.all_to_all_single(tensors["all_to_all"], mine.clone(), async_op=True),
+    }
+    start = time.monotonic()
+    works = [dist.all_reduce(big, async_op=True)]
+    seconds: dict[str, float] = {}
+    for kind, call in issue.items():
+        before = time.monotonic()
+        works.append(call())
+        seconds[kind] = time.monotonic() - before
+    for work in works:
+        work.wait()
+    seconds["total"] = time.monotonic() - start
+    assert_matches(big, all_ranks_reduced((32_768,), torch.float32, seed=1))
+    assert_matches(tensors["broadcast"], every[0])
+    assert_matches(tensors["reduce_scatter"], sum(every).view(world, 250)[rank])
+    assert_matches(tensors["all_gather"], torch.cat(every))
+    assert_matches(tensors["all_to_all"], torch.cat([chunk.view(world, 250)[rank] for chunk in every]))
+    return seconds
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("in_turn", [True, False], ids=["in_turn", "negative_control"])
+def test_no_delegated_collective_waits_for_the_engine_on_its_callers_thread(in_turn: bool) -> None:
+    """Issue 62, item 3: behind an engine op whose 16 receive copies take 100 ms each, a broadcast, a
+    reduce-scatter, an all-gather and an all-to-all for the delegate each take their turn in the launch
+    order, and each issue returns at once; the negative control, which waits on the caller's thread for
+    the engine's launches, holds the first of them for most of the op."""
+    device = "seed=29,receive_delay_ms=100"
+    with RankPool(Layout(2, 2), emulated(device, FAIRRING_FLAT_THRESHOLD="64KiB")) as ranks:
+        outcomes = ranks.run(every_delegated_kind_behind_an_engine_op, in_turn)
+    for outcome in outcomes:
+        total = outcome.pop("total")
+        assert total > 0.8, outcome
+        if in_turn:
+            assert max(outcome.values()) < 0.25 * total, (outcome, total)
+        else:
+            assert max(outcome.values()) > 0.5 * total, (outcome, total)

@@ -296,6 +296,18 @@ void Backend::followEngineLaunches(c10::DeviceType type) {
   }
 }
 
+c10::intrusive_ptr<c10d::Work> Backend::launchDelegated(
+    const Runner& runner,
+    c10d::OpType opType,
+    const std::vector<at::Tensor>& tensors,
+    std::function<c10::intrusive_ptr<c10d::Work>()> launch) {
+  if (runner.inTurn == nullptr) {
+    return launch();
+  }
+  return launchedInTurn(
+      *runner.inTurn, std::move(launch), opType, tensors, *runner.seq);
+}
+
 c10::intrusive_ptr<c10d::Work> Backend::launchedInTurn(
     Engine& engine,
     std::function<c10::intrusive_ptr<c10d::Work>()> launch,
@@ -346,7 +358,17 @@ c10::intrusive_ptr<c10d::Work> Backend::launchedInTurn(
               inner,
               "fairring: the delegate returned no Work for an operation "
               "launched in its turn");
-          auto theirs = inner->getFuture();
+          c10::intrusive_ptr<c10::ivalue::Future> theirs;
+          try {
+            theirs = inner->getFuture();
+          } catch (const c10::Error&) {
+            // Some of Gloo's Works have none and end in wait(), which must
+            // run once (CompletedByWaitWork): on a completion worker.
+            inner = c10::make_intrusive<CompletedByWaitWork>(std::move(inner));
+            work->launched(inner);
+            engine.completeOnWorkersAfterWait(inner, work->getFuture());
+            return;
+          }
           work->launched(std::move(inner));
           engine.completeOnWorkers(theirs, work->getFuture());
         } catch (...) {

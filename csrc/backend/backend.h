@@ -380,6 +380,14 @@ class Backend final : public c10d::Backend {
       c10d::OpType opType,
       const std::vector<at::Tensor>& tensors,
       uint64_t seq);
+  // A delegated collective's `launch`, which owns what it needs (a copy of
+  // its arguments): made in its turn where the funnel says so
+  // (runner.inTurn), else now. `tensors`: its outputs, whose device it is on.
+  c10::intrusive_ptr<c10d::Work> launchDelegated(
+      const Runner& runner,
+      c10d::OpType opType,
+      const std::vector<at::Tensor>& tensors,
+      std::function<c10::intrusive_ptr<c10d::Work>()> launch);
   // How long aborting or shutting the group down waits for the abort hooks
   // of a failure (the flight recorder's dump) still running.
   static constexpr std::chrono::seconds kDumpWait{30};

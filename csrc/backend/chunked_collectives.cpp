@@ -249,19 +249,24 @@ c10::intrusive_ptr<c10d::Work> Backend::_reduce_scatter_base(
        .opType = c10d::OpType::_REDUCE_SCATTER_BASE,
        .profilingName = "fairring:reduce_scatter_tensor",
        .op = Operation::collective("reduce_scatter_single", output, input)
-                 .reducing(opts.reduceOp, {output}),
+                 .reducing(opts.reduceOp, {output})
+                 .inTurn(),
        .parts = tensorPairs({output}, {input}),
        .inputs = {input},
        .reduceOp = opts.reduceOp,
        .timeout = timeoutOf(opts.timeout)},
       [&](const Runner& runner, const std::optional<PremulFactor>& premul) {
-        if (!premul) {
-          return runner.delegate->_reduce_scatter_base(
-              output, input, askingForWork(opts));
-        }
-        at::Tensor scaled = premul->scaled(input.detach());
-        return runner.delegate->_reduce_scatter_base(
-            output, scaled, askingForWork(summing(opts)));
+        // Scaled here, on the caller's stream, before the launch's turn.
+        return launchDelegated(
+            runner,
+            c10d::OpType::_REDUCE_SCATTER_BASE,
+            {output},
+            [delegate = runner.delegate,
+             output,
+             input = premul ? premul->scaled(input.detach()) : input,
+             opts = askingForWork(premul ? summing(opts) : opts)]() mutable {
+              return delegate->_reduce_scatter_base(output, input, opts);
+            });
       });
 }
 
@@ -275,19 +280,24 @@ c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter_tensor_coalesced(
        .profilingName = "fairring:reduce_scatter_tensor_coalesced",
        .op = Operation::collective(
                  "reduce_scatter_single_coalesced", outputs, inputs)
-                 .reducing(opts.reduceOp, outputs),
+                 .reducing(opts.reduceOp, outputs)
+                 .inTurn(),
        .parts = tensorPairs(outputs, inputs),
        .inputs = inputs,
        .reduceOp = opts.reduceOp,
        .timeout = timeoutOf(opts.timeout)},
       [&](const Runner& runner, const std::optional<PremulFactor>& premul) {
-        if (!premul) {
-          return runner.delegate->reduce_scatter_tensor_coalesced(
-              outputs, inputs, askingForWork(opts));
-        }
-        auto scaled = scaledCopies(inputs, *premul);
-        return runner.delegate->reduce_scatter_tensor_coalesced(
-            outputs, scaled, askingForWork(summing(opts)));
+        return launchDelegated(
+            runner,
+            coalescedOpType(Collective::kReduceScatter),
+            outputs,
+            [delegate = runner.delegate,
+             outputs,
+             inputs = premul ? scaledCopies(inputs, *premul) : inputs,
+             opts = askingForWork(premul ? summing(opts) : opts)]() mutable {
+              return delegate->reduce_scatter_tensor_coalesced(
+                  outputs, inputs, opts);
+            });
       });
 }
 
@@ -302,23 +312,29 @@ c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter(
        .opType = c10d::OpType::REDUCE_SCATTER,
        .profilingName = "fairring:reduce_scatter",
        .op = Operation::collective("reduce_scatter", outputs, inputs)
-                 .reducing(opts.reduceOp, outputs),
+                 .reducing(opts.reduceOp, outputs)
+                 .inTurn(),
        .parts = listPair(outputs, inputs),
        .inputs = read,
        .reduceOp = opts.reduceOp,
        .timeout = timeoutOf(opts.timeout)},
       [&](const Runner& runner, const std::optional<PremulFactor>& premul) {
-        if (!premul) {
-          return runner.delegate->reduce_scatter(
-              outputs, inputs, askingForWork(opts));
+        std::vector<std::vector<at::Tensor>> scaled = inputs;
+        if (premul) {
+          for (auto& list : scaled) {
+            list = scaledCopies(list, *premul);
+          }
         }
-        std::vector<std::vector<at::Tensor>> scaled;
-        scaled.reserve(inputs.size());
-        for (const auto& list : inputs) {
-          scaled.push_back(scaledCopies(list, *premul));
-        }
-        return runner.delegate->reduce_scatter(
-            outputs, scaled, askingForWork(summing(opts)));
+        return launchDelegated(
+            runner,
+            c10d::OpType::REDUCE_SCATTER,
+            outputs,
+            [delegate = runner.delegate,
+             outputs,
+             inputs = std::move(scaled),
+             opts = askingForWork(premul ? summing(opts) : opts)]() mutable {
+              return delegate->reduce_scatter(outputs, inputs, opts);
+            });
       });
 }
 
@@ -329,14 +345,22 @@ c10::intrusive_ptr<c10d::Work> Backend::_allgather_base(
       {.kind = Collective::kAllGather,
        .opType = c10d::OpType::_ALLGATHER_BASE,
        .profilingName = "fairring:all_gather_into_tensor",
-       .op = Operation::collective("all_gather_single", output, input),
+       .op = Operation::collective("all_gather_single", output, input).inTurn(),
        .parts = tensorPairs({input}, {output}),
        .inputs = {input},
        .reduceOp = c10d::ReduceOp::SUM,
        .timeout = timeoutOf(opts.timeout)},
       [&](const Runner& runner, const std::optional<PremulFactor>& /*none*/) {
-        return runner.delegate->_allgather_base(
-            output, input, askingForWork(opts));
+        return launchDelegated(
+            runner,
+            c10d::OpType::_ALLGATHER_BASE,
+            {output},
+            [delegate = runner.delegate,
+             output,
+             input,
+             opts = askingForWork(opts)]() mutable {
+              return delegate->_allgather_base(output, input, opts);
+            });
       });
 }
 
@@ -348,15 +372,25 @@ c10::intrusive_ptr<c10d::Work> Backend::allgather_into_tensor_coalesced(
       {.kind = Collective::kAllGather,
        .opType = coalescedOpType(Collective::kAllGather),
        .profilingName = "fairring:all_gather_into_tensor_coalesced",
-       .op = Operation::collective(
-           "all_gather_single_coalesced", outputs, inputs),
+       .op =
+           Operation::collective("all_gather_single_coalesced", outputs, inputs)
+               .inTurn(),
        .parts = tensorPairs(inputs, outputs),
        .inputs = inputs,
        .reduceOp = c10d::ReduceOp::SUM,
        .timeout = timeoutOf(opts.timeout)},
       [&](const Runner& runner, const std::optional<PremulFactor>& /*none*/) {
-        return runner.delegate->allgather_into_tensor_coalesced(
-            outputs, inputs, askingForWork(opts));
+        return launchDelegated(
+            runner,
+            coalescedOpType(Collective::kAllGather),
+            outputs,
+            [delegate = runner.delegate,
+             outputs,
+             inputs,
+             opts = askingForWork(opts)]() mutable {
+              return delegate->allgather_into_tensor_coalesced(
+                  outputs, inputs, opts);
+            });
       });
 }
 
@@ -368,13 +402,22 @@ c10::intrusive_ptr<c10d::Work> Backend::allgather(
       {.kind = Collective::kAllGather,
        .opType = c10d::OpType::ALLGATHER,
        .profilingName = "fairring:all_gather",
-       .op = Operation::collective("allgather", outputs, inputs),
+       .op = Operation::collective("allgather", outputs, inputs).inTurn(),
        .parts = listPair(inputs, outputs),
        .inputs = inputs,
        .reduceOp = c10d::ReduceOp::SUM,
        .timeout = timeoutOf(opts.timeout)},
       [&](const Runner& runner, const std::optional<PremulFactor>& /*none*/) {
-        return runner.delegate->allgather(outputs, inputs, askingForWork(opts));
+        return launchDelegated(
+            runner,
+            c10d::OpType::ALLGATHER,
+            inputs,
+            [delegate = runner.delegate,
+             outputs,
+             inputs,
+             opts = askingForWork(opts)]() mutable {
+              return delegate->allgather(outputs, inputs, opts);
+            });
       });
 }
 

@@ -19,8 +19,17 @@ namespace fairring {
 c10::intrusive_ptr<c10d::Work> Backend::broadcast(
     std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
   return issue(
-      Operation::collective("broadcast", tensors), [&](const Runner& runner) {
-        return runner.delegate->broadcast(tensors, askingForWork(opts));
+      Operation::collective("broadcast", tensors).inTurn(),
+      [&](const Runner& runner) {
+        return launchDelegated(
+            runner,
+            c10d::OpType::BROADCAST,
+            tensors,
+            [delegate = runner.delegate,
+             tensors,
+             opts = askingForWork(opts)]() mutable {
+              return delegate->broadcast(tensors, opts);
+            });
       });
 }
 
@@ -36,9 +45,19 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_sparse(
 c10::intrusive_ptr<c10d::Work> Backend::reduce(
     std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
   return issue(
-      Operation::collective("reduce", tensors).reducing(opts.reduceOp, tensors),
+      Operation::collective("reduce", tensors)
+          .reducing(opts.reduceOp, tensors)
+          .inTurn(),
       [&](const Runner& runner) {
-        return runner.delegate->reduce(tensors, askingForWork(opts));
+        return launchDelegated(
+            runner,
+            c10d::OpType::REDUCE,
+            tensors,
+            [delegate = runner.delegate,
+             tensors,
+             opts = askingForWork(opts)]() mutable {
+              return delegate->reduce(tensors, opts);
+            });
       });
 }
 
@@ -47,10 +66,19 @@ c10::intrusive_ptr<c10d::Work> Backend::allgather_coalesced(
     std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   return issue(
-      Operation::collective("allgather_coalesced", outputLists, inputs),
+      Operation::collective("allgather_coalesced", outputLists, inputs)
+          .inTurn(),
       [&](const Runner& runner) {
-        return runner.delegate->allgather_coalesced(
-            outputLists, inputs, askingForWork(opts));
+        return launchDelegated(
+            runner,
+            c10d::OpType::ALLGATHER_COALESCED,
+            inputs,
+            [delegate = runner.delegate,
+             outputLists,
+             inputs,
+             opts = askingForWork(opts)]() mutable {
+              return delegate->allgather_coalesced(outputLists, inputs, opts);
+            });
       });
 }
 
@@ -59,9 +87,18 @@ c10::intrusive_ptr<c10d::Work> Backend::gather(
     std::vector<at::Tensor>& inputs,
     const c10d::GatherOptions& opts) {
   return issue(
-      Operation::collective("gather", outputs, inputs),
+      Operation::collective("gather", outputs, inputs).inTurn(),
       [&](const Runner& runner) {
-        return runner.delegate->gather(outputs, inputs, askingForWork(opts));
+        return launchDelegated(
+            runner,
+            c10d::OpType::GATHER,
+            inputs,
+            [delegate = runner.delegate,
+             outputs,
+             inputs,
+             opts = askingForWork(opts)]() mutable {
+              return delegate->gather(outputs, inputs, opts);
+            });
       });
 }
 
@@ -70,9 +107,18 @@ c10::intrusive_ptr<c10d::Work> Backend::scatter(
     std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ScatterOptions& opts) {
   return issue(
-      Operation::collective("scatter", outputs, inputs),
+      Operation::collective("scatter", outputs, inputs).inTurn(),
       [&](const Runner& runner) {
-        return runner.delegate->scatter(outputs, inputs, askingForWork(opts));
+        return launchDelegated(
+            runner,
+            c10d::OpType::SCATTER,
+            outputs,
+            [delegate = runner.delegate,
+             outputs,
+             inputs,
+             opts = askingForWork(opts)]() mutable {
+              return delegate->scatter(outputs, inputs, opts);
+            });
       });
 }
 
@@ -83,14 +129,21 @@ c10::intrusive_ptr<c10d::Work> Backend::alltoall_base(
     std::vector<int64_t>& inputSplitSizes,
     const c10d::AllToAllOptions& opts) {
   return issue(
-      Operation::collective("all_to_all_single", output, input),
+      Operation::collective("all_to_all_single", output, input).inTurn(),
       [&](const Runner& runner) {
-        return runner.delegate->alltoall_base(
-            output,
-            input,
-            outputSplitSizes,
-            inputSplitSizes,
-            askingForWork(opts));
+        return launchDelegated(
+            runner,
+            c10d::OpType::ALLTOALL_BASE,
+            {output},
+            [delegate = runner.delegate,
+             output,
+             input,
+             outputSplitSizes,
+             inputSplitSizes,
+             opts = askingForWork(opts)]() mutable {
+              return delegate->alltoall_base(
+                  output, input, outputSplitSizes, inputSplitSizes, opts);
+            });
       });
 }
 
@@ -99,16 +152,24 @@ c10::intrusive_ptr<c10d::Work> Backend::alltoall(
     std::vector<at::Tensor>& inputs,
     const c10d::AllToAllOptions& opts) {
   return issue(
-      Operation::collective("alltoall", outputs, inputs),
+      Operation::collective("alltoall", outputs, inputs).inTurn(),
       [&](const Runner& runner) {
-        return isCpu(*runner.delegate)
-            ? alltoallAsSingle(
-                  *runner.delegate,
-                  outputs,
-                  inputs,
-                  askingForWork(opts),
-                  *runner.seq)
-            : runner.delegate->alltoall(outputs, inputs, askingForWork(opts));
+        // The engines, which make launches in turn, go before this Backend.
+        return launchDelegated(
+            runner,
+            c10d::OpType::ALLTOALL,
+            outputs,
+            [this,
+             delegate = runner.delegate,
+             gloo = isCpu(*runner.delegate),
+             outputs,
+             inputs,
+             opts = askingForWork(opts),
+             seq = *runner.seq]() mutable {
+              return gloo
+                  ? alltoallAsSingle(*delegate, outputs, inputs, opts, seq)
+                  : delegate->alltoall(outputs, inputs, opts);
+            });
       });
 }
 

@@ -99,8 +99,10 @@ struct Operation {
   // on the CPU group whatever the block holds).
   bool coalesces = true;
   // A delegated launch that may wait for its turn in the engine's launch
-  // order rather than keep its caller waiting (Engine::launchInTurn): a
-  // delegated all-reduce, DDP's small buckets.
+  // order rather than keep its caller waiting (Engine::launchInTurn): every
+  // delegated collective whose launch owns its arguments (Backend::
+  // launchDelegated), not a point-to-point operation, barrier or
+  // all_reduce_coalesced.
   bool launchesInTurn = false;
   // Whether it is issued during CUDA graph capture (graphCaptureUnderway),
   // where the door already asked to choose its path; else the funnel asks.
@@ -124,6 +126,12 @@ struct Operation {
     op.signature = std::string(name) + " " +
         c10::DeviceTypeName(op.type, /*lower_case=*/true);
     return op;
+  }
+
+  // This operation, launched in its turn (launchesInTurn).
+  Operation inTurn() && {
+    launchesInTurn = true;
+    return std::move(*this);
   }
 
   // A send or a receive of `tensors`.

@@ -57,6 +57,25 @@ void Completions::relayInto(
   });
 }
 
+void Completions::relayWaitInto(
+    c10::intrusive_ptr<c10d::Work> work,
+    c10::intrusive_ptr<c10::ivalue::Future> outer) {
+  post([work = std::move(work), outer = std::move(outer)] {
+    try {
+      work->wait(kNoTimeout);
+      std::vector<at::Tensor> result;
+      try {
+        result = work->result();
+      } catch (const c10::Error&) {
+        // Some Works keep no result: the caller's tensors hold it.
+      }
+      outer->markCompleted(c10::IValue(std::move(result)));
+    } catch (...) {
+      outer->setError(std::current_exception());
+    }
+  });
+}
+
 size_t Completions::workers() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return running_;

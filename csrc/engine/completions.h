@@ -11,6 +11,7 @@
 
 #include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 namespace fairring {
 
@@ -44,6 +45,12 @@ class Completions : public std::enable_shared_from_this<Completions> {
   // on it already), whose devices hold `inner`'s.
   void relayInto(
       const c10::intrusive_ptr<c10::ivalue::Future>& inner,
+      c10::intrusive_ptr<c10::ivalue::Future> outer);
+
+  // `outer` completes, on a worker, once `work` (a Work without a future:
+  // some of Gloo's) has been waited for there: with its result, or its error.
+  void relayWaitInto(
+      c10::intrusive_ptr<c10d::Work> work,
       c10::intrusive_ptr<c10::ivalue::Future> outer);
 
   size_t workers() const;

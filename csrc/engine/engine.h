@@ -231,6 +231,12 @@ class Engine {
       c10::intrusive_ptr<c10::ivalue::Future> outer) {
     completions_->relayInto(inner, std::move(outer));
   }
+  // The same for a Work without a future, waited for on a worker.
+  void completeOnWorkersAfterWait(
+      c10::intrusive_ptr<c10d::Work> work,
+      c10::intrusive_ptr<c10::ivalue::Future> outer) {
+    completions_->relayWaitInto(std::move(work), std::move(outer));
+  }
 
   // The group's timeout changed (set_timeout): ops take theirs when issued;
   // the local steps' groups, which time steps by it, get the new one, and
