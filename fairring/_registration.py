@@ -204,8 +204,16 @@ def warn_if_routed_to_nccl(config: Config) -> None:
 
 
 def warn_if_stream_wait_set_aside(config: Config) -> None:
-    """Once per process, at WARNING: FAIRRING_CUDA_WAIT=stream asked for where the GPU may run kernels in
-    launch order, where the hold would be launched before the work that ends it."""
+    """Once per process: at INFO, that wait() on a CUDA engine op holds the host (FAIRRING_CUDA_WAIT=host,
+    where ProcessGroupNCCL's holds the stream); at WARNING, FAIRRING_CUDA_WAIT=stream asked for where the GPU
+    may run kernels in launch order, where the hold would be launched before the work that ends it."""
+    if config.cuda_engine_in_use and config.cuda_wait == "host" and _first_time("host wait"):
+        logger.info(
+            "wait() on a CUDA engine op, and a synchronous one, hold the host until the op's result is back "
+            "from the network, where NCCL's hold only the caller's stream (%s=host; docs/design.md, 'The host "
+            "never waits')",
+            CUDA_WAIT,
+        )
     if (
         config.cuda_engine_in_use
         and config.cuda_wait == "stream"

@@ -312,11 +312,14 @@ def test_a_gpu_in_launch_order_sends_cuda_all_reduces_to_nccl_unless_told() -> N
 
 
 def test_cuda_wait_holds_the_host_unless_the_stream_is_asked_and_nothing_serializes_the_gpu(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """FAIRRING_CUDA_WAIT=stream: wait() on a CUDA engine op holds the caller's stream; on a GPU that may run
     kernels in launch order the hold would run before the work that ends it, so the host waits, said once."""
+    from fairring import _registration
     from fairring._registration import warn_if_stream_wait_set_aside
+
+    monkeypatch.setattr(_registration, "_noticed", set())  # once per process: this test's process
 
     assert load_config({}).cuda_wait == "host" and not _C.Config.from_settings(load_config({})).cuda_stream_hold
     asked = {"FAIRRING_CUDA_ENGINE": "1", "FAIRRING_CUDA_WAIT": "Stream"}
@@ -325,6 +328,12 @@ def test_cuda_wait_holds_the_host_unless_the_stream_is_asked_and_nothing_seriali
     serialized = load_config({**asked, "CUDA_DEVICE_MAX_CONNECTIONS": "1", "FAIRRING_SERIALIZED_LAUNCHES": "engine"})
     assert _C.Config.from_settings(serialized).launches_may_serialize
     assert "FAIRRING_CUDA_WAIT=stream" in serialized.describe()
+    with caplog.at_level("INFO", logger="fairring"):
+        warn_if_stream_wait_set_aside(load_config({"FAIRRING_CUDA_ENGINE": "1"}))
+        warn_if_stream_wait_set_aside(load_config({"FAIRRING_CUDA_ENGINE": "1"}))
+    said = [record for record in caplog.records if "hold the host until the op's result" in record.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "INFO", caplog.records
+    caplog.clear()
     with caplog.at_level("WARNING", logger="fairring"):
         warn_if_stream_wait_set_aside(load_config(asked))  # nothing serializes: nothing to say
         assert not caplog.records
