@@ -1,6 +1,7 @@
 #include "device/cuda_release.h"
 
 #include <array>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -231,16 +232,14 @@ bool CudaReleaseWord::hold(uint32_t ticket) const {
           ticket)) {
     return false;
   }
+  if (cudaGraphCaptureUnderway(device_)) {
+    return false; // a graph's hold would outlive this op
+  }
   // The driver launches into the thread's current context: the device's
   // primary one, where the kernel was loaded, whatever device is current.
   const c10::cuda::CUDAGuard onDevice(device_);
   const c10::cuda::CUDAStream stream =
       c10::cuda::getCurrentCUDAStream(device_.index());
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &status));
-  if (status != cudaStreamCaptureStatusNone) {
-    return false; // a graph's hold would outlive this op
-  }
   uint64_t word = address_;
   std::array<void*, 2> arguments{&word, &ticket};
   checked(
@@ -274,18 +273,17 @@ void CudaReleaseWord::release(void* stream, uint32_t ticket) const {
 }
 
 void CudaReleaseWord::releaseFromHost(uint32_t ticket) {
-  uint32_t greatest = hostTicket_.load();
-  while ((!hostReleased_ || !ticketReleased(greatest, ticket)) &&
-         !hostTicket_.compare_exchange_weak(greatest, ticket)) {
-  }
-  hostReleased_ = true;
-  rewriteHostRelease();
+  std::lock_guard<std::mutex> lock(hostMutex_);
+  hostTicket_ = hostTicket_ ? laterTicket(*hostTicket_, ticket) : ticket;
+  std::atomic_ref<uint32_t>(*host_).store(
+      *hostTicket_, std::memory_order_release);
 }
 
 void CudaReleaseWord::rewriteHostRelease() {
-  if (hostReleased_) {
+  std::lock_guard<std::mutex> lock(hostMutex_);
+  if (hostTicket_) {
     std::atomic_ref<uint32_t>(*host_).store(
-        hostTicket_.load(), std::memory_order_release);
+        *hostTicket_, std::memory_order_release);
   }
 }
 

@@ -1,8 +1,9 @@
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <optional>
 
 #include <c10/core/Device.h>
 
@@ -54,8 +55,8 @@ class CudaReleaseWord {
   void* const kernel_;
   uint32_t* const host_; // the word, as the host writes it
   const uint64_t address_; // the word, as the device sees it (CUdeviceptr)
-  std::atomic<bool> hostReleased_{false};
-  std::atomic<uint32_t> hostTicket_{0};
+  std::mutex hostMutex_;
+  std::optional<uint32_t> hostTicket_; // the greatest released from the host
 };
 
 } // namespace fairring

@@ -52,6 +52,16 @@ constexpr bool ticketReleased(uint32_t released, uint32_t ticket) {
   return static_cast<int32_t>(released - ticket) >= 0;
 }
 
+// The later of two tickets in that order: what a second release from the
+// host writes, so that it never takes an earlier one back.
+constexpr uint32_t laterTicket(uint32_t earlier, uint32_t ticket) {
+  return ticketReleased(earlier, ticket) ? earlier : ticket;
+}
+static_assert(
+    laterTicket(5, 3) == 5 && laterTicket(3, 5) == 5 &&
+        laterTicket(0xFFFFFFFFu, 1) == 1,
+    "tickets compare as cuStreamWaitValue32 does, across the wrap");
+
 // TensorPipe's GPUDirect channel has crashed on buffers under 32 bytes. Every
 // CUDA engine keeps shards at least this long, GPUDirect or not, so that the
 // plan never depends on what one rank's hardware offers.

@@ -214,11 +214,8 @@ class EmulatedReleaseWord {
   void writeFromHost(uint32_t ticket) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!hostReleased_ || !ticketReleased(hostTicket_, ticket)) {
-        hostTicket_ = ticket;
-      }
-      hostReleased_ = true;
-      value_ = hostTicket_;
+      hostTicket_ = hostTicket_ ? laterTicket(*hostTicket_, ticket) : ticket;
+      value_ = *hostTicket_;
     }
     changed_.notify_all();
   }
@@ -237,8 +234,7 @@ class EmulatedReleaseWord {
   std::mutex mutex_;
   std::condition_variable changed_;
   uint32_t value_ = 0;
-  bool hostReleased_ = false;
-  uint32_t hostTicket_ = 0;
+  std::optional<uint32_t> hostTicket_; // the greatest released from the host
 };
 
 class EmulatedStreams final : public StreamPolicy {
