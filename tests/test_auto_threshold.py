@@ -186,7 +186,7 @@ def cached_then_first_use(threshold: int, ceiling: int) -> dict:
 
 def test_a_decision_cached_on_another_network_is_checked_and_replaced(cache: Path) -> None:
     """The case that asked for the check: a 2x2 job on loopback cached "the engine from 4 KiB to below
-    256 KiB, Gloo above"; the next, on hosts whose NICs are shaped to 1 Gbit/s, found it under its
+    4 MiB, Gloo above"; the next, on hosts whose NICs are shaped to 1 Gbit/s, found it under its
     key and sent 64 MiB to Gloo at 0.7x the engine's speed. Negative control: a decision that holds
     there is kept, after its check."""
     available, why = netns_available()
@@ -198,13 +198,13 @@ def test_a_decision_cached_on_another_network_is_checked_and_replaced(cache: Pat
             extra_env={**AUTO_ENV, "FAIRRING_AUTO_CACHE": str(cache)},
         )  # fmt: skip
         with RankPool(LAYOUT, spec, hosts=cluster.hosts) as pool:
-            stale = pool.run(cached_then_first_use, 4 * KiB, 256 * KiB)
+            stale = pool.run(cached_then_first_use, 4 * KiB, 4 * MiB)
             holds = pool.run(cached_then_first_use, 4 * KiB, NO_CEILING)
     for decided in stale:
         assert decided == stale[0], "ranks decided differently"
         assert decided["source"] == "measured", decided["reason"]
         assert "replaced the cached decision, which no longer held: the engine" in decided["reason"]
-        assert "at 256KiB, which it gives gloo" in decided["reason"]
+        assert "at 4MiB, which it gives gloo" in decided["reason"]
         assert decided["threshold"] <= 16 * MiB < decided["ceiling"], decided["reason"]
     for decided in holds:
         assert decided["source"] == "cache" and decided["threshold"] == 4 * KiB, decided["reason"]
