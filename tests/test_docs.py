@@ -508,3 +508,74 @@ def test_the_prose_check_flags_a_wrong_figure_and_a_wrong_verdict() -> None:
     assert "64 MiB: slower than NCCL, its row says 1.36x" in verdicts
     assert not [v for v in verdicts if v.startswith("16 MiB")], verdicts
     assert prose_table_errors(right, benchmarks) == []
+
+
+# -- a torch version's status is stated once -------------------------------------------------
+#
+# deploying.md's Versions table says what ran on each torch; prose beside it that calls a
+# version broken ("did not build") contradicts a row that says it passed, unless the sentence
+# says that was before what the row ran ("the first run", "until").
+
+_BROKEN = re.compile(r"\b(did not build|does not build|failed to build|fails to build|did not pass)\b")
+_HISTORY = re.compile(r"\b(first|until|before|earlier)\b")
+
+
+def version_status_errors(markdown: str) -> list[str]:
+    text = section(markdown, "versions")
+    passed = {
+        version
+        for line in text.splitlines()
+        if line.startswith("|") and "passed" in line
+        for version in re.findall(r"\b2\.\d+\.\d+\b", line.split("|")[1])
+    }
+    errors = []
+    for sentence in _sentences(text.splitlines()):
+        for version in sorted(passed):
+            if version in sentence and _BROKEN.search(sentence) and not _HISTORY.search(sentence):
+                errors.append(f"torch {version}: its row says passed, and: {sentence[:120]}")
+    return errors
+
+
+def test_each_torch_versions_status_is_stated_once() -> None:
+    assert version_status_errors((ROOT / "docs" / "deploying.md").read_text()) == []
+
+
+def test_the_version_check_flags_a_row_and_a_sentence_that_disagree() -> None:
+    text = (ROOT / "docs" / "deploying.md").read_text()
+    body = section(text, "versions")
+    contradicted = text.replace(body, body + "\nThe run above found that torch 2.14.1 did not build.\n")
+    assert version_status_errors(contradicted) == [
+        "torch 2.14.1: its row says passed, and: The run above found that torch 2.14.1 did not build."
+    ]
+
+
+# -- what is not yet measured is not in a table ----------------------------------------------
+#
+# benchmarks.md's "Not yet measured" may not say that more than K machines never ran while a
+# table of the same doc has a layout of more machines, unless it names that layout.
+
+_LAYOUT_CELL = re.compile(r"^\|\s*(\d+) x (\d+)\s*\|", re.MULTILINE)
+
+
+def unmeasured_layout_errors(markdown: str) -> list[str]:
+    measured = {(int(m), int(r)) for m, r in _LAYOUT_CELL.findall(markdown)}
+    errors = []
+    for sentence in _sentences(section(markdown, "not-yet-measured").splitlines()):
+        for bound in re.findall(r"more than (\d+) machines", sentence):
+            for machines, ranks in sorted(measured):
+                named = re.search(rf"\b{machines} (machines|x {ranks})\b", sentence)
+                if machines > int(bound) and not named:
+                    errors.append(f"'more than {bound} machines' but {machines} x {ranks} has a row")
+    return sorted(set(errors))
+
+
+def test_not_yet_measured_names_no_layout_a_table_has() -> None:
+    assert unmeasured_layout_errors((ROOT / "docs" / "benchmarks.md").read_text()) == []
+
+
+def test_the_unmeasured_check_flags_a_layout_with_rows() -> None:
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    body = section(text, "not-yet-measured")
+    assert unmeasured_layout_errors(text.replace(body, "\n- Real clusters, more than 4 machines.\n")) == [
+        "'more than 4 machines' but 8 x 1 has a row"
+    ]
