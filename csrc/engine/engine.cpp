@@ -253,6 +253,7 @@ void Engine::adoptLayout(const std::vector<std::vector<int>>& machines) {
   at::Tensor onDevice = at::tensor(rows, at::kLong).to(device_->device());
   std::lock_guard<std::mutex> lock(mutex_);
   rowRanks_ = std::move(onDevice);
+  rowRankList_ = std::move(rows);
 }
 
 std::shared_ptr<Engine::Op> Engine::makeOp(

@@ -326,6 +326,10 @@ class Engine {
   // l x M + m is the chunk of the rank with local index l on machine m.
   at::Tensor stagedRows(const SliceWork& slice) const;
   at::Tensor chunkColumns(const SliceWork& slice, const at::Tensor& flat) const;
+  // Staged row i <-> row rowRanks_[i] of `columns` (chunkColumns), in the
+  // direction `toStaging` says.
+  void moveRows(
+      const SliceWork& slice, const at::Tensor& columns, bool toStaging) const;
 
   // The stage threads' loops, and one slice's steps in order.
   void reduceScatterLoop();
@@ -422,6 +426,9 @@ class Engine {
   // until adoptLayout(); set under mutex_ before the first slice that reads
   // it is queued.
   at::Tensor rowRanks_;
+  // The same, on the host: on CPU rows are moved one memcpy each, where
+  // index_select and index_copy_ go element by element.
+  std::vector<int64_t> rowRankList_;
   // Before the device: the work queued there calls the local steps, and the
   // device's queues go first.
   const std::shared_ptr<LocalSteps> localSteps_;

@@ -9,6 +9,8 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cstddef>
+#include <cstring>
 
 #include <c10/util/Exception.h>
 
@@ -26,6 +28,36 @@ at::Tensor Engine::chunkColumns(
     const SliceWork& slice, const at::Tensor& flat) const {
   return flat.view({slice.rows, slice.op->chunkNumel})
       .narrow(1, slice.plan.offset, slice.plan.numel);
+}
+
+void Engine::moveRows(
+    const SliceWork& slice, const at::Tensor& columns, bool toStaging) const {
+  at::Tensor staged = stagedRows(slice);
+  const bool rowsContiguous = staged.stride(1) == 1 && columns.stride(1) == 1;
+  if (!columns.is_cpu() || !rowsContiguous ||
+      staged.scalar_type() != columns.scalar_type()) {
+    if (toStaging) {
+      staged.copy_(columns.index_select(0, rowRanks_));
+    } else {
+      columns.index_copy_(0, rowRanks_, staged);
+    }
+    return;
+  }
+  const int64_t rowBytes = staged.size(1) * staged.element_size();
+  auto* stagedBase = static_cast<std::byte*>(staged.data_ptr());
+  auto* columnsBase = static_cast<std::byte*>(columns.data_ptr());
+  const int64_t stagedStride = staged.stride(0) * staged.element_size();
+  const int64_t columnsStride = columns.stride(0) * columns.element_size();
+  for (size_t row = 0; row < rowRankList_.size(); ++row) {
+    std::byte* stagedRow =
+        stagedBase + static_cast<int64_t>(row) * stagedStride;
+    std::byte* columnsRow = columnsBase + rowRankList_[row] * columnsStride;
+    if (toStaging) {
+      std::memcpy(stagedRow, columnsRow, rowBytes);
+    } else {
+      std::memcpy(columnsRow, stagedRow, rowBytes);
+    }
+  }
 }
 
 // The reduce-scatter thread: start, steps 1 and 2, in issue order, each
@@ -179,9 +211,10 @@ bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
                 .narrow(1, plan.numel, plan.paddedNumel - plan.numel)
                 .zero_();
           }
-          at::Tensor rows = stagedRows(*slice);
-          rows.copy_(chunkColumns(*slice, slice->op->elements)
-                         .index_select(0, rowRanks_));
+          moveRows(
+              *slice,
+              chunkColumns(*slice, slice->op->elements),
+              /*toStaging=*/true);
         } else if (slice->padded.defined()) {
           const int64_t numel = slice->plan.numel;
           slice->padded.narrow(0, 0, numel).copy_(slice->input);
@@ -263,8 +296,7 @@ bool Engine::allGather(const std::shared_ptr<SliceWork>& slice) {
             at::Tensor gathered = s.padded;
             localSteps_->allGather(
                 gathered, s.slot, s.localStepKey(), s.op->deadline);
-            chunkColumns(s, s.op->tensor)
-                .index_copy_(0, rowRanks_, stagedRows(s));
+            moveRows(s, chunkColumns(s, s.op->tensor), /*toStaging=*/false);
             return;
           }
           case Collective::kAllReduce: {
