@@ -223,6 +223,12 @@ delegated-cost: build
 test-torch-versions:
 	$(PYTHON) benchmarks/torch_versions.py $(TORCH_VERSIONS_ARGS)
 
+# Where one engine op's time goes, stage by stage, against Gloo's op: 2 x 2 on loopback
+# (benchmarks/op_breakdown.py; OP_BREAKDOWN_ARGS="--collective all_gather --sizes 4MiB" for one).
+.PHONY: op-breakdown
+op-breakdown: build
+	$(PY) benchmarks/op_breakdown.py $(OP_BREAKDOWN_ARGS)
+
 # What counting and timing each collective for fairring.summary() costs, against a 4-byte all-reduce.
 .PHONY: summary-cost
 summary-cost: build

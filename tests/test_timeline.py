@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -140,3 +143,32 @@ def test_covered_time_merges_overlapping_intervals() -> None:
     assert timeline._covered_us([(0, 2), (1, 3), (5, 6)]) == 4
     assert timeline._covered_us([(5, 6), (0, 10)]) == 10
     assert timeline._covered_us([]) == 0
+
+
+@pytest.mark.timeout(120)
+def test_the_op_breakdown_finds_every_stage_of_an_op() -> None:
+    """benchmarks/op_breakdown.py (make op-breakdown) reads the timeline's spans back per op: every stage of
+    a small all-gather has a start and an end after its issue (a span it failed to match prints nan)."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "op_breakdown.py"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--collective",
+            "all_gather",
+            "--sizes",
+            "64KiB",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    row = next(line for line in result.stdout.splitlines() if line.strip().startswith("64KiB"))
+    spans = re.findall(r"(\d+\.\d+|nan)-\s*(\d+\.\d+|nan)", row)
+    assert len(spans) == 3 and "nan" not in row, row
+    assert all(float(start) <= float(end) for start, end in spans), row
