@@ -58,18 +58,21 @@ def test_bench_runs_and_checks_results(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
-def test_bench_times_the_other_collectives(tmp_path: Path, collective: str) -> None:
-    """--collective: every result checked, sizes of the N-chunk buffer, (N-1)/N bus bandwidth."""
-    arguments = ["--loopback", "--sizes", "64KiB", "-n", "2", "-w", "1", "--collective", collective]
+def test_bench_times_the_other_collectives(tmp_path: Path) -> None:
+    """--collective, two in one launch: every result checked, sizes of the N-chunk buffer, (N-1)/N bus
+    bandwidth, a table for each."""
+    collectives = ("reduce_scatter", "all_gather")
+    arguments = ["--loopback", "--sizes", "64KiB", "-n", "2", "-w", "1", "--collective", ",".join(collectives)]
     run, records = run_bench([*arguments, "--plots", str(tmp_path)], tmp_path / "r.json")
     assert {(r["backend"], r["bytes"], r["collective"]) for r in records} == {
-        (backend, 65536, collective) for backend in ("gloo", FAIRRING)
+        (backend, 65536, collective) for backend in ("gloo", FAIRRING) for collective in collectives
     }
     for record in records:
         assert record["correct"] is True
         assert record["busbw_GBps"] == pytest.approx(record["algbw_GBps"] * 3 / 4)
-    assert f"{collective} of 64 KiB took" in run.stdout.splitlines()[-1]
+    for collective in collectives:
+        assert f"CPU float32 {collective}" in run.stdout
+    assert "reduce_scatter of 64 KiB took" in run.stdout.splitlines()[-1]
 
 
 @pytest.mark.timeout(300)
@@ -225,3 +228,14 @@ def test_the_training_reading_names_the_baseline_that_ran() -> None:
 
     assert "gpt-tiny fsdp2 1.06x (loopback) NCCL's speed" in reading([real("nccl")], argparse.Namespace())
     assert "Gloo's speed" in reading([real("gloo")], argparse.Namespace())
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [["--collective", "all_reduce,broadcast"], ["--study", "dispatch", "--collective", "all_reduce,all_gather"]],
+)
+def test_collectives_the_bench_cannot_time_are_refused(arguments: list[str]) -> None:
+    from fairring.bench.__main__ import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--loopback", *arguments])

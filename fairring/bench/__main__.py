@@ -178,9 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--collective",
         default="all_reduce",
-        choices=("all_reduce", "reduce_scatter", "all_gather"),
-        help="what the single and compare studies time (default all_reduce); sizes are the N-chunk buffer's, "
-        "bus bandwidth and bound as nccl-tests and docs/design.md count them",
+        type=collective_names,
+        help="what the single and compare studies time (default all_reduce), or several, comma-separated, timed "
+        "one after another in one launch; sizes are the N-chunk buffer's, bus bandwidth and bound as nccl-tests "
+        "and docs/design.md count them",
     )
     parser.add_argument("--buckets", type=int, default=64, help="overlap: buckets per measurement (default 64)")
     parser.add_argument("--bucket-size", default="25MiB", help="overlap: bucket size (default 25MiB)")
@@ -210,11 +211,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+COLLECTIVE_NAMES = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+def collective_names(text: str) -> str:
+    """--collective: one of COLLECTIVE_NAMES, or several, comma-separated (the workers time each in turn)."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names or any(name not in COLLECTIVE_NAMES for name in names):
+        raise argparse.ArgumentTypeError(f"{text!r}: each must be one of {', '.join(COLLECTIVE_NAMES)}")
+    return ",".join(names)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.loopback and (args.link or args.netns):
         parser.error("--loopback runs no hosts: it excludes --link and --netns")
+    if "," in args.collective and args.study not in ("single", "compare"):
+        parser.error(f"--study {args.study} times one --collective; several are for the single and compare studies")
     # Without a say in the network, the run goes where it shows what fairring is for: hosts with NICs.
     args.default_hosts, args.loopback_reason = False, ""
     if not (args.link or args.netns or args.loopback):
@@ -410,21 +424,24 @@ def compare_reading(records: list[dict]) -> list[str]:
     rows = [r for r in records if r["study"] == "compare"]
     if not rows:
         return []
-    sample = rows[0]
-    lines = [
-        f"compare, {sample['machines']} machines x {sample['ranks_per_machine']} ({sample['device']}"
-        f"{', NICs at ' + format_rate(sample['link']) if sample['link'] else ''}), the order rotated every "
-        "iteration; time, speed against the baseline, fraction of the hierarchical bound:"
-    ]
-    for nbytes in sorted({r["bytes"] for r in rows}):
-        parts = []
-        for record in (r for r in rows if r["bytes"] == nbytes):
-            bound = record["fraction_of_bound_speed"]
-            parts.append(
-                f"{record['backend']} {_duration(record['median_s'])} ({record['speedup_vs_baseline']:.2f}x"
-                f"{f', {bound:.0%}' if bound else ''}{'' if record['correct'] else ', WRONG'})"
-            )
-        lines.append(f"  {format_bytes(nbytes)}: " + "; ".join(parts))
+    lines = []
+    for collective in dict.fromkeys(r.get("collective", "all_reduce") for r in rows):
+        mine = [r for r in rows if r.get("collective", "all_reduce") == collective]
+        sample = mine[0]
+        lines.append(
+            f"compare, {collective}, {sample['machines']} machines x {sample['ranks_per_machine']} "
+            f"({sample['device']}{', NICs at ' + format_rate(sample['link']) if sample['link'] else ''}), the order "
+            "rotated every iteration; time, speed against the baseline, fraction of the hierarchical bound:"
+        )
+        for nbytes in sorted({r["bytes"] for r in mine}):
+            parts = []
+            for record in (r for r in mine if r["bytes"] == nbytes):
+                bound = record["fraction_of_bound_speed"]
+                parts.append(
+                    f"{record['backend']} {_duration(record['median_s'])} ({record['speedup_vs_baseline']:.2f}x"
+                    f"{f', {bound:.0%}' if bound else ''}{'' if record['correct'] else ', WRONG'})"
+                )
+            lines.append(f"  {format_bytes(nbytes)}: " + "; ".join(parts))
     return lines
 
 

@@ -8,17 +8,27 @@ from pathlib import Path
 MiB = 1 << 20
 
 
-def _series(records: Iterable[dict], key: str) -> dict[str, list[tuple[float, float]]]:
-    """(x, median seconds) points by backend, sorted by x."""
+def _collective(record: dict) -> str:
+    return record.get("collective") or "all_reduce"
+
+
+def _series(records: list[dict], key: str) -> dict[str, list[tuple[float, float]]]:
+    """(x, median seconds) points by backend (and collective, where there are several), sorted by x."""
+    several = len({_collective(r) for r in records}) > 1
     series: dict[str, list[tuple[float, float]]] = {}
     for record in records:
-        series.setdefault(record["backend"], []).append((float(record[key]), float(record["median_s"])))
-    return {backend: sorted(points) for backend, points in series.items()}
+        label = f"{_collective(record)}: {record['backend']}" if several else record["backend"]
+        series.setdefault(label, []).append((float(record[key]), float(record["median_s"])))
+    return {label: sorted(points) for label, points in series.items()}
 
 
-def _bound_points(records: Iterable[dict], key: str) -> list[tuple[float, float]]:
-    points = {float(r[key]): float(r["bound_s"]) for r in records if r.get("bound_s")}
-    return sorted(points.items())
+def _bound_points(records: Iterable[dict], key: str) -> dict[str, list[tuple[float, float]]]:
+    """The hierarchical bound's points, by collective."""
+    bounds: dict[str, dict[float, float]] = {}
+    for record in records:
+        if record.get("bound_s"):
+            bounds.setdefault(_collective(record), {})[float(record[key])] = float(record["bound_s"])
+    return {collective: sorted(points.items()) for collective, points in bounds.items()}
 
 
 def plot_records(records: list[dict], folder: Path, title_suffix: str = "") -> list[Path]:
@@ -43,9 +53,10 @@ def plot_records(records: list[dict], folder: Path, title_suffix: str = "") -> l
         figure, axes = plt.subplots(figsize=(6.4, 4.2))
         for backend, points in _series(chosen, key).items():
             axes.plot([x * scale for x, _ in points], [t for _, t in points], marker="o", label=backend)
-        bound = _bound_points(chosen, key)
-        if bound:
-            axes.plot([x * scale for x, _ in bound], [t for _, t in bound], "k--", label="hierarchical bound")
+        bounds = _bound_points(chosen, key)
+        for collective, bound in bounds.items():
+            label = "hierarchical bound" + (f" ({collective})" if len(bounds) > 1 else "")
+            axes.plot([x * scale for x, _ in bound], [t for _, t in bound], "k--", label=label)
         if logscale:
             axes.set_xscale("log")
             axes.set_yscale("log")

@@ -1,7 +1,7 @@
 """One rank of a benchmark run, started by torchrun (see fairring.bench.__main__).
 
-For each size, times the collective (--collective: all_reduce, reduce_scatter or
-all_gather; fairring.bench.collectives) on the baseline group (Gloo for CPU
+For each collective (--collective: all_reduce, reduce_scatter, all_gather, or
+several in turn; fairring.bench.collectives) and size, times it on the baseline group (Gloo for CPU
 tensors, NCCL for CUDA) and on fairring over the same ranks, checks each result
 against the closed-form value of known inputs, and has rank 0 print a progress
 line and write one JSON record per measurement.
@@ -57,7 +57,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--study", default="single", choices=("single", "overlap", "scaling", "transports", "dispatch", "compare")
     )
-    parser.add_argument("--collective", default="all_reduce", choices=sorted(COLLECTIVES))
+    # As the launcher checked it: one of COLLECTIVES, or several, comma-separated, timed in turn.
+    parser.add_argument("--collective", default="all_reduce", type=lambda text: text.split(","))
     parser.add_argument("--buckets", type=int, default=1, help="ops issued back to back per measurement")
     parser.add_argument(
         "--inflight", type=int, default=0, help="slices the staging memory allows in flight, for records"
@@ -142,13 +143,13 @@ def passes(names: list[str], iters: int, warmup: int, alternate: bool) -> list[t
 
 def time_groups(
     groups: dict[str, dist.ProcessGroup],
+    collective: Collective,
     every: list[Buffers],
     gloo: dist.ProcessGroup,
     args: argparse.Namespace,
     shaped: bool,
 ) -> dict[str, Timed]:
     """Every group's timed ops on `every` buffer, in passes()'s order."""
-    collective = COLLECTIVES[args.collective]
     timed = {name: Timed() for name in groups}
     for order, iters, warmup in passes(list(groups), args.iters, args.warmup, args.study == "compare"):
         for name in order:
@@ -164,11 +165,12 @@ def first_auto_use(
     groups: dict[str, dist.ProcessGroup], device: torch.device | None, collective: Collective
 ) -> dict[str, object]:
     """The dispatch and compare studies: a group with FAIRRING_FLAT_THRESHOLD=auto (its CUDA engine on,
-    as FAIRRING_CUDA_ENGINE=auto does), its first op of the kind timed (which measures that kind), and
-    what it decided."""
-    options = fairring.Options(engine=True, flat_threshold="auto")
-    group = dist.new_group(backend="fairring", pg_options=options)
-    groups[AUTO_NAME] = group
+    as FAIRRING_CUDA_ENGINE=auto does), made at its first call, its first op of the kind timed (which
+    measures that kind, apart from the others), and what it decided."""
+    if AUTO_NAME not in groups:
+        options = fairring.Options(engine=True, flat_threshold="auto")
+        groups[AUTO_NAME] = dist.new_group(backend="fairring", pg_options=options)
+    group = groups[AUTO_NAME]
     start = time.perf_counter()
     collective.issue(collective.buffers(4096, dist.get_world_size(), device), group).wait()
     measure_s = time.perf_counter() - start
@@ -242,36 +244,31 @@ def rails_description(config: Config) -> str:
     return "TensorPipe"
 
 
-def main(argv: list[str]) -> None:
-    args = parse_args(argv)
-    die_with_the_agent()
-    device = rank_device()
-    dist.init_process_group("fairring")
+def time_collective(
+    collective: Collective,
+    groups: dict[str, dist.ProcessGroup],
+    fairring_name: str,
+    gloo: dist.ProcessGroup,
+    device: torch.device | None,
+    args: argparse.Namespace,
+    cores: int,
+    mtu: int | None,
+) -> list[dict[str, object]]:
+    """One collective's records at every size: each group's times, the profile, and the check."""
     rank, size = dist.get_rank(), dist.get_world_size()
-    baseline_name = "nccl" if device is not None else "gloo"
-    gloo = dist.new_group(backend="gloo")
-    config = load_config(os.environ)
-    # Named by transport where it is not the default, so one table can hold both.
-    fairring_name = "fairring" if config.rails_transport == "tensorpipe" else f"fairring-{config.rails_transport}"
-    groups = {baseline_name: dist.new_group(backend=baseline_name) if device else gloo, fairring_name: dist.group.WORLD}
-    collective = COLLECTIVES[args.collective]
-    measures = args.study == "compare" or (args.study == "dispatch" and args.collective == "all_reduce")
+    measures = args.study == "compare" or (args.study == "dispatch" and collective.name == "all_reduce")
     auto = first_auto_use(groups, device, collective) if measures else {}
     topology = dist.group.WORLD._get_backend(torch.device("cpu")).topology
-    # The cores the ranks share: one machine's for emulated hosts (one kernel, one hostname),
-    # every machine's on a real cluster.
-    hostnames: list[str | None] = [None] * size
-    dist.all_gather_object(hostnames, platform.node(), group=gloo)
-    cores = (os.cpu_count() or 1) * len(set(hostnames))
-    records = []
     shaped = args.link_bytes_per_s > 0
-    mtu = nic_mtu(shaped)
+    config = load_config(os.environ)
+    baseline_name = "nccl" if device is not None else "gloo"
     if rank == 0:
         where = f"CUDA ({torch.cuda.get_device_name(device)})" if device is not None else "CPU"
         link = f", NICs shaped to {args.link} (MTU {mtu})" if args.link else ""
-        what = f"{where} float32 {args.collective}"
+        what = f"{where} float32 {collective.name}"
         print(f"{topology.num_machines} machines x {topology.local_size} ranks, {what}{link}")
         print(" ".join(f"{name:>{width}}" for name, width in COLUMNS), flush=True)
+    records: list[dict[str, object]] = []
     for size_text in args.sizes.split(","):
         every = [collective.buffers(parse_size("--sizes", size_text), size, device) for _ in range(args.buckets)]
         nbytes = max(every[0][0].nbytes, every[0][1].nbytes)
@@ -279,7 +276,7 @@ def main(argv: list[str]) -> None:
         bound = collective.bound_s(total_bytes, topology.num_machines, args.link_bytes_per_s)
         medians: dict[str, float] = {}
         correct = {name: collective.check(every, group) for name, group in groups.items()}
-        timed = time_groups(groups, every, gloo, args, shaped)
+        timed = time_groups(groups, collective, every, gloo, args, shaped)
         for name in groups:
             seconds, cpu_s, wall_s, sent = timed[name].seconds, timed[name].cpu_s, timed[name].wall_s, timed[name].sent
             # An op is as slow as its slowest rank.
@@ -299,7 +296,7 @@ def main(argv: list[str]) -> None:
             algbw = total_bytes / median / 1e9
             record = {
                 "study": args.study,
-                "collective": args.collective,
+                "collective": collective.name,
                 "backend": name,
                 "rails": rails_description(config) if name == fairring_name else None,
                 "baseline": baseline_name,
@@ -333,13 +330,38 @@ def main(argv: list[str]) -> None:
             records.append(record)
             if rank == 0:
                 print_row(record)
+    return records
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    die_with_the_agent()
+    device = rank_device()
+    dist.init_process_group("fairring")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    baseline_name = "nccl" if device is not None else "gloo"
+    gloo = dist.new_group(backend="gloo")
+    config = load_config(os.environ)
+    # Named by transport where it is not the default, so one table can hold both.
+    fairring_name = "fairring" if config.rails_transport == "tensorpipe" else f"fairring-{config.rails_transport}"
+    groups = {baseline_name: dist.new_group(backend=baseline_name) if device else gloo, fairring_name: dist.group.WORLD}
+    # The cores the ranks share: one machine's for emulated hosts (one kernel, one hostname),
+    # every machine's on a real cluster.
+    hostnames: list[str | None] = [None] * size
+    dist.all_gather_object(hostnames, platform.node(), group=gloo)
+    cores = (os.cpu_count() or 1) * len(set(hostnames))
+    records = []
+    shaped = args.link_bytes_per_s > 0
+    mtu = nic_mtu(shaped)
+    for name in args.collective:
+        records += time_collective(COLLECTIVES[name], groups, fairring_name, gloo, device, args, cores, mtu)
     if rank == 0:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         document = {"environment": environment("cuda" if device is not None else "cpu"), "records": records}
         args.json.write_text(json.dumps(document, indent=1))
     dist.destroy_process_group()
     if not all(record["correct"] for record in records):
-        sys.exit(f"fairring.bench: some {args.collective} results were wrong")
+        sys.exit(f"fairring.bench: some {', '.join(args.collective)} results were wrong")
 
 
 def print_row(record: dict[str, object]) -> None:
