@@ -1,19 +1,23 @@
-"""The GPU check's first stage: the CUDA engine against NCCL where the network is the bottleneck.
+"""The GPU check's stage against NCCL where the network is the bottleneck, on the layouts clusters run.
 
 Several processes on one GPU time-slice it unless MPS runs, and then every
 spinning NCCL kernel waits out the other processes' slices: figures from that
 compare schedulers, not all-reduces (docs/benchmarks.md, "On a GPU"). So this
 stage starts MPS where the machine lets it (its control daemon, in folders of
 its own, stopped when the stage ends), makes each machine a network namespace
-whose NIC is shaped to 10 Gbit/s (the ranks of one machine in its namespace,
-NCCL on its socket transport through that NIC, a distinct NCCL_HOSTID per
-process), and runs `python -m fairring.bench --study compare`: at each size the
-engine, NCCL's all-reduce and a group under FAIRRING_CUDA_ENGINE=auto's routing,
-on the same tensors in the same processes, the order rotated every iteration,
-every result checked exactly, with the fraction of the hierarchical bound; and
-on 2 x 2, 8 buckets of 25 MiB issued at once (the bench's overlap study), the
-engine against NCCL, which pipelines buckets where the engine pays a fill and
-drain at each.
+whose NIC is shaped (the ranks of one machine in its namespace, NCCL on its
+socket transport through that NIC, a distinct NCCL_HOSTID per process), and
+runs `python -m fairring.bench --study compare` once per layout and link: the
+all-reduce, FSDP's reduce-scatter and all-gather, each at every size the
+engine, NCCL and a group under FAIRRING_CUDA_ENGINE=auto's routing on the same
+tensors, the order rotated every iteration, every result checked exactly, with
+the fraction of the hierarchical bound. The parts in order of value: 2 x 4 at
+10 Gbit/s, 2 x 8 (16 processes) at 10, then both at 25, each where the time
+left allows it. Before the first, NCCL's socket settings are tried at 64 MiB
+and the fastest is kept for every part, so the figure is against NCCL as a
+careful user runs it; after it, 8 buckets of 25 MiB issued at once (the
+bench's overlap study), where the engine pays a fill and drain at each op and
+NCCL pipelines.
 
 What it is not: a cluster. The local steps run on one GPU without NVLink, and
 the NICs are veths shaped by tc.
@@ -33,19 +37,30 @@ from typing import Any
 from fairring._config import MPS_PIPE_DIRECTORY, SERIALIZED_LAUNCHES
 from fairring._sizes import format_size
 
-LINK = "10gbit"
-# 2 machines x 2 ranks, then x 4 where the stage's time allows (about twice the first's).
-LAYOUTS = ((2, 2), (2, 4))
-# Between the two: DDP's buckets back to back (8 issued at once, then waited for) on 2 x 2, where the
-# engine pays a pipeline fill and drain at each op boundary and NCCL does not (docs/design.md, "What
-# the op boundary costs").
+# The parts, in order of value: 8 ranks a machine is what clusters have; 2 x 4 first, since it fits where
+# 2 x 8 may not. The CPU mode (CI's flow of the stage) keeps to 2 x 2 on 2 cores.
+LINKS = {"cuda": ("10gbit", "25gbit"), "cpu": ("10gbit",)}
+LAYOUTS = {"cuda": ((2, 4), (2, 8)), "cpu": ((2, 2), (2, 4))}
+QUICK_LAYOUTS = {"cuda": ((2, 4),), "cpu": ((2, 2),)}
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+SIZES = {"cuda": "1MiB,4MiB,16MiB,64MiB,256MiB", "cpu": "256KiB,1MiB"}
+QUICK_SIZES = {"cuda": "4MiB,64MiB", "cpu": "256KiB"}
+# DDP's buckets back to back (8 issued at once, then waited for) on the first part's layout, where the
+# engine pays a pipeline fill and drain at each op boundary and NCCL does not (docs/design.md, "What the
+# op boundary costs").
 BUCKETS = 8
 BUCKET_SIZE = {"cuda": "25MiB", "cpu": "1MiB"}
-SIZES = {"cuda": "4MiB,16MiB,64MiB,256MiB", "cpu": "256KiB,1MiB"}
-QUICK_SIZES = {"cuda": "4MiB,64MiB", "cpu": "256KiB"}
-STAGE = f"versus NCCL: 2 hosts x 2 and x 4 ranks, NICs shaped to {LINK}, MPS where it starts"
-# On an H200 under MPS (2026-11-28), each 2x2 part at two sizes took 19 s, launch included; the
-# default four sizes, the buckets and FSDP's two collectives need about this.
+# NCCL's socket transport at its defaults and at two settings NCCL's docs suggest for fast NICs, tried
+# on the first part at TUNING_SIZE; the fastest is kept for every part.
+NCCL_SOCKET_SETTINGS = (
+    {},
+    {"NCCL_SOCKET_NTHREADS": "2", "NCCL_NSOCKS_PERTHREAD": "2"},
+    {"NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "4"},
+)
+TUNING_SIZE = "64MiB"
+STAGE = "versus NCCL: 2 hosts x 4 and x 8 ranks, NICs shaped to 10 and 25 Gbit/s, MPS where it starts"
+# On an H200 under MPS (2026-11-28), each 2x2 part at two sizes took 19 s, launch included; a 2 x 4 part
+# of three collectives at five sizes, the buckets and the tuning need about this (not yet timed).
 MINIMUM_S = 150.0
 # Every rank's: NCCL's socket transport and nothing that would bypass the shaped NIC (the bench sets
 # NCCL_SOCKET_IFNAME to the host's NIC); the engine kept under MPS, since the stage runs one group's
@@ -125,32 +140,46 @@ def stop_mps(mps: Mps) -> str:
 
 
 def bench_arguments(
-    machines: int, local: int, sizes: str, iters: int, mps: Mps, collective: str = "all_reduce"
+    machines: int, local: int, link: str, sizes: str, iters: int, settings: dict[str, str], collectives: str
 ) -> list[str]:
-    """`python -m fairring.bench`'s arguments for one layout (and collective) of the stage."""
-    arguments = ["--hosts", str(machines), "--ranks-per-host", str(local), "--link", LINK, "--study", "compare"]
-    arguments += ["--collective", collective, "--sizes", sizes, "-n", str(iters), "-w", "1"]
-    return arguments + rank_settings(mps)
+    """`python -m fairring.bench`'s arguments for one part of the stage: every collective listed, in one launch."""
+    arguments = ["--hosts", str(machines), "--ranks-per-host", str(local), "--link", link, "--study", "compare"]
+    arguments += ["--collective", collectives, "--sizes", sizes, "-n", str(iters), "-w", "1"]
+    return arguments + rank_settings(settings)
 
 
-def overlap_arguments(device: str, iters: int, mps: Mps) -> list[str]:
-    """The buckets back to back on 2 x 2: the bench's overlap study at 4 slices in flight."""
-    arguments = ["--hosts", "2", "--ranks-per-host", "2", "--link", LINK, "--study", "overlap"]
+def tuning_arguments(machines: int, local: int, link: str, settings: dict[str, str]) -> list[str]:
+    """One NCCL socket setting's try: the engine and NCCL's all-reduce at TUNING_SIZE, 2 timed after 1."""
+    arguments = ["--hosts", str(machines), "--ranks-per-host", str(local), "--link", link, "--study", "single"]
+    arguments += ["--sizes", TUNING_SIZE, "-n", "2", "-w", "1"]
+    return arguments + rank_settings(settings)
+
+
+def overlap_arguments(
+    device: str, machines: int, local: int, link: str, iters: int, settings: dict[str, str]
+) -> list[str]:
+    """The buckets back to back: the bench's overlap study at 4 slices in flight."""
+    arguments = ["--hosts", str(machines), "--ranks-per-host", str(local), "--link", link, "--study", "overlap"]
     arguments += ["--buckets", str(BUCKETS), "--bucket-size", BUCKET_SIZE[device], "--inflight", "4"]
     arguments += ["-n", str(iters), "-w", "1"]
-    return arguments + rank_settings(mps)
+    return arguments + rank_settings(settings)
 
 
-def rank_settings(mps: Mps) -> list[str]:
-    settings = []
-    for name, value in {**RANK_ENV, **mps.env}.items():
-        settings += ["--set", f"{name}={value}"]
-    return settings
+def setting_text(setting: dict[str, str]) -> str:
+    return " ".join(f"{name}={value}" for name, value in setting.items()) or "NCCL's defaults"
+
+
+def rank_settings(settings: dict[str, str]) -> list[str]:
+    """--set for every rank: RANK_ENV, then `settings` (MPS's variables, NCCL's socket setting)."""
+    arguments = []
+    for name, value in {**RANK_ENV, **settings}.items():
+        arguments += ["--set", f"{name}={value}"]
+    return arguments
 
 
 def summarize(records: list[dict[str, Any]], machines: int, local: int) -> dict[str, Any]:
-    """Rows by size and backend; from which size the engine is at least as fast as the baseline at
-    every larger size measured, and where auto put the engine."""
+    """One collective's rows by size and backend; from which size the engine is at least as fast as the
+    baseline at every larger size measured, and where auto put the engine."""
     keys = ("backend", "bytes", "median_s", "busbw_GBps", "speedup_vs_baseline", "fraction_of_bound_speed", "correct")
     rows = [{key: record.get(key) for key in keys} for record in records]
     engine = {r["bytes"]: r for r in records if r["backend"] == "fairring"}
@@ -173,20 +202,29 @@ def summarize(records: list[dict[str, Any]], machines: int, local: int) -> dict[
 
 
 def lines(summary: dict[str, Any], table: Any, percent: Any) -> list[str]:
-    """The report's section: what ran, the table per layout, and what it says for the default."""
-    layouts = summary.get("layouts", {})
+    """The report's section: what ran, a table per part and collective, and what it says for the default."""
+    parts = summary.get("parts", {})
     head = [
         f"MPS: {summary.get('mps', 'not probed')}. Network namespaces: {summary.get('netns', 'not probed')}.",
         "",
-        f"float32 all_reduce, each machine a network namespace whose NIC is shaped to {LINK}, the engine",
+        "float32, each machine a network namespace whose NIC is shaped as the part says, the engine",
         "(fairring), the baseline and FAIRRING_CUDA_ENGINE=auto's routing (fairring-auto) on the same tensors,",
-        "the order rotated every iteration, every result checked; median of the slowest rank's times.",
+        "the order rotated every iteration, every result checked; median of the slowest rank's times; a",
+        "reduce-scatter's or all-gather's size is its N-chunk tensor's.",
         "The baseline is NCCL on its socket transport through that NIC (a distinct NCCL_HOSTID per process);",
         "one GPU shared by every process (MPS as above), no NVLink, NICs emulated by tc: not a cluster."
         if summary.get("device") == "cuda"
         else "CPU tensors (the check's CPU mode): the baseline is Gloo, and no GPU is involved.",
     ]
-    if not layouts:
+    tuning = summary.get("nccl_tuning")
+    if tuning:
+        tried = "; ".join(f"{t['setting']}: {t['nccl_ms']:.1f} ms" for t in tuning.get("tried", []))
+        head += [
+            "",
+            f"NCCL's socket settings: {tuning['kept']}"
+            + (f" (its all-reduce at {TUNING_SIZE}: {tried})" if tried else ""),
+        ]
+    if not parts:
         return [*head, "", "Not run."]
 
     def cells(row: dict[str, Any]) -> list[str]:
@@ -199,7 +237,7 @@ def lines(summary: dict[str, Any], table: Any, percent: Any) -> list[str]:
             "yes" if row["correct"] else "NO",
         ]
 
-    def part_lines(title: str, part: dict[str, Any]) -> list[str]:
+    def collective_lines(title: str, part: dict[str, Any]) -> list[str]:
         body = [[format_size(int(row["bytes"])), *cells(row), f"{row['busbw_GBps']:.3f}"] for row in part["rows"]]
         found = ["", title, ""]
         found += table(["size", "backend", "ms", "vs baseline", "of bound", "correct", "busbw GB/s"], body)
@@ -214,15 +252,14 @@ def lines(summary: dict[str, Any], table: Any, percent: Any) -> list[str]:
         ]
 
     out = head
-    for layout, part in layouts.items():
-        out += part_lines(f"{layout} (machines x ranks):", part)
-    for collective, part in summary.get("fsdp", {}).items():
-        out += part_lines(f"{collective} (FSDP's), 2 x 2; a size is the N-chunk tensor's:", part)
+    for name, part in parts.items():
+        for collective, found in part["collectives"].items():
+            out += collective_lines(f"{collective}, {name} (machines x ranks, NIC rate):", found)
     overlap = summary.get("overlap")
     if overlap:
-        out += ["", f"{overlap['what']}, 2 x 2:", ""]
+        out += ["", f"{overlap['what']}, {overlap['part']}:", ""]
         header = ["backend", "ms for all", "vs baseline", "of bound", "correct"]
         out += table(header, [cells(row) for row in overlap["rows"]])
-    if summary.get("left_out"):
-        out += ["", summary["left_out"]]
+    for left_out in summary.get("left_out", []):
+        out += ["", left_out]
     return out

@@ -28,7 +28,7 @@ MiB = 1024 * 1024
 STAGES = {
     "contract: tests/test_cuda.py -k synchronous (every kind, async_op False and True, 2 x 2)": "contract",
     "fsdp2: GPT-124M by FSDP2, 2 hosts x 2 and x 4 ranks, NICs at 10gbit, MPS where it starts": "fsdp2",
-    "versus NCCL: 2 hosts x 2 and x 4 ranks, NICs shaped to 10gbit, MPS where it starts": "versus",
+    "versus NCCL: 2 hosts x 4 and x 8 ranks, NICs shaped to 10 and 25 Gbit/s, MPS where it starts": "versus",
     "tests: tests/test_cuda.py": "tests",
     "correctness: 4 processes as 2 machines x 2 ranks": "worlds",
     "correctness: 6 processes as 3 machines x 2 ranks, as an NCCL job starts (pg_options, device_id)": "worlds",
@@ -71,32 +71,29 @@ def cpu_check(tmp_path: Path, only: set[str]) -> tuple[str, dict[str, Any]]:
 @pytest.mark.timeout(240)
 def test_gpu_check_on_cpu_versus_the_baseline_on_shaped_hosts(tmp_path: Path) -> None:
     """Against the baseline (Gloo on CPU tensors) on shaped hosts: the engine, the baseline and auto's routing,
-    each result right; --quick runs 2x2 at 256 KiB only, and no MPS on the CPU."""
+    each result right; --quick runs 2x2 at 10 Gbit/s and 256 KiB only, and no MPS on the CPU."""
     if not NETNS:
         pytest.skip("network namespaces cannot be made here (the stage says why, and is skipped)")
     text, data = cpu_check(tmp_path, {"versus"})
     versus = data["versus"]
     assert versus["mps"] == "not tried (--device cpu)" and versus["netns"] == "available", versus
-    assert sorted(versus["layouts"]) == ["2x2"], versus
-    rows = versus["layouts"]["2x2"]["rows"]
-    assert sorted((row["backend"], row["bytes"]) for row in rows) == [
-        ("fairring", 256 * 1024),
-        ("fairring-auto", 256 * 1024),
-        ("gloo", 256 * 1024),
-    ], rows
-    assert all(row["correct"] and row["median_s"] > 0 for row in rows), rows
-    assert versus["layouts"]["2x2"]["auto"]["auto_reason"], versus
-    # 8 buckets back to back on 2x2, the engine against the baseline, both right.
+    # --quick on the CPU: one part, 2x2 at 10 Gbit/s, all three collectives in one launch; no NCCL to tune.
+    assert sorted(versus["parts"]) == ["2x2 at 10gbit"] and "nccl_tuning" not in versus, versus
+    collectives = versus["parts"]["2x2 at 10gbit"]["collectives"]
+    assert sorted(collectives) == ["all_gather", "all_reduce", "reduce_scatter"], versus
+    for collective, part in collectives.items():
+        assert sorted((row["backend"], row["bytes"]) for row in part["rows"]) == [
+            ("fairring", 256 * 1024),
+            ("fairring-auto", 256 * 1024),
+            ("gloo", 256 * 1024),
+        ], (collective, part)
+        assert all(row["correct"] and row["median_s"] > 0 for row in part["rows"]), part
+        assert part["auto"]["auto_reason"], part
+        assert f"{collective}, 2x2 at 10gbit (machines x ranks, NIC rate):" in text
+    # 8 buckets back to back on that layout, the engine against the baseline, both right.
     overlap = versus["overlap"]["rows"]
     assert sorted(row["backend"] for row in overlap) == ["fairring", "gloo"], overlap
     assert all(row["correct"] and row["median_s"] > 0 for row in overlap), overlap
-    # FSDP's reduce-scatter on 2x2 (--quick leaves out the all-gather): the engine, the baseline and auto's
-    # routing of that kind.
-    assert sorted(versus["fsdp"]) == ["reduce_scatter"], versus
-    for part in versus["fsdp"].values():
-        assert sorted(row["backend"] for row in part["rows"]) == ["fairring", "fairring-auto", "gloo"], part
-        assert all(row["correct"] and row["median_s"] > 0 for row in part["rows"]) and part["auto"], part
-    assert "reduce_scatter (FSDP's), 2 x 2" in text
     assert "## Versus NCCL, the network the bottleneck" in text
 
 
@@ -285,3 +282,21 @@ def test_carried_tools_unpack_only_what_the_machine_lacks(tmp_path: Path, monkey
     assert subprocess.run(["fairring-test-tool"], capture_output=True, text=True).stdout == "ok\n"
     assert shutil.which("fairring-test-shadow") is None
     assert gpu_tools.provide(folder, ("fairring-test-tool",)) == "installed"
+
+
+def test_a_stage_of_parts_reports_each_part_as_it_ends() -> None:
+    """A stage that reports progress (the versus stage, after each layout) has the report rewritten with what it
+    found so far, marked running, before its own end rewrites it again."""
+    from benchmarks.gpu_check.budget import Step, run_steps
+    from benchmarks.gpu_check.stage import Stage
+
+    def two_parts(seconds: float, progress) -> tuple[Stage, dict]:
+        progress(Stage("parts"), {"parts": ["2x4"]})
+        return Stage("parts", "ok"), {"parts": ["2x4", "2x8"]}
+
+    written: list[tuple[str, dict]] = []
+    step = Step("parts", "parts", 100.0, 10.0, two_parts, reports_progress=True)
+    run_steps(
+        [step], time.monotonic() + 100, lambda stages, summaries, _: written.append((stages[0].status, summaries))
+    )
+    assert written == [("running", {"parts": {"parts": ["2x4"]}}), ("ok", {"parts": {"parts": ["2x4", "2x8"]}})]

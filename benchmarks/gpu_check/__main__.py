@@ -86,6 +86,7 @@ def steps(args: argparse.Namespace) -> list[Step]:
             versus_nccl.MINIMUM_S,
             partial(run_versus, args),
             versus_skip,
+            reports_progress=True,
         ),
         Step("tests", TESTS_STAGE, args.tests_timeout, TESTS_MINIMUM_S, tests_step, tests_skip),
         *(world_step(spec) for spec in with_local_steps),

@@ -49,8 +49,11 @@ class Step:
     name: str
     limit: float
     reserve: float
-    run: Callable[[float], tuple[Stage, dict[str, Any]]]
+    run: Callable[..., tuple[Stage, dict[str, Any]]]
     skip: str = ""  # why it does not run at all, whatever the budget
+    # Whether run also takes progress=: a callable(stage, summary) that writes the report with what the
+    # stage has found so far, for a stage of several long parts.
+    reports_progress: bool = False
 
 
 def run_steps(
@@ -72,11 +75,20 @@ def run_steps(
             stages.append(Stage(step.name, detail=f"skipped: {max(left, 0):.0f} s of the budget left"))
             left_out.append(step.name)
             continue
+        not_yet = [Stage(later.name, detail="not run yet") for later in todo[index + 1 :]]
+        begun = time.monotonic()
+
+        def progress(
+            stage: Stage, summary: dict[str, Any], name: str = step.name, after: list = not_yet, begun: float = begun
+        ) -> None:
+            running = Stage(stage.name, "running", time.monotonic() - begun, "parts so far", stage.commands)
+            written([*stages, running, *after], {**summaries, name: summary}, left_out)
+
         try:
-            stage, summaries[step.name] = step.run(seconds)
+            extra = {"progress": progress} if step.reports_progress else {}
+            stage, summaries[step.name] = step.run(seconds, **extra)
         except Exception:
             stage = Stage(step.name, "failed", detail="the check itself failed", output_tail=tail(format_exc()))
         stages.append(stage)
-        not_yet = [Stage(later.name, detail="not run yet") for later in todo[index + 1 :]]
         written(stages + not_yet, summaries, left_out)
     return stages, summaries, left_out

@@ -82,7 +82,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--training-timeout", type=float, default=150.0, help="seconds for the training stage")
     parser.add_argument("--fsdp2-timeout", type=float, default=240.0, help="seconds for the FSDP2 stage")
     parser.add_argument(
-        "--versus-timeout", type=float, default=240.0, help="seconds for the stage against NCCL (default 240)"
+        "--versus-timeout", type=float, default=720.0, help="seconds for the stage against NCCL (default 720)"
     )
     parser.add_argument(
         "--worlds-timeout", type=float, help=f"seconds for each (default {WORLD_LIMIT_PER_PROCESS_S:.0f} per process)"

@@ -13,7 +13,10 @@ from fairring.bench.netns import netns_available
 from .processes import run_fairring_bench
 from .stage import Stage, conclude, time_left_for
 
-FSDP2_STAGE = f"fsdp2: GPT-124M by FSDP2, 2 hosts x 2 and x 4 ranks, NICs at {versus_nccl.LINK}, MPS where it starts"
+LINK = "10gbit"
+# Issue 62's layouts: 2 x 2, then 2 x 4 where the time allows.
+LAYOUTS = ((2, 2), (2, 4))
+FSDP2_STAGE = f"fsdp2: GPT-124M by FSDP2, 2 hosts x 2 and x 4 ranks, NICs at {LINK}, MPS where it starts"
 # On the CPU (the check's own test) the tiny transformer: the flow, not the figures.
 MODEL = {"cuda": "gpt-124m", "cpu": "gpt-tiny"}
 # Timed steps after 2 of warmup, each backend: enough for a median on a GPU shared under MPS.
@@ -26,9 +29,9 @@ def fsdp2_arguments(device: str, layout: str, mps: versus_nccl.Mps, shaped: bool
     """`python -m fairring.bench`'s arguments for one layout: the training study's real part, FSDP2 only."""
     arguments = ["--study", "training", "--part", "real", "--parallelism", "fsdp2", "--real-models", MODEL[device]]
     arguments += ["--real-layouts", layout, "--real-steps", str(STEPS[device])]
-    arguments += ["--link", versus_nccl.LINK, "--hosts-only"] if shaped else ["--loopback"]
+    arguments += ["--link", LINK, "--hosts-only"] if shaped else ["--loopback"]
     arguments += ["--cuda"] if device == "cuda" else []
-    return arguments + versus_nccl.rank_settings(mps)
+    return arguments + versus_nccl.rank_settings(mps.env)
 
 
 def run_fsdp2(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
@@ -48,7 +51,7 @@ def run_fsdp2(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str
     summary["mps"] = mps.state
     try:
         first_s = None
-        for machines, local in versus_nccl.LAYOUTS[: 1 if args.quick else None]:
+        for machines, local in LAYOUTS[: 1 if args.quick else None]:
             layout = f"{machines}x{local}"
             left = time_left_for(layout, timeout, started, first_s, summary)
             if not left:

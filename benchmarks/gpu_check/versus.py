@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks import gpu_tools, versus_nccl
@@ -11,7 +12,13 @@ from fairring._sizes import format_size
 from fairring.bench.netns import netns_available
 
 from .processes import run_fairring_bench
-from .stage import Stage, conclude, tail, time_left_for
+from .stage import Stage, conclude, tail
+
+# What the stage reports as each part ends (the check's report, rewritten with it so far).
+Progress = Callable[[Stage, dict[str, Any]], None]
+# A part's time grows with its processes, which share one GPU; the next part is tried only where this
+# much more than that estimate is left.
+MARGIN = 1.2
 
 
 def why_no_netns() -> str:
@@ -23,55 +30,61 @@ def why_no_netns() -> str:
     return f"skipped: {reason}"
 
 
-def run_versus(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[str, Any]]:
+def run_versus(
+    args: argparse.Namespace, timeout: float, progress: Progress | None = None
+) -> tuple[Stage, dict[str, Any]]:
     """The engine, NCCL (Gloo) and auto's routing on hosts whose NICs are shaped, MPS where it starts
-    (benchmarks/versus_nccl.py): 2x2, then 2x4 where the time allows (not with --quick)."""
+    (benchmarks/versus_nccl.py): each part (layout and NIC rate) where the time left allows it."""
     stage = Stage(versus_nccl.STAGE)
     available, reason = netns_available()
     summary: dict[str, Any] = {
         "device": args.device,
         "netns": "available" if available else f"unavailable: {reason}",
-        "layouts": {},
+        "parts": {},
+        "left_out": [],
     }
     problems: list[str] = []
     started = time.monotonic()
     mps = versus_nccl.start_mps(args.device)
     summary["mps"] = mps.state
     print(f"gpu-check: MPS: {mps.state}", flush=True)
+    layouts = (versus_nccl.QUICK_LAYOUTS if args.quick else versus_nccl.LAYOUTS)[args.device]
+    sizes = (versus_nccl.QUICK_SIZES if args.quick else versus_nccl.SIZES)[args.device]
+    collectives = ",".join(versus_nccl.COLLECTIVES)
+    expected = 3 * len(sizes.split(",")) * len(versus_nccl.COLLECTIVES)
+    seconds_per_process: float | None = None
     try:
-        first_s = None
-        for machines, local in versus_nccl.LAYOUTS[: 1 if args.quick else None]:
-            layout = f"{machines}x{local}"
-            left = time_left_for(layout, timeout, started, first_s, summary)
-            if not left:
-                break
-            sizes = (versus_nccl.QUICK_SIZES if args.quick else versus_nccl.SIZES)[args.device]
-            arguments = versus_nccl.bench_arguments(machines, local, sizes, args.compare_iters, mps)
-            records, found, seconds = run_versus_part(stage, arguments, left, layout, 3 * len(sizes.split(",")))
-            first_s = first_s or seconds
-            problems += found
-            summary["layouts"][layout] = versus_nccl.summarize(records, machines, local)
-            if layout == "2x2":
-                # DDP's buckets back to back: the engine against the baseline.
-                arguments = versus_nccl.overlap_arguments(args.device, args.compare_iters, mps)
+        settings = dict(mps.env)
+        for link in versus_nccl.LINKS[args.device]:
+            for machines, local in layouts:
+                name = f"{machines}x{local} at {link}"
                 left = timeout - (time.monotonic() - started)
-                records, found, _ = run_versus_part(stage, arguments, left, "buckets", 2)
-                problems += found
-                keys = ("backend", "median_s", "speedup_vs_baseline", "fraction_of_bound_speed", "correct")
-                what = f"{versus_nccl.BUCKETS} all-reduces of {versus_nccl.BUCKET_SIZE[args.device]} issued at once"
-                summary["overlap"] = {"what": what, "rows": [{key: r.get(key) for key in keys} for r in records]}
-                # FSDP's collectives, each about half an all-reduce's time, where the stage has it (--quick: the
-                # reduce-scatter only, the all-gather being the same path on the same processes).
-                for collective in ("reduce_scatter",) if args.quick else ("reduce_scatter", "all_gather"):
+                if seconds_per_process is not None and left < MARGIN * seconds_per_process * machines * local:
+                    summary["left_out"].append(f"{name} left out: {left:.0f} s of the stage left")
+                    continue
+                if seconds_per_process is None and args.device == "cuda" and not args.quick:
+                    settings.update(tune_nccl(stage, machines, local, link, settings, left, summary, problems))
                     left = timeout - (time.monotonic() - started)
-                    if left < first_s:
-                        summary.setdefault("left_out", f"{collective} left out: {left:.0f} s of the stage left")
-                        continue
-                    arguments = versus_nccl.bench_arguments(machines, local, sizes, args.compare_iters, mps, collective)
-                    expected = 3 * len(sizes.split(","))
-                    records, found, _ = run_versus_part(stage, arguments, left, collective, expected)
-                    problems += found
-                    summary.setdefault("fsdp", {})[collective] = versus_nccl.summarize(records, machines, local)
+                arguments = versus_nccl.bench_arguments(
+                    machines, local, link, sizes, args.compare_iters, settings, collectives
+                )
+                records, found, seconds = run_versus_part(stage, arguments, left, name, expected)
+                problems += found
+                summary["parts"][name] = {
+                    "layout": f"{machines}x{local}",
+                    "link": link,
+                    "collectives": {
+                        collective: versus_nccl.summarize(
+                            [r for r in records if r.get("collective") == collective], machines, local
+                        )
+                        for collective in versus_nccl.COLLECTIVES
+                    },
+                }
+                if seconds_per_process is None:
+                    seconds_per_process = seconds / (machines * local)
+                    problems += run_buckets(stage, args, machines, local, link, settings, timeout, started, summary)
+                if progress is not None:
+                    progress(stage, summary)
     finally:
         stopped = versus_nccl.stop_mps(mps)
         if stopped:
@@ -79,6 +92,61 @@ def run_versus(args: argparse.Namespace, timeout: float) -> tuple[Stage, dict[st
     stage.seconds = time.monotonic() - started
     stage.output_tail = tail(stage.output_tail)
     return conclude(stage, {**summary, "problems": []}, problems, "every result correct")
+
+
+def tune_nccl(
+    stage: Stage,
+    machines: int,
+    local: int,
+    link: str,
+    settings: dict[str, str],
+    left: float,
+    summary: dict[str, Any],
+    problems: list[str],
+) -> dict[str, str]:
+    """Each of NCCL's socket settings on the first part at versus_nccl.TUNING_SIZE, in at most a third of
+    `left`: the fastest NCCL all-reduce's setting, kept for every part, and what was tried, in the summary."""
+    tried: list[dict[str, Any]] = []
+    deadline = time.monotonic() + left / 3
+    for setting in versus_nccl.NCCL_SOCKET_SETTINGS:
+        budget = deadline - time.monotonic()
+        if budget < 20:
+            break
+        arguments = versus_nccl.tuning_arguments(machines, local, link, {**settings, **setting})
+        text = versus_nccl.setting_text(setting)
+        records, found, _ = run_versus_part(stage, arguments, budget, f"NCCL tuning, {text}", 2)
+        problems += found
+        nccl = [r for r in records if r["backend"] == "nccl" and r["correct"]]
+        if nccl:
+            tried.append({"setting": text, "nccl_ms": nccl[0]["median_s"] * 1e3, "env": setting})
+    best = min(tried, key=lambda t: t["nccl_ms"], default=None)
+    kept = "not tuned: no setting finished in the time" if best is None else best["setting"]
+    summary["nccl_tuning"] = {"tried": [{k: t[k] for k in ("setting", "nccl_ms")} for t in tried], "kept": kept}
+    return {} if best is None else best["env"]
+
+
+def run_buckets(
+    stage: Stage,
+    args: argparse.Namespace,
+    machines: int,
+    local: int,
+    link: str,
+    settings: dict[str, str],
+    timeout: float,
+    started: float,
+    summary: dict[str, Any],
+) -> list[str]:
+    """DDP's buckets back to back on the first part: the engine against the baseline."""
+    arguments = versus_nccl.overlap_arguments(args.device, machines, local, link, args.compare_iters, settings)
+    left = timeout - (time.monotonic() - started)
+    records, found, _ = run_versus_part(stage, arguments, left, "buckets", 2)
+    keys = ("backend", "median_s", "speedup_vs_baseline", "fraction_of_bound_speed", "correct")
+    summary["overlap"] = {
+        "what": f"{versus_nccl.BUCKETS} all-reduces of {versus_nccl.BUCKET_SIZE[args.device]} issued at once",
+        "part": f"{machines}x{local} at {link}",
+        "rows": [{key: r.get(key) for key in keys} for r in records],
+    }
+    return found
 
 
 def run_versus_part(
@@ -92,7 +160,7 @@ def run_versus_part(
     stage.output_tail += part.output_tail
     problems = [f"{label}: {problem}" for problem in found]
     problems += [
-        f"{label}: {r['backend']} at {format_size(int(r['bytes']))} gave wrong results"
+        f"{label}: {r['backend']} {r.get('collective', 'all_reduce')} at {format_size(int(r['bytes']))} was wrong"
         for r in records
         if not r["correct"]
     ]
