@@ -78,11 +78,13 @@ DEFAULT_SLICE_SIZE = 4 * MiB
 DEFAULT_SLICES_IN_FLIGHT = 4
 # By device type, where FAIRRING_FLAT_THRESHOLD is unset (docs/tuning.md): on CPU the Herring
 # path measured 1.5-5x Gloo's speed at every size from 1 KiB to 1 MiB (loopback and 1 Gbit/s,
-# 2 x 2 and 4 x 2; docs/benchmarks.md), where a threshold would apply; on CUDA 4 MiB, the
-# crossover the scaling model predicts against NCCL at 8 machines (docs/model.md) and close to
-# the original's (~6 MiB), until a GPU run measures it.
+# 2 x 2 and 4 x 2; docs/benchmarks.md), where a threshold would apply; on CUDA 16 MiB, from the one
+# GPU measurement against NCCL where the network is the bottleneck (docs/benchmarks.md, "On a GPU":
+# 2 x 2, 10 Gbit/s): the engine lost all three collectives at 4 MiB, and auto measured its
+# all-reduce faster than NCCL's from 16 MiB, which keeps DDP's 25 MiB buckets on it. Until the GPU
+# check's versus stage measures 2 x 4 and 2 x 8.
 DEFAULT_CPU_FLAT_THRESHOLD = 0
-DEFAULT_CUDA_FLAT_THRESHOLD = 4 * MiB
+DEFAULT_CUDA_FLAT_THRESHOLD = 16 * MiB
 # FAIRRING_FLAT_THRESHOLD=auto and FAIRRING_CUDA_ENGINE=auto: the threshold is measured at the
 # group's first all-reduce the engine could take (fairring/_dispatch.py).
 AUTO = "auto"

@@ -30,11 +30,11 @@ def test_defaults() -> None:
     assert config.slice_size == DEFAULT_SLICE_SIZE == 4 * 2**20
     assert config.flat_threshold is None  # by device type:
     assert config.cpu_flat_threshold == DEFAULT_CPU_FLAT_THRESHOLD == 0
-    assert config.cuda_flat_threshold == DEFAULT_CUDA_FLAT_THRESHOLD == 4 * 2**20
+    assert config.cuda_flat_threshold == DEFAULT_CUDA_FLAT_THRESHOLD == 16 * 2**20
     assert config.min_shard == DEFAULT_MIN_SHARD_SIZE == 256 * 2**10
     assert config.slices_in_flight == DEFAULT_SLICES_IN_FLIGHT == 4
     assert config.shm_disable is False
-    assert "FAIRRING_FLAT_THRESHOLD=(CPU 0B, CUDA 4MiB)" in config.describe()
+    assert "FAIRRING_FLAT_THRESHOLD=(CPU 0B, CUDA 16MiB)" in config.describe()
     assert config.machine_id is None and config.log_level is None
     assert config.cuda_engine is False and config.ib_disable is False
     assert config.rails_transport == "tensorpipe" and config.nixl_backend == "UCX"
@@ -255,7 +255,7 @@ def test_every_setting_reaches_the_cpp_side() -> None:
     assert native.high_priority_streams is True
     assert native.network.transport == "tensorpipe" and native.network.listen_address == "127.0.0.1"
     by_device = _C.Config.from_settings(Config())
-    assert (by_device.cpu_flat_threshold_bytes, by_device.cuda_flat_threshold_bytes) == (0, 4 * 2**20)
+    assert (by_device.cpu_flat_threshold_bytes, by_device.cuda_flat_threshold_bytes) == (0, 16 * 2**20)
     assert by_device.timeline_directory == ""
 
 
@@ -358,7 +358,7 @@ def test_each_device_type_has_its_own_flat_threshold() -> None:
         MEASURED_THRESHOLD,
         DEFAULT_CUDA_FLAT_THRESHOLD,
     )
-    assert "FAIRRING_FLAT_THRESHOLD=(CPU auto, CUDA 4MiB)" in cpu_auto.describe()
+    assert "FAIRRING_FLAT_THRESHOLD=(CPU auto, CUDA 16MiB)" in cpu_auto.describe()
     # A group's own threshold, or its engine=False, is the group's for both device types.
     assert {
         both.with_group_options(None, 0).cuda_flat_threshold,

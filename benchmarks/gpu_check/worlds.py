@@ -7,7 +7,6 @@ from typing import Any
 
 from fairring._config import (
     DEFAULT_CPU_FLAT_THRESHOLD,
-    DEFAULT_CUDA_FLAT_THRESHOLD,
     FLAT_THRESHOLD,
     SERIALIZED_LAUNCHES,
 )
@@ -15,6 +14,9 @@ from fairring._config import (
 from .cli import parse_layout
 from .ranks import check_phases, run_ranks, summarize
 from .stage import Stage, conclude
+
+# Among the correctness cases' sizes (1 to 1000003 elements): the small ones to NCCL, the large to the engine.
+MIXED_THRESHOLD = 1 << 20
 
 
 def world_stage(spec: str, nccl_job: bool = False) -> str:
@@ -28,15 +30,16 @@ def world_stage(spec: str, nccl_job: bool = False) -> str:
 
 def as_users_run(args: argparse.Namespace, spec: str) -> dict[str, str]:
     """The first layout with local steps runs as a Megatron-style job would: the GPU in launch order
-    (CUDA_DEVICE_MAX_CONNECTIONS=1) and the default flat threshold, so that NCCL's own all-reduces
-    of the small cases are launched among the engine's; the others run the engine at every size.
+    (CUDA_DEVICE_MAX_CONNECTIONS=1) and a flat threshold among the cases' sizes (CUDA's default, 16 MiB,
+    is above them all), so that NCCL's own all-reduces of the small cases are launched among the
+    engine's; the others run the engine at every size.
     The engine is kept there (FAIRRING_SERIALIZED_LAUNCHES=engine): the check runs one group's
     collectives at a time, which is what that setting vouches for."""
     first = next((other for other in args.world_list if parse_layout(other)[1] > 1), None)
     if spec != first:
         return {}
-    default = DEFAULT_CUDA_FLAT_THRESHOLD if args.device == "cuda" else DEFAULT_CPU_FLAT_THRESHOLD
-    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1", SERIALIZED_LAUNCHES: "engine", FLAT_THRESHOLD: str(default)}
+    threshold = MIXED_THRESHOLD if args.device == "cuda" else DEFAULT_CPU_FLAT_THRESHOLD
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1", SERIALIZED_LAUNCHES: "engine", FLAT_THRESHOLD: str(threshold)}
 
 
 def as_an_nccl_job(args: argparse.Namespace, spec: str) -> bool:
