@@ -27,7 +27,7 @@ MiB = 1024 * 1024
 # The stages, each by its name in the report and its key for --only.
 STAGES = {
     "contract: tests/test_cuda.py -k synchronous (every kind, async_op False and True, 2 x 2)": "contract",
-    "fsdp2: GPT-124M by FSDP2, 2 hosts x 2 and x 4 ranks, NICs at 10gbit, MPS where it starts": "fsdp2",
+    "fsdp2: GPT-124M by FSDP2 (2 x 2, 2 x 4) and DDP (2 x 4), NICs at 10gbit, MPS where it starts": "fsdp2",
     "versus NCCL: 2 hosts x 4 and x 8 ranks, NICs shaped to 10 and 25 Gbit/s, MPS where it starts": "versus",
     "tests: tests/test_cuda.py": "tests",
     "correctness: 4 processes as 2 machines x 2 ranks": "worlds",
@@ -155,7 +155,7 @@ def test_gpu_check_on_cpu_fsdp2(tmp_path: Path) -> None:
     fsdp2 = data["fsdp2"]
     assert sorted((row["layout"], row["backend"]) for row in fsdp2["rows"]) == [("2x2", "fairring"), ("2x2", "gloo")]
     assert all(0 < row["issue_s"] <= row["median_s"] * 1.5 for row in fsdp2["rows"]), fsdp2
-    assert "| layout | backend | step s | issued s |" in text
+    assert "| layout | parallel | backend | step s | issued s |" in text
 
 
 @pytest.mark.timeout(240)
@@ -300,3 +300,14 @@ def test_a_stage_of_parts_reports_each_part_as_it_ends() -> None:
         [step], time.monotonic() + 100, lambda stages, summaries, _: written.append((stages[0].status, summaries))
     )
     assert written == [("running", {"parts": {"parts": ["2x4"]}}), ("ok", {"parts": {"parts": ["2x4", "2x8"]}})]
+
+
+def test_the_training_stage_runs_ddp_beside_fsdp2_on_2x4() -> None:
+    """On 2 x 4 the FSDP2 stage also trains by DDP (issue 63's figure), in the same launch; 2 x 2 is FSDP2's only."""
+    from benchmarks.gpu_check.fsdp2 import LAYOUTS, fsdp2_arguments
+    from benchmarks.versus_nccl import Mps
+
+    by_layout = {f"{m}x{r}": fsdp2_arguments("cuda", f"{m}x{r}", ways, Mps("off"), True) for (m, r), ways in LAYOUTS}
+    assert by_layout["2x2"][by_layout["2x2"].index("--parallelism") + 1] == "fsdp2"
+    assert by_layout["2x4"][by_layout["2x4"].index("--parallelism") + 1] == "both"
+    assert "gpt-124m" in by_layout["2x4"] and "--cuda" in by_layout["2x4"]

@@ -80,7 +80,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--compare-timeout", type=float, default=150.0, help="seconds for the comparison")
     parser.add_argument("--failure-timeout", type=float, default=90.0, help="seconds for the failure stage")
     parser.add_argument("--training-timeout", type=float, default=150.0, help="seconds for the training stage")
-    parser.add_argument("--fsdp2-timeout", type=float, default=240.0, help="seconds for the FSDP2 stage")
+    parser.add_argument("--fsdp2-timeout", type=float, default=360.0, help="seconds for the FSDP2 stage")
     parser.add_argument(
         "--versus-timeout", type=float, default=720.0, help="seconds for the stage against NCCL (default 720)"
     )

@@ -38,11 +38,14 @@ def conclude(stage: Stage, summary: dict[str, Any], problems: list[str], passed:
     return stage, summary
 
 
-def time_left_for(layout: str, timeout: float, started: float, first_s: float | None, summary: dict[str, Any]) -> float:
-    """Seconds a stage that began at `started` has left for `layout`; 0 where a layout after the first
-    (which took `first_s`) would not fit, since 2 x 4 takes about twice 2 x 2: said in summary["left_out"]."""
+def time_left_for(
+    layout: str, timeout: float, started: float, first_s: float | None, summary: dict[str, Any], runs: int = 1
+) -> float:
+    """Seconds a stage that began at `started` has left for `layout` (`runs` times the first's work); 0 where
+    a layout after the first (which took `first_s`) would not fit, since 2 x 4 takes about twice 2 x 2:
+    said in summary["left_out"]."""
     left = timeout - (time.monotonic() - started)
-    if first_s is not None and left < 2.2 * first_s:
+    if first_s is not None and left < 2.2 * runs * first_s:
         summary["left_out"] = f"{layout} left out: {left:.0f} s of the stage left, {first_s:.0f} s for 2x2"
         return 0.0
     return left
