@@ -197,7 +197,7 @@ def test_debug_log_lists_every_size_class_and_advises_memory() -> None:
     assert len(lines) == 11 and lines[0].strip().startswith("1KiB") and lines[-1].strip().startswith("1GiB")
     assert "below FAIRRING_MIN_SHARD_SIZE" in lines[-1]
     cuda = describe_plans(config, topology, "cuda")
-    assert "the delegate (below FAIRRING_FLAT_THRESHOLD=4MiB)" in cuda[0]
+    assert "the delegate (below FAIRRING_FLAT_THRESHOLD=16MiB)" in cuda[0]
     advice = floor_advice(config, topology, "cpu")
     assert advice is not None and "Set FAIRRING_TOTAL_MEMORY to at least" in advice
     needed = advice.split("at least ")[1].split(" for")[0]

@@ -330,6 +330,10 @@ class Engine {
   // direction `toStaging` says.
   void moveRows(
       const SliceWork& slice, const at::Tensor& columns, bool toStaging) const;
+  // An all-gather's step 5 where the local steps place parts as they come
+  // (CPU shared memory): every shard row straight to where its rank's chunk
+  // goes in the output, with no gathered copy; false where they cannot.
+  bool gatherIntoRows(const SliceWork& slice) const;
 
   // The stage threads' loops, and one slice's steps in order.
   void reduceScatterLoop();

@@ -60,6 +60,44 @@ void Engine::moveRows(
   }
 }
 
+bool Engine::gatherIntoRows(const SliceWork& slice) const {
+  const at::Tensor columns = chunkColumns(slice, slice.op->tensor);
+  if (!localSteps_->placesParts() || !columns.is_cpu() ||
+      columns.stride(1) != 1 ||
+      columns.scalar_type() != slice.slot.scalar_type()) {
+    return false;
+  }
+  const int machines = topology_.numMachines();
+  const int64_t elementSize = columns.element_size();
+  const int64_t shardBytes = slice.plan.paddedNumel * elementSize;
+  const int64_t keptBytes = slice.plan.numel * elementSize; // no padding
+  const int64_t rowBytes = columns.stride(0) * elementSize;
+  auto* base = static_cast<std::byte*>(columns.data_ptr());
+  localSteps_->allGatherPlaced(
+      slice.slot,
+      [&](int rank, int64_t offset, const std::byte* data, int64_t length) {
+        // Part `rank` is its machines' shards end to end: row rank x M + m.
+        for (int64_t m = offset / shardBytes;
+             m < machines && m * shardBytes < offset + length;
+             ++m) {
+          const int64_t from = std::max(offset, m * shardBytes);
+          const int64_t to =
+              std::min(offset + length, m * shardBytes + keptBytes);
+          if (from < to) {
+            std::byte* row =
+                base + rowRankList_[rank * machines + m] * rowBytes;
+            std::memcpy(
+                row + (from - m * shardBytes),
+                data + (from - offset),
+                to - from);
+          }
+        }
+      },
+      slice.localStepKey(),
+      slice.op->deadline);
+  return true;
+}
+
 // The reduce-scatter thread: start, steps 1 and 2, in issue order, each
 // slice's step 1 in its turn.
 void Engine::reduceScatterLoop() {
@@ -293,6 +331,9 @@ bool Engine::allGather(const std::shared_ptr<SliceWork>& slice) {
                     shardOf(s, topology_.machine()).narrow(0, 0, s.plan.numel));
             return;
           case Collective::kAllGather: {
+            if (gatherIntoRows(s)) {
+              return;
+            }
             at::Tensor gathered = s.padded;
             localSteps_->allGather(
                 gathered, s.slot, s.localStepKey(), s.op->deadline);

@@ -1,11 +1,14 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
@@ -54,6 +57,24 @@ class LocalSteps {
       const at::Tensor& part,
       const LocalStepKey& key,
       Clock::time_point deadline) = 0;
+  // Where allGatherPlaced puts bytes [offset, offset + length) of local rank
+  // `rank`'s part, given at `data` (host memory, valid for the call only).
+  using Place = std::function<void(
+      int rank, int64_t offset, const std::byte* data, int64_t length)>;
+  // Whether allGatherPlaced hands each part's bytes to `place` as they come,
+  // with no gathered copy in between (host memory only).
+  virtual bool placesParts() const {
+    return false;
+  }
+  // Every rank's `part` (contiguous, host memory), each byte handed to
+  // `place` once; only where placesParts().
+  virtual void allGatherPlaced(
+      const at::Tensor& /*part*/,
+      const Place& /*place*/,
+      const LocalStepKey& /*key*/,
+      Clock::time_point /*deadline*/) {
+    TORCH_CHECK(false, "fairring: ", name(), " steps cannot place parts");
+  }
 
   // What runs them: "shared memory", the groups' backend ("gloo", "nccl"),
   // or "none" with one rank per machine.

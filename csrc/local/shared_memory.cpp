@@ -544,10 +544,31 @@ void SharedMemorySteps::allGather(
       " local ranks: both must be contiguous and the output the slot times "
       "the ranks; a fairring bug: please report it");
   const int64_t slotBytes = slot.numel() * slot.element_size();
+  auto* out = static_cast<std::byte*>(output.data_ptr());
+  allGatherPlaced(
+      slot,
+      [out, slotBytes](
+          int rank, int64_t offset, const std::byte* data, int64_t length) {
+        std::memcpy(out + rank * slotBytes + offset, data, length);
+      },
+      key,
+      deadline);
+}
+
+void SharedMemorySteps::allGatherPlaced(
+    const at::Tensor& slot,
+    const Place& place,
+    const LocalStepKey& key,
+    Clock::time_point deadline) {
+  TORCH_CHECK(
+      slot.is_contiguous(),
+      "fairring: shared-memory all-gather of a slot that is not contiguous; "
+      "a fairring bug: please report it");
+  const int size = static_cast<int>(ranks_.size());
+  const int64_t slotBytes = slot.numel() * slot.element_size();
   const int64_t chunks =
       std::max<int64_t>(1, (slotBytes + kEntryBytes - 1) / kEntryBytes);
   const auto* mine = static_cast<const std::byte*>(slot.data_ptr());
-  auto* out = static_cast<std::byte*>(output.data_ptr());
   const EntryHeader header = headerFor(key, slotBytes);
   uint64_t& base = chunks_[kAllGatherChannel];
   const auto length = [&](int64_t chunk) {
@@ -569,13 +590,14 @@ void SharedMemorySteps::allGather(
       write(chunk + 1);
     }
     const int64_t offset = chunk * kEntryBytes;
-    std::memcpy(
-        out + localRank_ * slotBytes + offset, mine + offset, length(chunk));
+    place(localRank_, offset, mine + offset, length(chunk));
     for (int peer = 0; peer < size; ++peer) {
       if (peer != localRank_) {
-        const std::byte* data =
-            await(kAllGatherChannel, peer, base + chunk, header, deadline);
-        std::memcpy(out + peer * slotBytes + offset, data, length(chunk));
+        place(
+            peer,
+            offset,
+            await(kAllGatherChannel, peer, base + chunk, header, deadline),
+            length(chunk));
       }
     }
     consumed(kAllGatherChannel, base + chunk);

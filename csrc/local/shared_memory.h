@@ -79,6 +79,16 @@ class SharedMemorySteps final : public LocalSteps {
       const at::Tensor& slot,
       const LocalStepKey& key,
       Clock::time_point deadline) override;
+  // Each peer's part read where it published it, its own from `slot`,
+  // straight to `place`: no gathered copy.
+  bool placesParts() const override {
+    return true;
+  }
+  void allGatherPlaced(
+      const at::Tensor& slot,
+      const Place& place,
+      const LocalStepKey& key,
+      Clock::time_point deadline) override;
   std::string name() const override {
     return "shared memory";
   }
