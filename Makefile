@@ -262,8 +262,9 @@ wheel-check: wheel
 # The GPU check: on a machine with a GPU and torch but no network (no venv, no pip), prints what
 # it found (python, torch and its CUDA, the CUDA headers, the compiler, nvcc, cores), builds
 # fairring against $(PYTHON)'s torch, then runs the stages of benchmarks/gpu_check/ in order of
-# value, first the engine against NCCL on network namespaces shaped to 10 Gbit/s (which needs
-# iproute2: where the machine lacks it, carry .gpu-tools from `make gpu-tools`). The report,
+# value: the contract, FSDP2, then the engine against NCCL on network namespaces shaped to 10 and
+# 25 Gbit/s (the last two need iproute2: where the machine lacks it, carry .gpu-tools from
+# `make gpu-tools`), and the rest. The report,
 # FAIRRING_GPU_REPORT (default gpu-check-report.md), is rewritten after every stage. GPU_CHECK_ARGS go to `python -m benchmarks.gpu_check` (see
 # its --help), e.g. --quick or "--device cpu" (with FAIRRING_WITH_CUDA=auto, where there is no
 # CUDA). A failed build writes the report too. Whole check: GPU_CHECK_SECONDS (the build's time
