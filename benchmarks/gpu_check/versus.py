@@ -19,6 +19,8 @@ Progress = Callable[[Stage, dict[str, Any]], None]
 # A part's time grows with its processes, which share one GPU; the next part is tried only where this
 # much more than that estimate is left.
 MARGIN = 1.2
+# Less than this left is not worth a launch: the ranks' start alone takes about as long.
+MINIMUM_PART_S = 20.0
 
 
 def why_no_netns() -> str:
@@ -59,7 +61,10 @@ def run_versus(
             for machines, local in layouts:
                 name = f"{machines}x{local} at {link}"
                 left = timeout - (time.monotonic() - started)
-                if seconds_per_process is not None and left < MARGIN * seconds_per_process * machines * local:
+                needed = (
+                    MINIMUM_PART_S if seconds_per_process is None else MARGIN * seconds_per_process * machines * local
+                )
+                if left < needed:
                     summary["left_out"].append(f"{name} left out: {left:.0f} s of the stage left")
                     continue
                 if seconds_per_process is None and args.device == "cuda" and not args.quick:
@@ -110,7 +115,7 @@ def tune_nccl(
     deadline = time.monotonic() + left / 3
     for setting in versus_nccl.NCCL_SOCKET_SETTINGS:
         budget = deadline - time.monotonic()
-        if budget < 20:
+        if budget < MINIMUM_PART_S:
             break
         arguments = versus_nccl.tuning_arguments(machines, local, link, {**settings, **setting})
         text = versus_nccl.setting_text(setting)
@@ -139,6 +144,9 @@ def run_buckets(
     """DDP's buckets back to back on the first part: the engine against the baseline."""
     arguments = versus_nccl.overlap_arguments(args.device, machines, local, link, args.compare_iters, settings)
     left = timeout - (time.monotonic() - started)
+    if left < MINIMUM_PART_S:
+        summary["left_out"].append(f"the buckets left out: {left:.0f} s of the stage left")
+        return []
     records, found, _ = run_versus_part(stage, arguments, left, "buckets", 2)
     keys = ("backend", "median_s", "speedup_vs_baseline", "fraction_of_bound_speed", "correct")
     summary["overlap"] = {
