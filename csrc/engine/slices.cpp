@@ -43,6 +43,20 @@ void Engine::moveRows(
     }
     return;
   }
+  // Raw copies: the shapes the offsets come from are checked first.
+  TORCH_CHECK(
+      staged.size(0) == static_cast<int64_t>(rowRankList_.size()) &&
+          columns.size(0) == staged.size(0) &&
+          columns.size(1) == staged.size(1),
+      "fairring: moving ",
+      staged.size(0),
+      " staged rows of ",
+      staged.size(1),
+      " elements for ",
+      rowRankList_.size(),
+      " ranks into ",
+      columns.sizes(),
+      "; a fairring bug: please report it");
   const int64_t rowBytes = staged.size(1) * staged.element_size();
   auto* stagedBase = static_cast<std::byte*>(staged.data_ptr());
   auto* columnsBase = static_cast<std::byte*>(columns.data_ptr());
@@ -68,6 +82,20 @@ bool Engine::gatherIntoRows(const SliceWork& slice) const {
     return false;
   }
   const int machines = topology_.numMachines();
+  // Raw copies: the shapes the offsets come from are checked first.
+  TORCH_CHECK(
+      slice.slot.numel() == machines * slice.plan.paddedNumel &&
+          columns.size(0) == static_cast<int64_t>(rowRankList_.size()) &&
+          columns.size(1) == slice.plan.numel,
+      "fairring: placing a slot of ",
+      slice.slot.numel(),
+      " elements (",
+      machines,
+      " shards of ",
+      slice.plan.paddedNumel,
+      ") into ",
+      columns.sizes(),
+      "; a fairring bug: please report it");
   const int64_t elementSize = columns.element_size();
   const int64_t shardBytes = slice.plan.paddedNumel * elementSize;
   const int64_t keptBytes = slice.plan.numel * elementSize; // no padding
