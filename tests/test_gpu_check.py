@@ -311,3 +311,23 @@ def test_the_training_stage_runs_ddp_beside_fsdp2_on_2x4() -> None:
     assert by_layout["2x2"][by_layout["2x2"].index("--parallelism") + 1] == "fsdp2"
     assert by_layout["2x4"][by_layout["2x4"].index("--parallelism") + 1] == "both"
     assert "gpt-124m" in by_layout["2x4"] and "--cuda" in by_layout["2x4"]
+
+
+def test_the_versus_report_names_nccl_tuning_and_each_part() -> None:
+    """The GPU-only parts of the versus stage's report (NCCL's socket tuning, parts at 25 Gbit/s), which the
+    CPU flow never produces, from a summary shaped as the stage builds it."""
+    from benchmarks import versus_nccl
+    from benchmarks.gpu_check.report import percent, table
+
+    row = {"bytes": 4 << 20, "median_s": 0.004, "speedup_vs_baseline": 1.2, "correct": True, "busbw_GBps": 1.0}
+    found = {"rows": [{**row, "backend": "fairring"}], "engine_at_least_as_fast_from": 4 << 20, "auto": None}
+    summary = {
+        "device": "cuda",
+        "nccl_tuning": {"tried": [{"setting": "NCCL's defaults", "nccl_ms": 41.0}], "kept": "NCCL's defaults"},
+        "parts": {"2x8 at 25gbit": {"collectives": {"all_gather": found}}},
+        "left_out": ["2x4 at 25gbit left out: 3 s of the stage left"],
+    }
+    text = "\n".join(versus_nccl.lines(summary, table, percent))
+    assert "NCCL's socket settings: NCCL's defaults (its all-reduce at 64MiB: NCCL's defaults: 41.0 ms)" in text
+    assert "all_gather, 2x8 at 25gbit (machines x ranks, NIC rate):" in text
+    assert "from 4MiB up." in text and "2x4 at 25gbit left out" in text
