@@ -186,7 +186,7 @@ def cached_then_first_use(threshold: int, ceiling: int) -> dict:
 
 def test_a_decision_cached_on_another_network_is_checked_and_replaced(cache: Path) -> None:
     """The case that asked for the check: a 2x2 job on loopback cached "the engine from 4 KiB to below
-    4 MiB, Gloo above"; the next, on hosts whose NICs are shaped to 1 Gbit/s, found it under its
+    16 MiB, Gloo above"; the next, on hosts whose NICs are shaped to 1 Gbit/s, found it under its
     key and sent 64 MiB to Gloo at 0.7x the engine's speed. Negative control: a decision that holds
     there is kept, after its check."""
     available, why = netns_available()
@@ -198,13 +198,14 @@ def test_a_decision_cached_on_another_network_is_checked_and_replaced(cache: Pat
             extra_env={**AUTO_ENV, "FAIRRING_AUTO_CACHE": str(cache)},
         )  # fmt: skip
         with RankPool(LAYOUT, spec, hosts=cluster.hosts) as pool:
-            stale = pool.run(cached_then_first_use, 4 * KiB, 4 * MiB)
+            stale = pool.run(cached_then_first_use, 4 * KiB, 16 * MiB)
             holds = pool.run(cached_then_first_use, 4 * KiB, NO_CEILING)
     for decided in stale:
         assert decided == stale[0], "ranks decided differently"
         assert decided["source"] == "measured", decided["reason"]
+        # Whichever checked size shows it first: at 16 MiB, bandwidth-bound, the engine is ahead by the byte
+        # ratio; at 4 KiB a loaded machine can put either ahead.
         assert "replaced the cached decision, which no longer held: the engine" in decided["reason"]
-        assert "at 4MiB, which it gives gloo" in decided["reason"]
         assert decided["threshold"] <= 16 * MiB < decided["ceiling"], decided["reason"]
     for decided in holds:
         assert decided["source"] == "cache" and decided["threshold"] == 4 * KiB, decided["reason"]
@@ -512,6 +513,23 @@ def test_a_cached_decision_that_no_longer_holds_is_measured_again(
     # Elsewhere the engine is as the decision says: ahead inside its run, behind outside.
     inside = {n: 1.1 if threshold <= n < ceiling else 0.9 for n in LADDER}
     assert ScriptedCluster(monkeypatch, speedups({**inside, **now})).verify(threshold, ceiling) == (None, found)
+
+
+def test_one_busy_moment_does_not_throw_a_cached_decision_away(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's first timing at 4 KiB is a busy moment's (0.5x gloo), the next its usual 1.1x: kept, since a
+    verdict must repeat (the code before, which trusted one timing, replaced it); the two timings ran."""
+    engine_runs_at_4k = []
+
+    def seconds(nbytes: int, on_engine: bool) -> float:
+        if nbytes == 4 * KiB and on_engine:
+            engine_runs_at_4k.append(nbytes)
+            if len(engine_runs_at_4k) <= 1 + dispatch.REPS:
+                return 1e-3 / 0.5
+        return 1e-3 / (1.1 if on_engine else 1.0)
+
+    kept, found = ScriptedCluster(monkeypatch, seconds).verify(4 * KiB)
+    assert kept is not None and found == "" and kept.reason.endswith(": kept"), found
+    assert len(engine_runs_at_4k) == 2 * (1 + dispatch.REPS)
 
 
 def test_a_check_that_finds_wrong_results_turns_the_engine_off(monkeypatch: pytest.MonkeyPatch) -> None:
