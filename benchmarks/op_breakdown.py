@@ -30,41 +30,28 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.harness import InitSpec, Layout, RankPool
 from fairring._sizes import format_size, parse_size
+from fairring.bench.collectives import COLLECTIVES
 from fairring.bench.timeline import STAGES, engine_slices, load_events
-
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
-
-
-def issue(collective: str, group: dist.ProcessGroup, tensors: dict[str, torch.Tensor]) -> None:
-    if collective == "all_reduce":
-        dist.all_reduce(tensors["whole"], group=group)
-    elif collective == "reduce_scatter":
-        dist.reduce_scatter_tensor(tensors["chunk"], tensors["whole"], group=group)
-    else:
-        dist.all_gather_into_tensor(tensors["whole"], tensors["chunk"], group=group)
 
 
 def time_ops(collective: str, sizes: list[int], iters: int, warmup: int) -> dict[int, dict[str, list]]:
     """Per size: fairring's ops as (issued, returned) wall-clock seconds, and Gloo's op times."""
     gloo = dist.new_group(backend="gloo")
-    world = dist.get_world_size()
     timed: dict[int, dict[str, list]] = {}
     for nbytes in sizes:
-        numel = nbytes // 4 // world * world
-        tensors = {"whole": torch.ones(numel), "chunk": torch.ones(numel // world)}
+        buffers = COLLECTIVES[collective].buffers(nbytes, dist.get_world_size(), None)
         windows, gloo_s = [], []
         for iteration in range(warmup + iters):
             for group in (dist.group.WORLD, gloo):
                 dist.barrier(group=gloo)
                 issued = time.time()
-                issue(collective, group, tensors)
+                COLLECTIVES[collective].issue(buffers, group).wait()
                 returned = time.time()
                 if iteration < warmup:
                     continue
@@ -131,7 +118,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="VAR=VALUE", help="environment for the ranks")
     args = parser.parse_args()
     sizes = [parse_size("--sizes", size) for size in args.sizes.split(",")]
-    collectives = COLLECTIVES if args.collective == "all" else (args.collective,)
+    collectives = list(COLLECTIVES) if args.collective == "all" else [args.collective]
     env = dict(item.split("=", 1) for item in args.set)
     # As torchrun runs ranks that share a machine's cores (and `python -m fairring.bench` does).
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -64,6 +64,7 @@ from fairring._dispatch import NO_CEILING, SizeTiming, choose_sizes, ladder
 from fairring._sizes import format_bytes, format_rate, parse_rate, parse_size
 
 from . import BASELINE_NAMES
+from .collectives import COLLECTIVES
 from .launch import Run, hosts_for, run_agents
 from .netns import check_mtu, netns_available
 from .training import add_training_arguments, parse_layouts, run_training_study
@@ -211,14 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COLLECTIVE_NAMES = ("all_reduce", "reduce_scatter", "all_gather")
-
-
 def collective_names(text: str) -> str:
-    """--collective: one of COLLECTIVE_NAMES, or several, comma-separated (the workers time each in turn)."""
+    """--collective: one of COLLECTIVES, or several, comma-separated (the workers time each in turn)."""
     names = [name.strip() for name in text.split(",") if name.strip()]
-    if not names or any(name not in COLLECTIVE_NAMES for name in names):
-        raise argparse.ArgumentTypeError(f"{text!r}: each must be one of {', '.join(COLLECTIVE_NAMES)}")
+    if not names or any(name not in COLLECTIVES for name in names):
+        raise argparse.ArgumentTypeError(f"{text!r}: each must be one of {', '.join(COLLECTIVES)}")
     return ",".join(names)
 
 
