@@ -107,9 +107,12 @@ COMMON_SOURCES = [
     "engine/completions.cpp",
     "engine/engine.cpp",
     "engine/failures.cpp",
+    "engine/follow_device.cpp",
     "engine/footprint.cpp",
     "engine/plan.cpp",
     "engine/slices.cpp",
+    "engine/slice_memory.cpp",
+    "engine/slice_rails.cpp",
     "engine/staging.cpp",
     "engine/trace.cpp",
     "local/group_steps.cpp",
@@ -139,7 +142,7 @@ COMMON_SOURCES = [
     "topology.cpp",
 ]
 # The sources that see CUDA headers, and their CPU-only twins.
-CUDA_SOURCES = ["device/cuda.cpp", "device/cuda_release.cpp"]
+CUDA_SOURCES = ["device/cuda.cpp", "device/cuda_signals.cpp"]
 CPU_ONLY_SOURCES = ["device/cuda_none.cpp"]
 # The TensorPipe rails and their harnesses; without TensorPipe, what stands in for them.
 TENSORPIPE_SOURCES = [

@@ -85,12 +85,10 @@ struct Config {
   // The CUDA engine's streams take the greatest priority, as the group's
   // NCCL options ask of NCCL's (is_high_priority_stream).
   bool highPriorityStreams = false;
-  // wait() on a CUDA engine op holds the caller's stream on the device, not
-  // the host (FAIRRING_CUDA_WAIT=stream; docs/design.md, "The host never
-  // waits"), unless something says this GPU may run kernels in launch order
-  // (MPS, CUDA_DEVICE_MAX_CONNECTIONS=1, ...).
-  bool cudaStreamHold = false;
-  bool launchesMaySerialize = false;
+  // The CUDA engine launches ahead of the network, and wait() on its ops
+  // holds the caller's stream on the device, not the host
+  // (FAIRRING_CUDA_WAIT=stream; docs/design.md, "The host never waits").
+  bool cudaStreamHold = true;
   // Where each engine writes its Chrome-trace timeline (FAIRRING_TIMELINE);
   // empty: nowhere.
   std::string timelineDirectory;

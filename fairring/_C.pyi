@@ -184,8 +184,6 @@ class Config:
     @property
     def cuda_stream_hold(self) -> bool: ...
     @property
-    def launches_may_serialize(self) -> bool: ...
-    @property
     def timeline_directory(self) -> str: ...  # "" where there is none
 
 class SharedMemorySteps:

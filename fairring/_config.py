@@ -50,10 +50,10 @@ AUTO_CACHE = "FAIRRING_AUTO_CACHE"
 SERIALIZED_LAUNCHES = "FAIRRING_SERIALIZED_LAUNCHES"
 ENGINE_DISABLE = "FAIRRING_ENGINE_DISABLE"
 CUDA_WAIT = "FAIRRING_CUDA_WAIT"
-# What wait() on a CUDA engine op holds until the result is back (the first is the default): the
-# host, or only the caller's stream, on the GPU, which can deadlock where the GPU's hardware queues
-# are shared (docs/design.md, "The host never waits").
-CUDA_WAIT_CHOICES = ("host", "stream")
+# What wait() on a CUDA engine op holds until the result is back (the first is the default): only
+# the caller's stream, on the GPU, as NCCL's does, with the engine launching the op's device work
+# ahead of the network; or the host, the way back (docs/design.md, "The host never waits").
+CUDA_WAIT_CHOICES = ("stream", "host")
 # Where CUDA all-reduces go while the GPU may run every kernel in launch order (the first is the
 # default): NCCL, or the engine, which the user keeps knowing that no other communicator has
 # collectives in flight alongside it (docs/design.md, "Serialized launches").
@@ -263,7 +263,7 @@ class Config:
     # FAIRRING_ENGINE_DISABLE=1: every group off the engine, whatever its fairring.Options say (the
     # rollback switch: one variable, no code).
     engine_disable: bool = False
-    # What wait() on a CUDA engine op holds (FAIRRING_CUDA_WAIT): "host" or "stream".
+    # What wait() on a CUDA engine op holds (FAIRRING_CUDA_WAIT): "stream" or "host".
     cuda_wait: str = CUDA_WAIT_CHOICES[0]
 
     @property

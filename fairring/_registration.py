@@ -103,7 +103,7 @@ def create_backend(
     check_cuda_path(env_config, config, bool(_C.build_info()["cuda_path"]), torch.version.cuda is not None)
     warn_if_engine_disabled(config)
     warn_if_routed_to_nccl(config)
-    warn_if_stream_wait_set_aside(config)
+    log_if_host_waits(config)
     if config.launcher_attempt is not None:
         store = dist.PrefixStore(f"fairring-attempt{config.launcher_attempt}/", store)
 
@@ -203,29 +203,15 @@ def warn_if_routed_to_nccl(config: Config) -> None:
         )
 
 
-def warn_if_stream_wait_set_aside(config: Config) -> None:
-    """Once per process: at INFO, that wait() on a CUDA engine op holds the host (FAIRRING_CUDA_WAIT=host,
-    where ProcessGroupNCCL's holds the stream); at WARNING, FAIRRING_CUDA_WAIT=stream asked for where the GPU
-    may run kernels in launch order, where the hold would be launched before the work that ends it."""
+def log_if_host_waits(config: Config) -> None:
+    """Once per process, at INFO: that wait() on a CUDA engine op holds the host (FAIRRING_CUDA_WAIT=host,
+    where ProcessGroupNCCL's holds only the stream)."""
     if config.cuda_engine_in_use and config.cuda_wait == "host" and _first_time("host wait"):
         logger.info(
             "wait() on a CUDA engine op, and a synchronous one, hold the host until the op's result is back "
             "from the network, where NCCL's hold only the caller's stream (%s=host; docs/design.md, 'The host "
             "never waits')",
             CUDA_WAIT,
-        )
-    if (
-        config.cuda_engine_in_use
-        and config.cuda_wait == "stream"
-        and config.launch_order_hazard is not None
-        and _first_time("stream wait")
-    ):
-        logger.warning(
-            "%s=stream is set aside: %s, so this GPU may run every kernel in the order it was launched, and a "
-            "hold on the caller's stream would run before the engine's work that ends it. wait() on a CUDA "
-            "engine op holds the host (docs/design.md, 'The host never waits').",
-            CUDA_WAIT,
-            config.launch_order_hazard,
         )
 
 

@@ -37,7 +37,7 @@ def config(cuda_engine: bool) -> _C.Config:
     settings = SimpleNamespace(total_memory=50 * MiB, slice_size=4 * MiB, slices_in_flight=4, min_shard=256 * 1024)
     settings.__dict__.update(cpu_flat_threshold=THRESHOLDS["cpu"], cuda_flat_threshold=THRESHOLDS["cuda"])
     settings.__dict__.update(cuda_engine_in_use=cuda_engine, high_priority_streams=False, timeline_directory=None)
-    settings.__dict__.update(launch_order_hazard=None, cuda_wait="host")
+    settings.__dict__.update(cuda_wait="host")
     return _C.Config.from_settings(settings)
 
 

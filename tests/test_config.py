@@ -311,36 +311,32 @@ def test_a_gpu_in_launch_order_sends_cuda_all_reduces_to_nccl_unless_told() -> N
         load_config({"FAIRRING_SERIALIZED_LAUNCHES": "ncl"})
 
 
-def test_cuda_wait_holds_the_host_unless_the_stream_is_asked_and_nothing_serializes_the_gpu(
+def test_cuda_wait_holds_the_stream_unless_the_host_is_asked(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """FAIRRING_CUDA_WAIT=stream: wait() on a CUDA engine op holds the caller's stream; on a GPU that may run
-    kernels in launch order the hold would run before the work that ends it, so the host waits, said once."""
+    """By default wait() on a CUDA engine op holds the caller's stream (the engine launches ahead), on
+    every GPU, one that runs kernels in launch order too; FAIRRING_CUDA_WAIT=host holds the host, said once."""
     from fairring import _registration
-    from fairring._registration import warn_if_stream_wait_set_aside
+    from fairring._registration import log_if_host_waits
 
     monkeypatch.setattr(_registration, "_noticed", set())  # once per process: this test's process
 
-    assert load_config({}).cuda_wait == "host" and not _C.Config.from_settings(load_config({})).cuda_stream_hold
-    asked = {"FAIRRING_CUDA_ENGINE": "1", "FAIRRING_CUDA_WAIT": "Stream"}
-    held = _C.Config.from_settings(load_config(asked))
-    assert held.cuda_stream_hold and not held.launches_may_serialize
-    serialized = load_config({**asked, "CUDA_DEVICE_MAX_CONNECTIONS": "1", "FAIRRING_SERIALIZED_LAUNCHES": "engine"})
-    assert _C.Config.from_settings(serialized).launches_may_serialize
-    assert "FAIRRING_CUDA_WAIT=stream" in serialized.describe()
+    assert load_config({}).cuda_wait == "stream" and _C.Config.from_settings(load_config({})).cuda_stream_hold
+    serialized = load_config(
+        {"FAIRRING_CUDA_ENGINE": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1", "FAIRRING_SERIALIZED_LAUNCHES": "engine"}
+    )
+    assert _C.Config.from_settings(serialized).cuda_stream_hold
+    host = {"FAIRRING_CUDA_ENGINE": "1", "FAIRRING_CUDA_WAIT": "Host"}
+    assert not _C.Config.from_settings(load_config(host)).cuda_stream_hold
+    assert "FAIRRING_CUDA_WAIT=host" in load_config(host).describe()
     with caplog.at_level("INFO", logger="fairring"):
-        warn_if_stream_wait_set_aside(load_config({"FAIRRING_CUDA_ENGINE": "1"}))
-        warn_if_stream_wait_set_aside(load_config({"FAIRRING_CUDA_ENGINE": "1"}))
+        log_if_host_waits(serialized)  # the stream: nothing to say
+        assert not caplog.records
+        log_if_host_waits(load_config(host))
+        log_if_host_waits(load_config(host))
     said = [record for record in caplog.records if "hold the host until the op's result" in record.getMessage()]
     assert len(said) == 1 and said[0].levelname == "INFO", caplog.records
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="fairring"):
-        warn_if_stream_wait_set_aside(load_config(asked))  # nothing serializes: nothing to say
-        assert not caplog.records
-        warn_if_stream_wait_set_aside(serialized)
-        warn_if_stream_wait_set_aside(serialized)
-    assert len(caplog.records) == 1 and "FAIRRING_CUDA_WAIT=stream is set aside" in caplog.records[0].getMessage()
-    with pytest.raises(ConfigError, match="FAIRRING_CUDA_WAIT='device' is not one of host, stream"):
+    with pytest.raises(ConfigError, match="FAIRRING_CUDA_WAIT='device' is not one of stream, host"):
         load_config({"FAIRRING_CUDA_WAIT": "device"})
 
 

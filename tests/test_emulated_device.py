@@ -52,6 +52,17 @@ def emulated(device: str, timeout: float = 60, **rank_env: str) -> InitSpec:
     )
 
 
+def settle(work: dist.Work | None) -> None:
+    """Waits for `work` as a caller would, then, where the engine launches ahead (`caller_stream`: the wait
+    held only the caller's stream), for that stream too, so that the host may read the result."""
+    if work is not None:
+        work.wait()
+    if "caller_stream" in os.environ.get("FAIRRING_TEST_EMULATED_DEVICE", ""):
+        from fairring import _C
+
+        assert _C._testing.caller_stream_synchronize(timeout=timedelta(seconds=60)), "the caller's stream stayed held"
+
+
 def random_all_reduces(count: int, seed: int, in_flight: int, group: dist.ProcessGroup | None = None) -> int:
     """`count` all-reduces of random sizes, dtypes and ops, `in_flight` at a time, each checked.
 
@@ -63,7 +74,7 @@ def random_all_reduces(count: int, seed: int, in_flight: int, group: dist.Proces
 
     def check_oldest() -> None:
         work, tensor, shape, dtype, op, case = pending.pop(0)
-        work.wait()
+        settle(work)
         assert_all_ranks_reduced(tensor, shape, getattr(torch, dtype), op, case)
 
     for index in range(count):
@@ -110,13 +121,20 @@ def two_groups_at_once(count: int, seed: int) -> int:
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize(
-    ("layout", "failover", "per_group"),
+    ("layout", "failover", "per_group", "ahead"),
     # 3x2 interleaved at a third of the ops (22 s on 2 cores at 150): the same mix, the layout's own
     # placement; the extended tier's stress runs thousands.
-    [(Layout(2, 2), "0", 150), (Layout(3, 2, interleaved=True), "0", 50), (Layout(2, 2), "1", 150)],
-    ids=["2x2", "3x2-interleaved", "2x2-kept-for-resends"],
+    # Launching ahead (caller_stream): 2x2 and 3x2 at a third of the ops, resends kept.
+    [
+        (Layout(2, 2), "0", 150, ""),
+        (Layout(3, 2, interleaved=True), "0", 50, ""),
+        (Layout(2, 2), "1", 150, ""),
+        (Layout(2, 2), "0", 50, ",caller_stream"),
+        (Layout(3, 2, interleaved=True), "1", 50, ",caller_stream"),
+    ],
+    ids=["2x2", "3x2-interleaved", "2x2-kept-for-resends", "2x2-ahead", "3x2-ahead-kept-for-resends"],
 )
-def test_random_all_reduces_from_two_groups(layout: Layout, failover: str, per_group: int) -> None:
+def test_random_all_reduces_from_two_groups(layout: Layout, failover: str, per_group: int, ahead: str) -> None:
     """`per_group` all-reduces on each of two groups at once, jittered streams, every result checked.
 
     With rail failover on, each slice keeps its staging until its rail peers
@@ -124,7 +142,7 @@ def test_random_all_reduces_from_two_groups(layout: Layout, failover: str, per_g
     op's first slice must then wait for an empty ring (Engine::start), or the
     launch order deadlocks (docs/design.md, "Launch order").
     """
-    spec = emulated(f"seed={layout.machines}", FAIRRING_RAIL_FAILOVER=failover)
+    spec = emulated(f"seed={layout.machines}{ahead}", FAIRRING_RAIL_FAILOVER=failover)
     with RankPool(layout, spec) as ranks:
         done = ranks.run(two_groups_at_once, per_group, 10 * layout.machines, timeout=360)
     assert done == [per_group] * layout.world_size
@@ -158,7 +176,7 @@ def few_multi_slice_ops() -> str:
     works = [dist.all_reduce(tensor, async_op=True) for tensor in tensors]
     try:
         for work in works:
-            work.wait()
+            settle(work)
     except RuntimeError as error:
         return str(error)
     for seed, tensor in enumerate(tensors):
@@ -180,6 +198,8 @@ def forced_env(layout: Layout, rank: int, base: str) -> dict[str, str]:
 DEVICE_DESIGNS = {
     "in_order": ",in_order",
     "in_order_unordered_launch": ",in_order,unordered_launch",
+    "in_order_ahead": ",in_order,caller_stream",
+    "in_order_ahead_unordered_launch": ",in_order,caller_stream,unordered_launch",
 }
 
 
@@ -194,7 +214,7 @@ def test_forced_interleaving_deadlocks_only_without_the_launch_order(design: str
     """
     layout = Layout(2, 2)
     base = "seed=5" + DEVICE_DESIGNS[design]
-    negative = design == "in_order_unordered_launch"
+    negative = design.endswith("unordered_launch")
     # Ordered, each forced hold lasts its full 500 ms: 16 of them per rank. Deadlocked, each rank waits
     # out the timeout: 8 s is past any op's time here, and ranks' errors must still all come.
     timeout = 8 if negative else 90
@@ -211,10 +231,13 @@ def test_forced_interleaving_deadlocks_only_without_the_launch_order(design: str
 
 
 @pytest.mark.timeout(300)
-def test_random_all_reduces_on_a_device_that_runs_in_launch_order() -> None:
-    """The random mix of ops on a device whose streams all feed one queue, every result checked."""
+@pytest.mark.parametrize("ahead", ["", ",caller_stream"], ids=["host_launches", "launching_ahead"])
+def test_random_all_reduces_on_a_device_that_runs_in_launch_order(ahead: str) -> None:
+    """The random mix of ops on a device whose streams all feed one queue, every result checked. Launching
+    ahead, every wait for the rails sits in that queue too, in the launch order (docs/design.md, "The host
+    never waits")."""
     layout = Layout(2, 2)
-    with RankPool(layout, emulated("seed=9,in_order")) as ranks:
+    with RankPool(layout, emulated(f"seed=9,in_order{ahead}")) as ranks:
         assert ranks.run(random_all_reduces, 80, 17, 6, timeout=240) == [80] * layout.world_size
 
 
@@ -224,6 +247,7 @@ def reduce_without_arrival_fences() -> bool:
     for seed in range(3):
         tensor = rank_tensor(dist.get_rank(), (40_000,), torch.float32, seed)
         dist.all_reduce(tensor)
+        settle(None)
         expected = all_ranks_reduced((40_000,), torch.float32, seed=seed)
         matched = matched and torch.allclose(tensor, expected, rtol=1e-4, atol=1e-4)
     return matched
@@ -231,9 +255,11 @@ def reduce_without_arrival_fences() -> bool:
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("fenced", [True, False], ids=["fenced", "negative_control"])
-def test_reduce_waits_for_the_shards_arrival(fenced: bool) -> None:
-    """Receive copies that take 20 ms: with the arrival fences the result is right; without, the check fails."""
-    device = "seed=7,receive_delay_ms=20" + ("" if fenced else ",ignore_arrivals")
+@pytest.mark.parametrize("ahead", ["", ",caller_stream"], ids=["host_launches", "launching_ahead"])
+def test_reduce_waits_for_the_shards_arrival(fenced: bool, ahead: str) -> None:
+    """Receive copies that take 20 ms: with the arrival fences (launching ahead: the rails' signals) the
+    result is right; without, the check fails."""
+    device = "seed=7,receive_delay_ms=20" + ahead + ("" if fenced else ",ignore_arrivals")
     with RankPool(Layout(2, 2), emulated(device)) as ranks:
         matched = ranks.run(reduce_without_arrival_fences)
     if fenced:

@@ -10,13 +10,13 @@ Stages in order of value:
 1b. contract: `tests/test_cuda.py -k synchronous`: every collective kind with async_op False
    and True, above and below the threshold, engine and NCCL, on 2 machines x 2 ranks (a
    job's first step meets these; since torch 2.8 NCCL returns no Work for a synchronous op),
-   and a synchronous engine all-reduce holding the caller's stream (FAIRRING_CUDA_WAIT=stream)
-   timed against its op;
+   and a synchronous engine all-reduce holding only the caller's stream (the engine launching
+   ahead, FAIRRING_CUDA_WAIT=stream's default) timed against its op;
 1c. fsdp2: a GPT of 124M parameters trained by FSDP2 (the training study's real part,
    benchmarks/gpu_check/fsdp2.py), MPS started where it can be, on 2 hosts x 2 and then x 4
    ranks with NICs shaped to 10 Gbit/s (loopback where namespaces cannot be made; --quick:
    2 x 2 only): the engine against NCCL, step time, losses, and how long the host took to
-   issue each step (the engine's wait() holds it);
+   issue each step (what the engine's wait() holds of it);
 2. versus NCCL (benchmarks/versus_nccl.py): MPS started where the machine lets it (and
    stopped after), each machine a network namespace whose NIC is shaped to 10 Gbit/s, NCCL
    on its socket transport through it; on 2 machines x 2 ranks, then x 4 where the time

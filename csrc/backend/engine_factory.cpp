@@ -42,9 +42,7 @@ std::unique_ptr<Engine> makeEngine(
   std::unique_ptr<DeviceContext> context;
   if (device.is_cuda()) {
     context = makeCudaContext(
-        device,
-        site.config.highPriorityStreams,
-        site.config.cudaStreamHold && !site.config.launchesMaySerialize);
+        device, site.config.highPriorityStreams, site.config.cudaStreamHold);
   } else if (const auto emulated = emulatedDeviceFromEnv()) {
     context = makeEmulatedContext(*emulated, topology.rank());
   } else {

@@ -135,8 +135,6 @@ void bindSettings(py::module_& module) {
                 settings.attr("cuda_engine_in_use").cast<bool>();
             config.highPriorityStreams =
                 settings.attr("high_priority_streams").cast<bool>();
-            config.launchesMaySerialize =
-                !settings.attr("launch_order_hazard").is_none();
             config.cudaStreamHold =
                 settings.attr("cuda_wait").cast<std::string>() == "stream";
             const py::object timeline = settings.attr("timeline_directory");
@@ -162,8 +160,6 @@ void bindSettings(py::module_& module) {
       .def_readonly("network", &fairring::Config::network)
       .def_readonly("cuda_engine", &fairring::Config::cudaEngine)
       .def_readonly("cuda_stream_hold", &fairring::Config::cudaStreamHold)
-      .def_readonly(
-          "launches_may_serialize", &fairring::Config::launchesMaySerialize)
       .def_readonly(
           "high_priority_streams", &fairring::Config::highPriorityStreams)
       .def_readonly("timeline_directory", &fairring::Config::timelineDirectory);

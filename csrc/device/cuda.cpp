@@ -18,7 +18,7 @@
 #include <c10/util/Exception.h>
 
 #include "device/capture.h"
-#include "device/cuda_release.h"
+#include "device/cuda_signals.h"
 #include "device/streamed.h"
 #include "log.h"
 
@@ -141,15 +141,13 @@ class CudaStreams final : public StreamPolicy {
       : device_(checked(device)),
         highPriority_(highPriority),
         raw_(EngineStreams::take(device_, highPriority)),
-        releaseWord_(streamHold ? CudaReleaseWord::make(device_) : nullptr) {}
+        signals_(streamHold ? CudaSignals::make(device_) : nullptr) {}
 
   ~CudaStreams() override {
-    EngineStreams::giveBack(device_, highPriority_, raw_);
-    if (releaseWord_) {
-      // The streams are drained or retired: a release they made after the
-      // host's cannot take it back now.
-      releaseWord_->rewriteHostRelease();
+    if (signals_) {
+      signals_->open(); // nothing is left to wait for: the streams drain
     }
+    EngineStreams::giveBack(device_, highPriority_, raw_);
   }
 
   c10::Device device() const override {
@@ -198,24 +196,42 @@ class CudaStreams final : public StreamPolicy {
         tensor.storage().data_ptr(), cudaStream(stream));
   }
 
-  CallerHold callerHold(uint32_t ticket) override {
-    if (!releaseWord_) {
+  bool launchesAhead() const override {
+    return signals_ != nullptr;
+  }
+  at::TensorOptions railsMemoryOptions() const override {
+    // Pinned: the copies to and from it run on the engine's streams, and
+    // TensorPipe's CPU channels read and write it.
+    return at::TensorOptions().device(c10::kCPU).pinned_memory(true);
+  }
+  void waitForSignal(int stream, Signal signal, uint32_t ticket) override {
+    const RelaxedCapture relaxed(kRelaxed);
+    signals_->wait(raw_[stream], signal, ticket);
+  }
+  void raiseSignal(Signal signal, uint32_t ticket) override {
+    if (signals_) {
+      signals_->raise(signal, ticket);
+    }
+  }
+  void openSignals() override {
+    if (signals_) {
+      signals_->open();
+    }
+  }
+  std::function<bool(const Fence&)> callerWaiter() override {
+    if (!signals_) {
       return nullptr;
     }
-    // Owns the word, not this: a Work may be waited on after its engine.
-    return [word = releaseWord_, ticket] { return word->hold(ticket); };
-  }
-
-  void release(int stream, uint32_t ticket) override {
-    if (releaseWord_) {
-      releaseWord_->release(raw_[stream], ticket);
-    }
-  }
-
-  void releaseFromHost(uint32_t ticket) override {
-    if (releaseWord_) {
-      releaseWord_->releaseFromHost(ticket);
-    }
+    // Owns nothing of this: a Work may be waited on after its engine.
+    return [device = device_](const Fence& fence) {
+      const c10::cuda::CUDAStream caller =
+          c10::cuda::getCurrentCUDAStream(device.index());
+      if (captured(caller)) {
+        return false; // a graph's wait would outlive this op
+      }
+      eventOf(fence).block(caller);
+      return true;
+    };
   }
 
   rails::Buffer sendBuffer(const at::Tensor& tensor) override {
@@ -266,7 +282,8 @@ class CudaStreams final : public StreamPolicy {
   const c10::Device device_;
   const bool highPriority_;
   const EngineStreams::Set raw_;
-  const std::shared_ptr<CudaReleaseWord> releaseWord_; // null: the host waits
+  // The rails' signals when the engine launches ahead; null: the host waits.
+  const std::unique_ptr<CudaSignals> signals_;
 };
 
 } // namespace

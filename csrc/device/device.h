@@ -43,17 +43,27 @@ class Fence {
 };
 
 // Makes the caller's current stream wait on the device for an op; false
-// where it need not or could not (DeviceContext::callerHold).
+// where it need not or could not (Engine::Started).
 using CallerHold = std::function<bool()>;
 
-// Whether a release of `released` covers `ticket`: the comparison CUDA's
+// What the host tells a device that launches ahead, per slice ticket
+// (DeviceContext::raiseSignal): every machine's shards arrived, every
+// reduced shard arrived, every send is done with the rails' memory.
+enum class Signal : int {
+  kShardsArrived = 0,
+  kReducedArrived = 1,
+  kSendsDone = 2
+};
+constexpr int kSignals = 3;
+
+// Whether a signal at `released` covers `ticket`: the comparison CUDA's
 // cuStreamWaitValue32 makes with CU_STREAM_WAIT_VALUE_GEQ, which wraps.
 constexpr bool ticketReleased(uint32_t released, uint32_t ticket) {
   return static_cast<int32_t>(released - ticket) >= 0;
 }
 
-// The later of two tickets in that order: what a second release from the
-// host writes, so that it never takes an earlier one back.
+// The later of two tickets in that order: what a second raise writes, so
+// that it never takes an earlier one back.
 constexpr uint32_t laterTicket(uint32_t earlier, uint32_t ticket) {
   return ticketReleased(earlier, ticket) ? earlier : ticket;
 }
@@ -113,33 +123,59 @@ class DeviceContext {
   virtual void waitOnDevice(Queue queue, const Fence& fence) = 0;
   // Stage: where `queue`'s work stands now.
   virtual Fence record(Queue queue) = 0;
+  // Any thread: whether the work before `fence` is done, now.
+  virtual bool fenceDone(const Fence& /*fence*/) {
+    return true;
+  }
   // Any thread: blocks until the work before `fence` is done, or returns
   // false as soon as `cancelled()` is true.
   virtual bool waitOnHost(
       const Fence& fence, const std::function<bool()>& cancelled) = 0;
 
-  // -- Releasing the caller's stream from the device (docs/design.md, "The
-  // host never waits"). Each op has a ticket; the device releases tickets in
-  // increasing order (cyclically, as 32-bit numbers), every ticket up to the
-  // one it releases.
+  // -- Launching ahead of the network (docs/design.md, "The host never
+  // waits"). A device that launches ahead has every piece of an op's device
+  // work launched without the host waiting for the rails: the rails move
+  // bytes through host memory the device reaches (railsMemoryOptions), the
+  // engine launches the copies to and from it, and work that needs bytes
+  // from the rails waits on the device for a signal the host raises. A
+  // signal is a 32-bit count of slice tickets, raised in increasing order
+  // (cyclically, as ticketReleased compares); a wait for ticket t passes
+  // once the signal reached t.
 
-  // Caller's thread, at issue: what makes the caller's current stream wait,
-  // on the device, until `ticket` is released, to be called when the op's
-  // Work is waited on; null where the host waits instead (the CPU, or a
-  // device that cannot hold a stream). The hold returns false, having done
-  // nothing, where it need not (the ticket is released: the op is settled,
-  // and its Work's waiter waits for that on the host, briefly) or cannot
-  // (that stream is being captured).
-  virtual CallerHold callerHold(uint32_t /*ticket*/) {
+  virtual bool launchesAhead() const {
+    return false;
+  }
+  // Where the rails' copy of staging lives on a device that launches ahead.
+  virtual at::TensorOptions railsMemoryOptions() const {
+    return memoryOptions();
+  }
+  // Stage: `queue`'s later work waits on the device until `signal` reached
+  // `ticket`; the host does not wait.
+  virtual void waitForSignal(
+      Queue /*queue*/, Signal /*signal*/, uint32_t /*ticket*/) {}
+  // Any thread: the host raises `signal` to `ticket` (never lowers it).
+  virtual void raiseSignal(Signal /*signal*/, uint32_t /*ticket*/) {}
+  // Any thread, on a failure: every wait for a signal passes from now on,
+  // so the device runs out the work it was given (on what the memory holds)
+  // and no stream stays held.
+  virtual void openSignals() {}
+  // Stage: `to` = `from` on `queue`, a copy between staging and its rails
+  // copy; `received`: the bytes came from the rails.
+  virtual void railsCopy(
+      Queue queue,
+      const at::Tensor& to,
+      const at::Tensor& from,
+      bool received) {
+    enqueue(queue, [to, from] { to.copy_(from, /*non_blocking=*/true); });
+  }
+  // What makes the caller's current stream wait on the device for a fence
+  // of this device's, to be called on the caller's thread when an op's Work
+  // is waited on; it returns false, doing nothing, where it cannot (that
+  // stream is being captured). It outlives the context: a Work may be waited
+  // on after its engine is gone. Null where the host waits instead.
+  virtual std::function<bool(const Fence&)> callerWaiter() {
     return nullptr;
   }
-  // Stage: once `queue`'s work so far is done, the device releases `ticket`.
-  virtual void releaseCaller(Queue /*queue*/, uint32_t /*ticket*/) {}
-  // Any thread: `ticket` is released now, by the host (a failure, whose ops
-  // will not release theirs); again behind the output queue's work, so that
-  // a release the device makes later cannot take it back; and once more when
-  // the context is joined.
-  virtual void releaseCallersFromHost(uint32_t /*ticket*/) {}
 
   // -- Memory.
 
@@ -194,8 +230,8 @@ rails::Buffer hostBuffer(const at::Tensor& tensor);
 std::unique_ptr<DeviceContext> makeCpuContext();
 // Throws where the CUDA path is not built (device/cuda_none.cpp).
 // `highPriority`: its streams take the device's greatest priority.
-// `streamHold`: a wait on its ops holds the caller's stream, not the host
-// (Config::cudaStreamHold).
+// `streamHold`: it launches ahead, and a wait on its ops holds the caller's
+// stream, not the host (Config::cudaStreamHold).
 std::unique_ptr<DeviceContext> makeCudaContext(
     c10::Device device, bool highPriority, bool streamHold);
 

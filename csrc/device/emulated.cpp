@@ -199,42 +199,48 @@ class CallerStream {
   std::shared_ptr<EmulatedStream> stream_;
 };
 
-// An engine's release word (DeviceContext::callerHold), as CUDA's: written in
-// stream order by release items, or by the host, and waited on by holds on
-// the caller's stream until the process exits.
-class EmulatedReleaseWord {
+// An engine's signals (DeviceContext::raiseSignal), as CUDA's words: raised
+// by the host, waited for by items on the engine's streams, which end once
+// the signal reached their ticket, the signals are opened, or the device is
+// joined (its streams must drain; CUDA's would be retired).
+class EmulatedSignals {
  public:
-  void write(uint32_t ticket) {
+  void raise(Signal signal, uint32_t ticket) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      value_ = ticket;
+      uint32_t& raised = raised_[static_cast<int>(signal)];
+      raised = laterTicket(raised, ticket);
     }
     changed_.notify_all();
   }
-  void writeFromHost(uint32_t ticket) {
+  void open() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      hostTicket_ = hostTicket_ ? laterTicket(*hostTicket_, ticket) : ticket;
-      value_ = *hostTicket_;
+      opened_ = true;
     }
     changed_.notify_all();
   }
-  bool released(uint32_t ticket) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return ticketReleased(value_, ticket);
+  void close() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      closing_ = true;
+    }
+    changed_.notify_all();
   }
-  void awaitTicket(uint32_t ticket) {
+  void await(Signal signal, uint32_t ticket) {
     std::unique_lock<std::mutex> lock(mutex_);
-    while (!ticketReleased(value_, ticket) && !CallerStream::closing()) {
-      changed_.wait_for(lock, std::chrono::milliseconds(10));
-    }
+    changed_.wait(lock, [&] {
+      return opened_ || closing_ ||
+          ticketReleased(raised_[static_cast<int>(signal)], ticket);
+    });
   }
 
  private:
   std::mutex mutex_;
   std::condition_variable changed_;
-  uint32_t value_ = 0;
-  std::optional<uint32_t> hostTicket_; // the greatest released from the host
+  std::array<uint32_t, kSignals> raised_{};
+  bool opened_ = false;
+  bool closing_ = false;
 };
 
 class EmulatedStreams final : public StreamPolicy {
@@ -277,40 +283,56 @@ class EmulatedStreams final : public StreamPolicy {
     return Fence(); // a CPU caller's work is done when it issues
   }
 
-  CallerHold callerHold(uint32_t ticket) override {
-    if (!settings_.callerStream || settings_.hostWaits) {
-      return nullptr;
-    }
-    return
-        [word = releaseWord_, ticket, unordered = settings_.callerUnordered] {
-          if (word->released(ticket)) {
-            return false;
-          }
-          CallerStream::get()->push(
-              [word, ticket, unordered] {
-                if (!unordered) {
-                  word->awaitTicket(ticket);
-                }
-              },
-              /*jitter=*/false);
-          return true;
-        };
+  bool launchesAhead() const override {
+    return settings_.callerStream && !settings_.hostWaits;
   }
-
-  void release(int stream, uint32_t ticket) override {
-    {
-      std::lock_guard<std::mutex> lock(forceMutex_);
-      lastQueuedRelease_ = ticket;
+  at::TensorOptions railsMemoryOptions() const override {
+    return at::TensorOptions().device(c10::kCPU);
+  }
+  void waitForSignal(int stream, Signal signal, uint32_t ticket) override {
+    if (settings_.ignoreArrivals) {
+      return;
     }
     streams_[stream]->push(
-        [word = releaseWord_, ticket] { word->write(ticket); },
+        [signals = signals_, signal, ticket] {
+          signals->await(signal, ticket);
+        },
         /*jitter=*/false);
   }
-
-  void releaseFromHost(uint32_t ticket) override {
-    if (!settings_.dropHostRelease) {
-      releaseWord_->writeFromHost(ticket);
+  void raiseSignal(Signal signal, uint32_t ticket) override {
+    signals_->raise(signal, ticket);
+  }
+  void openSignals() override {
+    if (!settings_.signalsStayShut) {
+      signals_->open();
     }
+  }
+  std::chrono::milliseconds receivedCopyDelay() const override {
+    return settings_.receiveDelay;
+  }
+  std::function<bool(const Fence&)> callerWaiter() override {
+    if (!launchesAhead()) {
+      return nullptr;
+    }
+    return [unordered = settings_.callerUnordered](const Fence& fence) {
+      if (capturedFence(fence, "made the caller's stream wait for")) {
+        return false;
+      }
+      const auto* state = static_cast<const EmulatedFence*>(fence.state());
+      if (state == nullptr) {
+        return false;
+      }
+      CallerStream::get()->push(
+          [unordered, awaited = state->stream, position = state->position] {
+            while (!unordered &&
+                   !awaited->awaitReached(
+                       position, std::chrono::milliseconds(10)) &&
+                   !CallerStream::closing()) {
+            }
+          },
+          /*jitter=*/false);
+      return true;
+    };
   }
 
   void issue(int stream, Queue issuer, std::function<void()> work) override {
@@ -391,18 +413,12 @@ class EmulatedStreams final : public StreamPolicy {
   }
 
   void abort() override {
-    for (const auto& stream : streams_) {
-      stream->abort();
-    }
-    // An abort drops the queued work, but CUDA's cannot take back a
-    // release it queued: its last one is made now, as the stream would.
-    std::optional<uint32_t> lastQueued;
-    {
-      std::lock_guard<std::mutex> lock(forceMutex_);
-      lastQueued = lastQueuedRelease_;
-    }
-    if (lastQueued) {
-      releaseWord_->write(*lastQueued);
+    // A device that launches ahead is CUDA's model: launched work cannot be
+    // taken back, and runs out once the engine opens its signals.
+    if (!launchesAhead()) {
+      for (const auto& stream : streams_) {
+        stream->abort();
+      }
     }
     {
       std::lock_guard<std::mutex> lock(forceMutex_);
@@ -412,6 +428,7 @@ class EmulatedStreams final : public StreamPolicy {
   }
 
   void join() override {
+    signals_->close(); // the streams drain
     for (const auto& stream : streams_) {
       stream->join();
     }
@@ -455,15 +472,14 @@ class EmulatedStreams final : public StreamPolicy {
 
   const EmulatedDeviceSettings settings_;
   std::array<std::shared_ptr<EmulatedStream>, kStreams> streams_;
-  const std::shared_ptr<EmulatedReleaseWord> releaseWord_ =
-      std::make_shared<EmulatedReleaseWord>();
+  const std::shared_ptr<EmulatedSignals> signals_ =
+      std::make_shared<EmulatedSignals>();
   std::mutex bouncesMutex_;
   std::unordered_map<void*, Bounce> bounces_; // by the rails' buffer
   std::mutex forceMutex_;
   std::condition_variable forceChanged_;
   std::array<int64_t, kQueues> issued_{}; // work enqueued, by queue
   bool aborted_ = false;
-  std::optional<uint32_t> lastQueuedRelease_;
 };
 
 int64_t parseNumber(std::string_view text, std::string_view item) {
@@ -529,8 +545,8 @@ std::optional<EmulatedDeviceSettings> emulatedDeviceFromEnv() {
       settings.hostWaits = true;
     } else if (key == "caller_unordered") {
       settings.callerUnordered = true;
-    } else if (key == "drop_host_release") {
-      settings.dropHostRelease = true;
+    } else if (key == "signals_stay_shut") {
+      settings.signalsStayShut = true;
     } else if (key == "ignore_arrivals") {
       settings.ignoreArrivals = true;
     } else if (key == "receive_delay_ms") {

@@ -40,25 +40,28 @@ namespace fairring {
 //                       enqueue: opposite orders on two ranks of a machine
 //                       make the interleaving that deadlocks in_order with
 //                       unordered_launch
-//   ignore_arrivals     device waits for the receive stream's fences are
-//                       dropped (negative control: wrong data must be caught)
-//   receive_delay_ms=N  each receive copy sleeps this long too
+//   ignore_arrivals     device waits for the receive stream's fences, and
+//                       for the rails' signals, are dropped (negative
+//                       control: wrong data must be caught)
+//   receive_delay_ms=N  each copy of received bytes sleeps this long too
 //   eager_engine        the group's engine is made at its first collective of
 //                       any kind and warmed up, as a CUDA engine is
 //                       (Backend::prepareEngine)
 //   caller_stream       the caller has a stream, as CUDA's current stream:
 //                       one for the process, on which the tests queue work
-//                       (enqueueOnEmulatedCallerStream) and which an engine
-//                       op's wait() makes wait for the op's release, the host
-//                       not waiting (DeviceContext::callerHold)
-//   host_waits          with caller_stream: wait() holds the host until the
-//                       op is done instead (negative control: the old way)
+//                       (enqueueOnEmulatedCallerStream); the engine launches
+//                       ahead (DeviceContext::launchesAhead), and an engine
+//                       op's wait() makes that stream wait for the op's end,
+//                       the host not waiting (FAIRRING_CUDA_WAIT=stream)
+//   host_waits          with caller_stream: the engine does not launch ahead
+//                       and wait() holds the host until the op is done
+//                       (negative control: the old way)
 //   caller_unordered    with caller_stream: the caller's stream does not wait
-//                       for the release (negative control: a result read
-//                       there must be caught wrong)
-//   drop_host_release   a failure's release from the host is not made
-//                       (negative control: the caller's stream then waits
-//                       for an op that failed)
+//                       for the op (negative control: a result read there
+//                       must be caught wrong)
+//   signals_stay_shut   a failure does not open the signals (negative
+//                       control: the engine's streams, and the caller's
+//                       stream behind them, then wait for an op that failed)
 //   nccl_delegate       the delegate keeps ProcessGroupNCCL's contract since
 //                       torch 2.8: a synchronous operation ends before it
 //                       returns, and returns no Work
@@ -80,7 +83,7 @@ struct EmulatedDeviceSettings {
   bool callerStream = false;
   bool hostWaits = false;
   bool callerUnordered = false;
-  bool dropHostRelease = false;
+  bool signalsStayShut = false;
 };
 
 // The settings in FAIRRING_TEST_EMULATED_DEVICE, or nothing when it is unset.

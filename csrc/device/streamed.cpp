@@ -49,6 +49,10 @@ Fence StreamedContext::record(Queue queue) {
   return policy_->record(streamOf(queue));
 }
 
+bool StreamedContext::fenceDone(const Fence& fence) {
+  return policy_->query(fence);
+}
+
 bool StreamedContext::waitOnHost(
     const Fence& fence, const std::function<bool()>& cancelled) {
   // Polled rather than synchronised, so that an abort is never stuck behind
@@ -84,23 +88,43 @@ rails::Buffer StreamedContext::receiveBuffer(const at::Tensor& tensor) {
   return policy_->receiveBuffer(tensor);
 }
 
-CallerHold StreamedContext::callerHold(uint32_t ticket) {
-  return policy_->callerHold(ticket);
+bool StreamedContext::launchesAhead() const {
+  return policy_->launchesAhead();
 }
 
-void StreamedContext::releaseCaller(Queue queue, uint32_t ticket) {
-  policy_->release(streamOf(queue), ticket);
+at::TensorOptions StreamedContext::railsMemoryOptions() const {
+  return launchesAhead() ? policy_->railsMemoryOptions() : memoryOptions();
 }
 
-void StreamedContext::releaseCallersFromHost(uint32_t ticket) {
-  policy_->releaseFromHost(ticket);
-  // A release the output stream makes later, for an op launched before the
-  // failure, must not take this one back: this one follows it there too.
-  try {
-    policy_->release(streamOf(Queue::kOutput), ticket);
-  } catch (const std::exception&) {
-    // The host's release stands; the policy makes it again when joined.
-  }
+void StreamedContext::waitForSignal(
+    Queue queue, Signal signal, uint32_t ticket) {
+  policy_->waitForSignal(streamOf(queue), signal, ticket);
+}
+
+void StreamedContext::raiseSignal(Signal signal, uint32_t ticket) {
+  policy_->raiseSignal(signal, ticket);
+}
+
+void StreamedContext::openSignals() {
+  policy_->openSignals();
+}
+
+void StreamedContext::railsCopy(
+    Queue queue, const at::Tensor& to, const at::Tensor& from, bool received) {
+  const auto delay =
+      received ? policy_->receivedCopyDelay() : std::chrono::milliseconds(0);
+  policy_->issue(streamOf(queue), queue, [to, from, delay] {
+    to.copy_(from, /*non_blocking=*/true);
+    // A slow copy reads its source from the start: what it read before
+    // the bytes came is caught, as a DMA's would be.
+    if (delay.count() > 0) {
+      std::this_thread::sleep_for(delay);
+    }
+  });
+}
+
+std::function<bool(const Fence&)> StreamedContext::callerWaiter() {
+  return policy_->callerWaiter();
 }
 
 Fence StreamedContext::receivedFence(const rails::Buffer& received) {

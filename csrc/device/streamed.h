@@ -1,6 +1,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -57,13 +58,24 @@ class StreamPolicy {
   virtual rails::Buffer receiveBuffer(const at::Tensor& tensor) = 0;
   virtual Fence received(const rails::Buffer& received) = 0;
 
-  // DeviceContext::callerHold, releaseCaller (on `stream`) and
-  // releaseCallersFromHost; by default the host waits.
-  virtual CallerHold callerHold(uint32_t /*ticket*/) {
+  // DeviceContext's launching ahead (waitForSignal on `stream`); by default
+  // the device does not.
+  virtual bool launchesAhead() const {
+    return false;
+  }
+  virtual at::TensorOptions railsMemoryOptions() const = 0;
+  virtual void waitForSignal(
+      int /*stream*/, Signal /*signal*/, uint32_t /*ticket*/) {}
+  virtual void raiseSignal(Signal /*signal*/, uint32_t /*ticket*/) {}
+  virtual void openSignals() {}
+  virtual std::function<bool(const Fence&)> callerWaiter() {
     return nullptr;
   }
-  virtual void release(int /*stream*/, uint32_t /*ticket*/) {}
-  virtual void releaseFromHost(uint32_t /*ticket*/) {}
+  // What a copy from the rails' memory takes beyond its bytes: nothing but
+  // on the emulated device, where tests slow it (receive_delay_ms).
+  virtual std::chrono::milliseconds receivedCopyDelay() const {
+    return std::chrono::milliseconds(0);
+  }
 
   // Queued work is dropped and device-side waits end (any thread); then the
   // policy's own threads, if any, are joined.
@@ -87,15 +99,24 @@ class StreamedContext final : public DeviceContext {
   void enqueue(Queue queue, std::function<void()> work) override;
   void waitOnDevice(Queue queue, const Fence& fence) override;
   Fence record(Queue queue) override;
+  bool fenceDone(const Fence& fence) override;
   bool waitOnHost(
       const Fence& fence, const std::function<bool()>& cancelled) override;
   at::TensorOptions memoryOptions() const override;
   void adoptStaging(const at::Tensor& staging) override;
   rails::Buffer sendBuffer(const at::Tensor& tensor) override;
   rails::Buffer receiveBuffer(const at::Tensor& tensor) override;
-  CallerHold callerHold(uint32_t ticket) override;
-  void releaseCaller(Queue queue, uint32_t ticket) override;
-  void releaseCallersFromHost(uint32_t ticket) override;
+  bool launchesAhead() const override;
+  at::TensorOptions railsMemoryOptions() const override;
+  void waitForSignal(Queue queue, Signal signal, uint32_t ticket) override;
+  void raiseSignal(Signal signal, uint32_t ticket) override;
+  void openSignals() override;
+  void railsCopy(
+      Queue queue,
+      const at::Tensor& to,
+      const at::Tensor& from,
+      bool received) override;
+  std::function<bool(const Fence&)> callerWaiter() override;
   Fence receivedFence(const rails::Buffer& received) override;
   int64_t minShardBytes() const override;
   bool mayRunInLaunchOrder() const override;

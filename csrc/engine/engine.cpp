@@ -55,6 +55,7 @@ Engine::Engine(
           config.maxSlicesInFlight},
       sendOrder_(sendOrderOf(topology)),
       staging_(stagingCapacity(planSettings_), device_->memoryOptions()),
+      launchesAhead_(device_->launchesAhead()),
       completions_(std::make_shared<Completions>(device_->device())),
       mesh_(std::move(mesh)),
       // With one rank per machine no local step waits for another rank.
@@ -66,7 +67,13 @@ Engine::Engine(
     adoptLayout(topology_.layout());
   }
   device_->adoptStaging(staging_.memory());
-  const at::Tensor& staging = staging_.memory();
+  if (launchesAhead_) {
+    railsStaging_ = at::empty(
+        {staging_.memory().numel()},
+        device_->railsMemoryOptions().dtype(at::kByte));
+  }
+  const at::Tensor& staging =
+      launchesAhead_ ? railsStaging_ : staging_.memory();
   mesh_->registerStaging(
       rails::Buffer{
           staging.data_ptr(),
@@ -136,6 +143,9 @@ Engine::Engine(
         }});
   }
   watch_->start();
+  if (launchesAhead_) {
+    follower_ = std::make_unique<DeviceFollower>(*device_);
+  }
   // One thread per stage and the watchdog, owned by the engine and joined by
   // its destructor.
   const std::array<void (Engine::*)(), kStages> loops{
@@ -182,6 +192,9 @@ Engine::~Engine() {
     thread.join();
   }
   watchdog_.join();
+  if (follower_) {
+    follower_->stop(); // the stage threads posted to it
+  }
   if (failover_) {
     failover_->shutdown(); // its switches use the mesh, lanes and watch
   }
@@ -380,7 +393,17 @@ Engine::Started Engine::issue(
           ErrorClass::kBackend);
       return result; // failed: its Work's waiter throws
     }
-    result.holdCaller = device_->callerHold(callerTicket(op->seq));
+    if (launchesAhead_) {
+      op->launchEnd = std::make_shared<LaunchEnd>();
+      if (auto waiter = device_->callerWaiter()) {
+        // Waits on the host only for the op's launches, which wait for no
+        // rails (docs/design.md, "The host never waits").
+        result.holdCaller = [end = op->launchEnd, waiter = std::move(waiter)] {
+          const std::optional<Fence> done = end->await();
+          return done.has_value() && waiter(*done);
+        };
+      }
+    }
     liveOps_.push_back(op);
     if (failed()) {
       return result; // stopped: fails once the cause is settled
@@ -525,7 +548,8 @@ EngineFootprint Engine::footprint(const ProcessCounts& before) const {
   return footprintOf(
       device(),
       staging_.capacity(),
-      mesh_->pinnedHostBytes(),
+      mesh_->pinnedHostBytes() +
+          (railsStaging_.defined() ? railsStaging_.nbytes() : 0),
       dataConnections + static_cast<int64_t>(mesh_->neighbours().size()),
       before,
       ProcessCounts::now(device()));

@@ -21,11 +21,13 @@
 #include "device/device.h"
 #include "engine/collective.h"
 #include "engine/completions.h"
+#include "engine/follow_device.h"
 #include "engine/footprint.h"
 #include "engine/launch_order.h"
 #include "engine/plan.h"
 #include "engine/stage.h"
 #include "engine/staging.h"
+#include "engine/ticket_prefix.h"
 #include "engine/trace.h"
 #include "local/local_steps.h"
 #include "rails/failover.h"
@@ -34,6 +36,8 @@
 #include "topology.h"
 
 namespace fairring {
+
+enum class SliceStep : int; // engine/ops.h
 
 struct EngineStats {
   int64_t ops;
@@ -312,12 +316,6 @@ class Engine {
       std::chrono::milliseconds timeout,
       uint64_t collective);
   Started issue(const std::shared_ptr<Op>& op, const std::vector<Slice>& plan);
-  // The ticket by which the op numbered `seq` releases its callers' streams
-  // (DeviceContext::callerHold): tickets follow the engine's numbers, which
-  // its all-gathers, and so the releases after them, follow.
-  static uint32_t callerTicket(uint64_t seq) {
-    return static_cast<uint32_t>(seq + 1); // a word starts at 0: none yet
-  }
   // A reduce-scatter's or an all-gather's plan: slices of its chunks'
   // columns.
   std::vector<Slice> chunkPlan(int64_t chunkNumel, int64_t elementSize) const;
@@ -353,6 +351,27 @@ class Engine {
       int machine,
       const at::Tensor& shard);
   at::Tensor shardOf(const SliceWork& slice, int machine) const;
+  // -- Launching ahead (docs/design.md, "The host never waits").
+  // The same shard in the rails' copy of staging.
+  at::Tensor railsShardOf(const SliceWork& slice, int machine) const;
+  // What the rails read or write for `shard`: the rails' copy where the
+  // engine launches ahead, else the device's view of staging.
+  rails::Buffer railsBuffer(const at::Tensor& shard, bool send) const;
+  // `ticket` is done for `signal`: the device hears of it once every
+  // earlier ticket is. Needs mutex_.
+  void signalLocked(Signal signal, uint64_t ticket);
+  // Where a slice stands on the rails, for errors: what it waits for.
+  // Needs mutex_.
+  SliceStep railsStepLocked(const SliceWork& slice) const;
+  // One of the things a slice waits for before it completes happened
+  // (SliceWork::finishGates); after the last, its completion is queued
+  // behind its all-gather.
+  // `onOutputStage`: on the all-gather stage's thread, which queues it
+  // itself; else the follower does.
+  void passFinishGate(
+      const std::shared_ptr<SliceWork>& slice, bool onOutputStage);
+  // Queues the slice's completion on the output queue (Op::finishSlice).
+  void enqueueFinish(const std::shared_ptr<SliceWork>& slice);
   // What `lane` carries for `slice`, as errors name it ("shards of ...").
   static std::string laneContent(const SliceWork& slice, rails::Lane lane);
 
@@ -451,6 +470,11 @@ class Engine {
   // shards go out: no machine is every sender's first destination.
   const std::vector<int> sendOrder_;
   StagingRing staging_;
+  // Whether the device launches ahead (DeviceContext::launchesAhead): the
+  // rails then use railsStaging_, a copy of staging in host memory at the
+  // same offsets, and follower_ does what waits for the device on the host.
+  const bool launchesAhead_;
+  at::Tensor railsStaging_;
   const std::shared_ptr<Completions> completions_;
   // The destructor shuts the mesh down before anything else goes: the
   // callbacks of the rails and the watch use the members below.
@@ -487,6 +511,11 @@ class Engine {
   // The all-gather stage's fence for the last slice that gave its staging
   // back: a new lease waits for it before the memory is reused.
   Fence lastReleased_;
+  // Launching ahead: the last ticket given, that slice's ticket, and what
+  // the device has been told of each signal.
+  uint64_t lastTicket_ = 0;
+  uint64_t lastReleasedTicket_ = 0;
+  std::array<TicketPrefix, kSignals> signalled_;
   std::deque<std::shared_ptr<Op>> liveOps_; // issued, not yet settled
   std::optional<Cause> unsettled_; // stopped, waiting for a better cause
   std::vector<int> departed_; // neighbours that said goodbye
@@ -494,7 +523,9 @@ class Engine {
   bool stopping_ = false; // the destructor runs: the watchdog returns
   std::condition_variable watchdogWake_;
 
-  // Started last: they use everything above.
+  // Started last: they use everything above. The follower goes after the
+  // stage threads, which post to it, and before the mesh, which it uses.
+  std::unique_ptr<DeviceFollower> follower_;
   std::array<std::thread, kStages> threads_;
   std::thread watchdog_;
 };

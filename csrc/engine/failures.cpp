@@ -222,6 +222,9 @@ void Engine::stop(Cause cause) {
     watchdogWake_.notify_all();
     staging_.interrupt();
     lanes_->close("stopped");
+    // Launching ahead, the device waits for no more of the rails: it runs out
+    // what it was given, and no caller's stream stays held behind it.
+    device_->openSignals();
     // A departure leaves the local groups in good order: what runs on the
     // machine's other ranks finishes first (docs/design.md, "Leaving in good
     // order"). An abort, a failure, or a device that does not drain in
@@ -242,20 +245,14 @@ void Engine::stop(Cause cause) {
   }
   const std::string prefix =
       "fairring: rank " + std::to_string(topology_.rank()) + ": ";
-  std::optional<uint64_t> lastFailed;
   for (const auto& op : ops) {
-    if (!op->settled) {
-      lastFailed = op->seq;
+    if (op->launchEnd) {
+      op->launchEnd->failed(); // a hold not yet made waits for the error
     }
     op->fail(
         prefix + op->describe() + " failed: " + cause.what,
         cause.kind == FailureKind::kConnection ? ErrorClass::kNetwork
                                                : ErrorClass::kBackend);
-  }
-  if (lastFailed) {
-    // Their releases will not come from the device: every caller's stream
-    // that waits for them, or for an earlier op, goes on now.
-    device_->releaseCallersFromHost(callerTicket(*lastFailed));
   }
   for (const auto& launch : foreign) {
     launch.failed(prefix + "not launched: the engine stopped: " + cause.what);

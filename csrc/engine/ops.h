@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,6 +31,42 @@ enum class SliceStep : int {
   kDone,
 };
 
+// When an op's device work has all been launched, on a device that launches
+// ahead: what a wait on its Work waits for on the host before it makes the
+// caller's stream wait for `done`, the output queue after its last local
+// step. Shared with the Work's hold, which may outlive the engine.
+class LaunchEnd {
+ public:
+  void launched(Fence done) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = std::move(done);
+      settled_ = true;
+    }
+    changed_.notify_all();
+  }
+  // The engine stopped first: the host waits for the op's future instead.
+  void failed() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      settled_ = true;
+    }
+    changed_.notify_all();
+  }
+  // Blocks until either; the fence to wait for, or nothing if it failed.
+  std::optional<Fence> await() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return settled_; });
+    return done_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool settled_ = false;
+  std::optional<Fence> done_;
+};
+
 struct Engine::Op {
   Collective kind = Collective::kAllReduce;
   uint64_t seq; // the engine's: rails tags carry it
@@ -39,6 +77,8 @@ struct Engine::Op {
   // The input, 1-D and contiguous; aliases `tensor` for an all-reduce unless
   // copyBack.
   at::Tensor elements;
+  // `elements` is a copy: the result goes back into `tensor` when the op
+  // completes (launching ahead: after its last all-gather, which clears it).
   bool copyBack = false;
   // A reduce-scatter's or all-gather's elements per rank (its chunk), which
   // its slices cut into columns; 0 for an all-reduce.
@@ -53,6 +93,8 @@ struct Engine::Op {
   std::atomic<bool> settled{false};
   // Completed on the stage threads; the caller gets its relay.
   c10::intrusive_ptr<c10::ivalue::Future> future;
+  // Where the engine launches ahead; null otherwise.
+  std::shared_ptr<LaunchEnd> launchEnd;
 
   std::string describe() const {
     return std::string(collectiveName(kind)) + " #" +
@@ -131,6 +173,21 @@ struct Engine::SliceWork {
   bool gathered = false;
   Fence shardsArrived; // the latest arrival covers every earlier one
   Fence reducedArrived;
+
+  // Where the engine launches ahead (Engine::launchesAhead_). The slice's
+  // ticket, for the signals; the last ticket whose staging this lease
+  // reuses (0: none); the slot and shards in the rails' copy of staging;
+  // its sends not yet written, and not yet released, by the rails (guarded
+  // by mutex_); and what it waits for before it completes: its all-gather
+  // launched, every arrival, every send written (a rank that completes an
+  // op may leave, and its peers need what it sends).
+  uint64_t ticket = 0;
+  uint64_t previousTicket = 0;
+  at::Tensor railsSlot;
+  at::Tensor railsShards;
+  int sendsUnwritten = 0;
+  int sendsLeft = 0;
+  std::atomic<int> finishGates{3};
 
   // Step 1's input and step 5's output.
   at::Tensor io() const {

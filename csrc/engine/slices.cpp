@@ -2,129 +2,17 @@
 
 // One slice's life, on the engine's three stage threads, in step order:
 // each thread's loop, then start, steps 1 and 2 (reduce-scatter), 3 and 4
-// (reduce), 5 (all-gather), then what the steps share: their device work,
-// the shards in staging, and the rails' messages expected and sent.
-// (engine.cpp makes ops into slices and keeps the launch order.)
+// (reduce), 5 (all-gather), then what the steps share: their device work
+// and the stage queues. (engine.cpp makes ops into slices and keeps the
+// launch order; slice_memory.cpp places a slice's elements,
+// slice_rails.cpp its messages.)
 
 #include "engine/engine.h"
-
-#include <algorithm>
-#include <cstddef>
-#include <cstring>
-
-#include <c10/util/Exception.h>
 
 #include "engine/ops.h"
 #include "reduction.h"
 
 namespace fairring {
-
-at::Tensor Engine::stagedRows(const SliceWork& slice) const {
-  return slice.padded.view({slice.rows, slice.plan.paddedNumel})
-      .narrow(1, 0, slice.plan.numel);
-}
-
-at::Tensor Engine::chunkColumns(
-    const SliceWork& slice, const at::Tensor& flat) const {
-  return flat.view({slice.rows, slice.op->chunkNumel})
-      .narrow(1, slice.plan.offset, slice.plan.numel);
-}
-
-void Engine::moveRows(
-    const SliceWork& slice, const at::Tensor& columns, bool toStaging) const {
-  at::Tensor staged = stagedRows(slice);
-  const bool rowsContiguous = staged.stride(1) == 1 && columns.stride(1) == 1;
-  if (!columns.is_cpu() || !rowsContiguous ||
-      staged.scalar_type() != columns.scalar_type()) {
-    if (toStaging) {
-      staged.copy_(columns.index_select(0, rowRanks_));
-    } else {
-      columns.index_copy_(0, rowRanks_, staged);
-    }
-    return;
-  }
-  // Raw copies: the shapes the offsets come from are checked first.
-  TORCH_CHECK(
-      staged.size(0) == static_cast<int64_t>(rowRankList_.size()) &&
-          columns.size(0) == staged.size(0) &&
-          columns.size(1) == staged.size(1),
-      "fairring: moving ",
-      staged.size(0),
-      " staged rows of ",
-      staged.size(1),
-      " elements for ",
-      rowRankList_.size(),
-      " ranks into ",
-      columns.sizes(),
-      "; a fairring bug: please report it");
-  const int64_t rowBytes = staged.size(1) * staged.element_size();
-  auto* stagedBase = static_cast<std::byte*>(staged.data_ptr());
-  auto* columnsBase = static_cast<std::byte*>(columns.data_ptr());
-  const int64_t stagedStride = staged.stride(0) * staged.element_size();
-  const int64_t columnsStride = columns.stride(0) * columns.element_size();
-  for (size_t row = 0; row < rowRankList_.size(); ++row) {
-    std::byte* stagedRow =
-        stagedBase + static_cast<int64_t>(row) * stagedStride;
-    std::byte* columnsRow = columnsBase + rowRankList_[row] * columnsStride;
-    if (toStaging) {
-      std::memcpy(stagedRow, columnsRow, rowBytes);
-    } else {
-      std::memcpy(columnsRow, stagedRow, rowBytes);
-    }
-  }
-}
-
-bool Engine::gatherIntoRows(const SliceWork& slice) const {
-  const at::Tensor columns = chunkColumns(slice, slice.op->tensor);
-  if (!localSteps_->placesParts() || !columns.is_cpu() ||
-      columns.stride(1) != 1 ||
-      columns.scalar_type() != slice.slot.scalar_type()) {
-    return false;
-  }
-  const int machines = topology_.numMachines();
-  // Raw copies: the shapes the offsets come from are checked first.
-  TORCH_CHECK(
-      slice.slot.numel() == machines * slice.plan.paddedNumel &&
-          columns.size(0) == static_cast<int64_t>(rowRankList_.size()) &&
-          columns.size(1) == slice.plan.numel,
-      "fairring: placing a slot of ",
-      slice.slot.numel(),
-      " elements (",
-      machines,
-      " shards of ",
-      slice.plan.paddedNumel,
-      ") into ",
-      columns.sizes(),
-      "; a fairring bug: please report it");
-  const int64_t elementSize = columns.element_size();
-  const int64_t shardBytes = slice.plan.paddedNumel * elementSize;
-  const int64_t keptBytes = slice.plan.numel * elementSize; // no padding
-  const int64_t rowBytes = columns.stride(0) * elementSize;
-  auto* base = static_cast<std::byte*>(columns.data_ptr());
-  localSteps_->allGatherPlaced(
-      slice.slot,
-      [&](int rank, int64_t offset, const std::byte* data, int64_t length) {
-        // Part `rank` is its machines' shards end to end: row rank x M + m.
-        for (int64_t m = offset / shardBytes;
-             m < machines && m * shardBytes < offset + length;
-             ++m) {
-          const int64_t from = std::max(offset, m * shardBytes);
-          const int64_t to =
-              std::min(offset + length, m * shardBytes + keptBytes);
-          if (from < to) {
-            std::byte* row =
-                base + rowRankList_[rank * machines + m] * rowBytes;
-            std::memcpy(
-                row + (from - m * shardBytes),
-                data + (from - offset),
-                to - from);
-          }
-        }
-      },
-      slice.localStepKey(),
-      slice.op->deadline);
-  return true;
-}
 
 // The reduce-scatter thread: start, steps 1 and 2, in issue order, each
 // slice's step 1 in its turn.
@@ -139,6 +27,15 @@ void Engine::reduceScatterLoop() {
           return start(slice) && reduceScatter(slice);
         })) {
       return;
+    }
+    if (launchesAhead_) {
+      // The all-gather stage launches the reduce too (Engine::allGatherLoop).
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        slice->step = railsStepLocked(*slice);
+      }
+      push(toAllGather_, slice);
+      continue;
     }
     slice->step = SliceStep::kAwaitShards;
     push(toReduce_, slice);
@@ -162,38 +59,87 @@ void Engine::reduceLoop() {
 
 // The all-gather thread: step 5, once every reduced shard is here, the
 // rails are done reading this slice's staging and it is the slice's turn.
+// Where the engine launches ahead it waits for none of these but the turn,
+// and launches steps 3 and 4 first: the reduce then takes its place in the
+// launch order, right before the all-gather (docs/design.md, "The host
+// never waits").
 void Engine::allGatherLoop() {
   const int peers = topology_.numMachines() - 1;
   while (auto slice =
              popWhenReady(toAllGather_, [this, peers](const SliceWork& s) {
-               return s.reducedReceived == peers && s.writesPending == 0 &&
+               return (launchesAhead_ ||
+                       (s.reducedReceived == peers && s.writesPending == 0)) &&
                    launchOrder_.isNext(
                        LaunchOrder::Step::kAllGather, s.op->seq, s.index);
              })) {
-    slice->step = SliceStep::kLocalAllGather;
+    if (launchesAhead_ &&
+        !traced(Stage::kReduce, *slice, [&] { return reduce(slice); })) {
+      return;
+    }
+    if (!launchesAhead_) {
+      slice->step = SliceStep::kLocalAllGather;
+    }
     if (!traced(Stage::kAllGather, *slice, [&] { return allGather(slice); })) {
       return;
     }
-    slice->step = SliceStep::kDone;
-    // Completion is device work too: it follows the slice's all-gather.
-    device_->enqueue(queueOf(Stage::kAllGather), [this, op = slice->op] {
-      op->finishSlice();
-      if (op->settled) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        // Ops finish in issue order: the finished one is first.
-        while (!liveOps_.empty() && liveOps_.front()->settled) {
-          liveOps_.pop_front();
-        }
-      }
-    });
-    // After the op's last device work (every stage takes slices in queue
-    // order, so its last slice comes last): its callers' streams go on.
-    if (slice->index + 1 == static_cast<int64_t>(slice->op->slices.size())) {
-      deviceWork(slice, Stage::kAllGather, [this, seq = slice->op->seq] {
-        device_->releaseCaller(queueOf(Stage::kAllGather), callerTicket(seq));
-      })();
+    const bool last =
+        slice->index + 1 == static_cast<int64_t>(slice->op->slices.size());
+    if (!launchesAhead_) {
+      slice->step = SliceStep::kDone;
+      // Completion is device work too: it follows the slice's all-gather.
+      enqueueFinish(slice);
+      continue;
     }
+    if (last) {
+      const std::shared_ptr<Op>& op = slice->op;
+      if (op->copyBack) {
+        // Before the end a caller's stream waits for, not with the op's
+        // completion, which follows the rails.
+        device_->enqueue(
+            queueOf(Stage::kAllGather),
+            deviceWork(slice, Stage::kAllGather, [op] {
+              op->tensor.copy_(op->elements.view(op->tensor.sizes()));
+            }));
+        op->copyBack = false; // read by finishSlice after the last gate
+      }
+      // Every launch of the op is made: a caller's stream may wait for it.
+      op->launchEnd->launched(device_->record(queueOf(Stage::kAllGather)));
+    }
+    passFinishGate(slice, /*onOutputStage=*/true);
   }
+}
+
+void Engine::enqueueFinish(const std::shared_ptr<SliceWork>& slice) {
+  device_->enqueue(queueOf(Stage::kAllGather), [this, op = slice->op] {
+    // After a failure the device's work so far may have run on what the
+    // memory held (a device that takes nothing back runs it out): the op
+    // fails with the engine instead.
+    if (failed()) {
+      return;
+    }
+    op->finishSlice();
+    if (op->settled) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      // Ops finish in issue order: the finished one is first.
+      while (!liveOps_.empty() && liveOps_.front()->settled) {
+        liveOps_.pop_front();
+      }
+    }
+  });
+}
+
+void Engine::passFinishGate(
+    const std::shared_ptr<SliceWork>& slice, bool onOutputStage) {
+  if (--slice->finishGates != 0) {
+    return;
+  }
+  if (onOutputStage) {
+    enqueueFinish(slice);
+    return;
+  }
+  follower_->post(DeviceFollower::kFinishes, Fence(), [this, slice] {
+    enqueueFinish(slice);
+  });
 }
 
 // Staging for the slice, and the messages it will receive on both lanes.
@@ -212,9 +158,48 @@ bool Engine::start(const std::shared_ptr<SliceWork>& slice) {
     return false;
   }
   Fence previousUse;
+  uint64_t previousTicket = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     previousUse = lastReleased_;
+    previousTicket = lastReleasedTicket_;
+    if (launchesAhead_) {
+      slice->ticket = ++lastTicket_;
+    }
+  }
+  if (launchesAhead_) {
+    // The memory's last users finish on the device before anything writes
+    // it there; the rails' copy is written by the receives posted once they
+    // are done with it (the follower), and by copies that wait for the last
+    // users' sends (Engine::reduceScatter).
+    device_->waitOnDevice(queueOf(Stage::kReduceScatter), previousUse);
+    attachStaging(*slice, std::move(*lease), layout);
+    slice->previousTicket = previousTicket;
+    const int peers = topology_.numMachines() - 1;
+    const Collective kind = slice->op->kind;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      slice->sendsLeft = (kind == Collective::kAllGather ? 0 : peers) +
+          (kind == Collective::kReduceScatter ? 0 : peers);
+      slice->sendsUnwritten = slice->sendsLeft;
+      // A lane the collective does not use counts as arrived.
+      if (kind == Collective::kAllGather) {
+        signalLocked(Signal::kShardsArrived, slice->ticket);
+      }
+      if (kind == Collective::kReduceScatter) {
+        signalLocked(Signal::kReducedArrived, slice->ticket);
+      }
+    }
+    follower_->post(
+        DeviceFollower::kReceives,
+        previousUse,
+        [this, slice] { expectMessages(slice); },
+        [this, previousTicket] {
+          std::lock_guard<std::mutex> lock(mutex_);
+          return signalled_[static_cast<int>(Signal::kSendsDone)].reached(
+              previousTicket);
+        });
+    return true;
   }
   // The memory's last users (older slices, all released) must be done with
   // it on the device before anything writes it, the rails included.
@@ -224,27 +209,6 @@ bool Engine::start(const std::shared_ptr<SliceWork>& slice) {
   attachStaging(*slice, std::move(*lease), layout);
   expectMessages(slice);
   return true;
-}
-
-void Engine::attachStaging(
-    SliceWork& slice, StagingRing::Lease lease, const StagingLayout& layout) {
-  const int localSize = topology_.localSize();
-  const auto dtype = slice.op->elements.scalar_type();
-  const int64_t elementSize = slice.op->elements.element_size();
-  const int64_t paddedNumel = slice.stagedNumel();
-  const int64_t slotNumel = paddedNumel / localSize;
-  at::Tensor bytes = lease.bytes();
-  auto view = [&](int64_t offset, int64_t numel) {
-    return bytes.narrow(0, offset, numel * elementSize).view(dtype);
-  };
-  slice.parts = view(0, localSize * slotNumel).view({localSize, slotNumel});
-  slice.slot = slice.parts[0];
-  slice.shards =
-      view(layout.shardsOffset, slotNumel).view({topology_.numMachines(), -1});
-  if (slice.staged()) {
-    slice.padded = view(layout.paddedOffset, paddedNumel);
-  }
-  slice.lease.emplace(std::move(lease));
 }
 
 // Steps 1 and 2. An all-gather has neither: its own chunk becomes its
@@ -297,10 +261,38 @@ bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
             slice->op->deadline);
         slice->shards[me].copy_(shardOf(*slice, me));
       }));
+  if (launchesAhead_) {
+    // Into the rails' copy, once the rails are done with what its last
+    // users sent from there.
+    if (slice->previousTicket != 0) {
+      device_->waitForSignal(
+          queueOf(Stage::kReduceScatter),
+          Signal::kSendsDone,
+          static_cast<uint32_t>(slice->previousTicket));
+    }
+    if (kind != Collective::kAllGather) {
+      for (const int machine : sendOrder_) {
+        device_->railsCopy(
+            queueOf(Stage::kReduceScatter),
+            railsShardOf(*slice, machine),
+            shardOf(*slice, machine),
+            /*received=*/false);
+      }
+    }
+  }
   slice->reduceScattered = device_->record(queueOf(Stage::kReduceScatter));
   launched(LaunchOrder::Step::kReduceScatter);
   if (kind == Collective::kAllGather) {
     return true; // its chunk goes out from the reduce stage, as a result
+  }
+  if (launchesAhead_) {
+    follower_->post(
+        DeviceFollower::kShardSends, slice->reduceScattered, [this, slice] {
+          for (const int machine : sendOrder_) {
+            send(slice, rails::kShards, machine, railsShardOf(*slice, machine));
+          }
+        });
+    return true;
   }
   // The rails read the slot from the host's side: it must be ready.
   if (!device_->waitOnHost(
@@ -318,35 +310,74 @@ bool Engine::reduceScatter(const std::shared_ptr<SliceWork>& slice) {
 bool Engine::reduce(const std::shared_ptr<SliceWork>& slice) {
   const int me = topology_.machine();
   const Collective kind = slice->op->kind;
-  device_->waitOnDevice(queueOf(Stage::kReduce), slice->reduceScattered);
+  const fairring::Queue queue = queueOf(Stage::kReduce);
+  device_->waitOnDevice(queue, slice->reduceScattered);
   if (kind != Collective::kAllGather) {
-    device_->waitOnDevice(queueOf(Stage::kReduce), slice->shardsArrived);
+    if (launchesAhead_) {
+      device_->waitForSignal(
+          queue, Signal::kShardsArrived, static_cast<uint32_t>(slice->ticket));
+      for (const int machine : sendOrder_) {
+        device_->railsCopy(
+            queue,
+            slice->shards[machine],
+            slice->railsShards[machine],
+            /*received=*/true);
+      }
+    } else {
+      device_->waitOnDevice(queue, slice->shardsArrived);
+    }
     device_->enqueue(
-        queueOf(Stage::kReduce),
-        deviceWork(slice, Stage::kReduce, [this, slice, me] {
+        queue, deviceWork(slice, Stage::kReduce, [this, slice, me] {
           at::Tensor out = shardOf(*slice, me);
           reduceRows(
               out, slice->shards, slice->op->reduceOp, topology_.worldSize());
         }));
   }
-  slice->reduced = device_->record(queueOf(Stage::kReduce));
+  if (launchesAhead_ && kind != Collective::kReduceScatter) {
+    device_->railsCopy(
+        queue, railsShardOf(*slice, me), shardOf(*slice, me), false);
+  }
+  slice->reduced = device_->record(queue);
   if (kind == Collective::kReduceScatter) {
+    return true;
+  }
+  auto sendReduced = [this, slice, me] {
+    const at::Tensor reduced =
+        launchesAhead_ ? railsShardOf(*slice, me) : shardOf(*slice, me);
+    for (const int machine : sendOrder_) {
+      send(slice, rails::kReduced, machine, reduced);
+    }
+  };
+  if (launchesAhead_) {
+    follower_->post(
+        DeviceFollower::kReducedSends, slice->reduced, std::move(sendReduced));
     return true;
   }
   if (!device_->waitOnHost(slice->reduced, [this] { return failed(); })) {
     return false;
   }
-  for (const int machine : sendOrder_) {
-    send(slice, rails::kReduced, machine, shardOf(*slice, me));
-  }
+  sendReduced();
   return true;
 }
 
 // Step 5; then the staging goes back. A reduce-scatter copies its shard out
 // instead.
 bool Engine::allGather(const std::shared_ptr<SliceWork>& slice) {
-  device_->waitOnDevice(queueOf(Stage::kAllGather), slice->reduced);
-  device_->waitOnDevice(queueOf(Stage::kAllGather), slice->reducedArrived);
+  const fairring::Queue queue = queueOf(Stage::kAllGather);
+  device_->waitOnDevice(queue, slice->reduced);
+  if (!launchesAhead_) {
+    device_->waitOnDevice(queue, slice->reducedArrived);
+  } else if (slice->op->kind != Collective::kReduceScatter) {
+    device_->waitForSignal(
+        queue, Signal::kReducedArrived, static_cast<uint32_t>(slice->ticket));
+    for (const int machine : sendOrder_) {
+      device_->railsCopy(
+          queue,
+          shardOf(*slice, machine),
+          railsShardOf(*slice, machine),
+          /*received=*/true);
+    }
+  }
   device_->enqueue(
       queueOf(Stage::kAllGather),
       deviceWork(slice, Stage::kAllGather, [this, slice] {
@@ -386,17 +417,20 @@ bool Engine::allGather(const std::shared_ptr<SliceWork>& slice) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     lastReleased_ = done; // before the lease: whoever gets it sees this
+    lastReleasedTicket_ = slice->ticket;
   }
   // Back before the turn passes, as the window counts on, unless the rails
   // keep a send for a resend: then once the peer has it (Engine::send), and
   // the reduce-scatter that needs these bytes waits for the acknowledgement,
   // which needs no launch (docs/design.md, "Rails that fail over"). Exactly
   // one of this and the last release decides, under mutex_.
+  // Launching ahead, the lease goes back now: the rails' copy is reused
+  // only once the device waited for their signals (Engine::start).
   bool release = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     slice->gathered = true;
-    release = slice->sendsKept == 0 || !lanes_->resends();
+    release = launchesAhead_ || slice->sendsKept == 0 || !lanes_->resends();
   }
   if (release) {
     slice->lease.reset();
@@ -449,111 +483,6 @@ bool Engine::traced(Stage stage, const SliceWork& slice, Step&& step) {
       slice.index,
       slice.numel() * slice.op->elements.element_size());
   return step();
-}
-
-at::Tensor Engine::shardOf(const SliceWork& slice, int machine) const {
-  const int64_t shardNumel = slice.slot.numel() / topology_.numMachines();
-  return slice.slot.narrow(0, machine * shardNumel, shardNumel);
-}
-
-void Engine::expectMessages(const std::shared_ptr<SliceWork>& slice) {
-  // Run on the transport's thread(s): count, note the fence, wake the
-  // stages. The fence is recorded under the lock, so the one kept last was
-  // recorded last: after every copy whose receive completed before it.
-  auto arrival = [this, slice](
-                     int machine, rails::Lane lane, rails::Buffer buffer) {
-    return [this, slice, machine, lane, buffer] {
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        Fence fence = device_->receivedFence(buffer);
-        if (lane == rails::kShards) {
-          ++slice->shardsReceived;
-          slice->shardFrom[machine] = 1;
-          slice->shardsArrived = std::move(fence);
-        } else {
-          ++slice->reducedReceived;
-          slice->reducedFrom[machine] = 1;
-          slice->reducedArrived = std::move(fence);
-        }
-      }
-      progress_.notify_all();
-    };
-  };
-  for (int machine = 0; machine < topology_.numMachines(); ++machine) {
-    if (machine == topology_.machine()) {
-      continue;
-    }
-    // An all-gather sends no shards, a reduce-scatter none reduced.
-    if (slice->op->kind != Collective::kAllGather) {
-      const rails::Buffer shards =
-          device_->receiveBuffer(slice->shards[machine]);
-      lanes_->expect(
-          machine,
-          rails::kShards,
-          {slice->tag(rails::kShards),
-           shards,
-           laneContent(*slice, rails::kShards),
-           arrival(machine, rails::kShards, shards)});
-    }
-    if (slice->op->kind != Collective::kReduceScatter) {
-      const rails::Buffer reduced =
-          device_->receiveBuffer(shardOf(*slice, machine));
-      lanes_->expect(
-          machine,
-          rails::kReduced,
-          {slice->tag(rails::kReduced),
-           reduced,
-           laneContent(*slice, rails::kReduced),
-           arrival(machine, rails::kReduced, reduced)});
-    }
-  }
-}
-
-std::string Engine::laneContent(const SliceWork& slice, rails::Lane lane) {
-  const char* what = lane == rails::kShards      ? "shards of "
-      : slice.op->kind == Collective::kAllGather ? "chunks of "
-                                                 : "reduced shards of ";
-  return what + slice.describe();
-}
-
-void Engine::send(
-    const std::shared_ptr<SliceWork>& slice,
-    rails::Lane lane,
-    int machine,
-    const at::Tensor& shard) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++slice->writesPending;
-    ++slice->sendsTo[machine];
-    ++slice->sendsKept;
-  }
-  lanes_->send(
-      machine,
-      lane,
-      slice->tag(lane),
-      device_->sendBuffer(shard),
-      laneContent(*slice, lane),
-      // On the transport's thread, once the rails are done with the memory.
-      [this, slice, machine] {
-        {
-          std::lock_guard<std::mutex> lock(mutex_);
-          --slice->writesPending;
-          --slice->sendsTo[machine];
-        }
-        progress_.notify_all();
-      },
-      // Once the peer has it: it is never sent again.
-      [this, slice] {
-        bool release = false;
-        {
-          std::lock_guard<std::mutex> lock(mutex_);
-          release =
-              --slice->sendsKept == 0 && slice->gathered && lanes_->resends();
-        }
-        if (release) {
-          slice->lease.reset();
-        }
-      });
 }
 
 std::shared_ptr<Engine::SliceWork> Engine::popWhenReady(

@@ -1,4 +1,4 @@
-#include "device/cuda_release.h"
+#include "device/cuda_signals.h"
 
 #include <array>
 #include <atomic>
@@ -21,7 +21,6 @@ namespace fairring {
 
 namespace {
 
-using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
 using ModuleLoadData = CUresult (*)(CUmodule*, const void*);
 using ModuleGetFunction = CUresult (*)(CUfunction*, CUmodule, const char*);
 using LaunchKernel = CUresult (*)(
@@ -37,29 +36,29 @@ using LaunchKernel = CUresult (*)(
     void**,
     void**);
 
-// The hold: one thread that polls the word until it reaches the ticket
-// (the comparison of ticketReleased), sleeping 2 us between reads. Written
-// in PTX, which the driver compiles for the GPU at hand, so that the build
-// needs no nvcc. A kernel, not cuStreamWaitValue32: a stream memory wait
-// stops the hardware queue it sits in, which the engine's streams may share
-// with the caller's (docs/design.md, "The host never waits"); a running
-// kernel does not.
-constexpr const char* kHoldPtx = R"(
+// The wait: one thread that polls a word until it reaches the ticket (the
+// comparison of ticketReleased), sleeping 2 us between reads. Written in
+// PTX, which the driver compiles for the GPU at hand, so that the build
+// needs no nvcc. A kernel rather than cuStreamWaitValue32, which needs the
+// device's stream memory operations enabled; either stops the rest of its
+// hardware queue while it waits, which the launch order makes safe
+// (docs/design.md, "The host never waits").
+constexpr const char* kWaitPtx = R"(
 .version 7.0
 .target sm_70
 .address_size 64
 
-.visible .entry fairring_hold(
-    .param .u64 fairring_hold_word,
-    .param .u32 fairring_hold_ticket
+.visible .entry fairring_wait_signal(
+    .param .u64 fairring_wait_signal_word,
+    .param .u32 fairring_wait_signal_ticket
 )
 {
     .reg .pred %p<2>;
     .reg .b32 %r<4>;
     .reg .b64 %rd<3>;
 
-    ld.param.u64 %rd1, [fairring_hold_word];
-    ld.param.u32 %r1, [fairring_hold_ticket];
+    ld.param.u64 %rd1, [fairring_wait_signal_word];
+    ld.param.u32 %r1, [fairring_wait_signal_ticket];
     cvta.to.global.u64 %rd2, %rd1;
 $L_poll:
     ld.acquire.sys.global.u32 %r2, [%rd2];
@@ -73,10 +72,9 @@ $L_released:
 }
 )";
 
-// The driver functions the release needs, found once through the runtime
+// The driver functions the wait needs, found once through the runtime
 // (the extension links no libcuda); all null where one is missing.
 struct DriverFunctions {
-  WriteValue32 writeValue = nullptr;
   ModuleLoadData loadModule = nullptr;
   ModuleGetFunction getFunction = nullptr;
   LaunchKernel launch = nullptr;
@@ -87,8 +85,7 @@ struct DriverFunctions {
   }
 
   bool found() const {
-    return writeValue != nullptr && loadModule != nullptr &&
-        getFunction != nullptr && launch != nullptr;
+    return loadModule != nullptr && getFunction != nullptr && launch != nullptr;
   }
 
  private:
@@ -112,8 +109,6 @@ struct DriverFunctions {
 
   static DriverFunctions find() {
     DriverFunctions functions;
-    functions.writeValue =
-        reinterpret_cast<WriteValue32>(entryPoint("cuStreamWriteValue32"));
     functions.loadModule =
         reinterpret_cast<ModuleLoadData>(entryPoint("cuModuleLoadData"));
     functions.getFunction =
@@ -136,9 +131,9 @@ void noteHostWaits(const std::string& why) {
   });
 }
 
-// The hold kernel, loaded once per device into its primary context; null
+// The wait kernel, loaded once per device into its primary context; null
 // where it could not be (noted once).
-CUfunction holdKernel(c10::Device device) {
+CUfunction waitKernel(c10::Device device) {
   static std::mutex mutex;
   static std::map<c10::DeviceIndex, CUfunction> loaded;
   std::lock_guard<std::mutex> lock(mutex);
@@ -152,14 +147,14 @@ CUfunction holdKernel(c10::Device device) {
   } else {
     const c10::cuda::CUDAGuard onDevice(device); // its primary context
     CUmodule module = nullptr;
-    CUresult result = driver.loadModule(&module, kHoldPtx);
+    CUresult result = driver.loadModule(&module, kWaitPtx);
     if (result == CUDA_SUCCESS) {
-      result = driver.getFunction(&kernel, module, "fairring_hold");
+      result = driver.getFunction(&kernel, module, "fairring_wait_signal");
     }
     if (result != CUDA_SUCCESS) {
       kernel = nullptr;
       noteHostWaits(
-          "loading its hold kernel failed with CUDA driver error " +
+          "loading its signal wait kernel failed with CUDA driver error " +
           std::to_string(static_cast<int>(result)));
     }
   }
@@ -176,8 +171,8 @@ void checked(CUresult result, const char* what) {
       static_cast<int>(result));
 }
 
-// Pinned, mapped pages of words, handed out one word per engine and never
-// freed (CudaReleaseWord).
+// Pinned, mapped pages of words, handed out one word at a time and never
+// freed (CudaSignals).
 class WordPages {
  public:
   static constexpr size_t kPageBytes = 4096;
@@ -217,30 +212,24 @@ class WordPages {
 
 } // namespace
 
-std::shared_ptr<CudaReleaseWord> CudaReleaseWord::make(c10::Device device) {
-  const CUfunction kernel = holdKernel(device);
+std::unique_ptr<CudaSignals> CudaSignals::make(c10::Device device) {
+  const CUfunction kernel = waitKernel(device);
   if (kernel == nullptr) {
     return nullptr;
   }
-  const auto [host, address] = WordPages::take(device);
-  return std::make_shared<CudaReleaseWord>(device, kernel, host, address);
+  std::array<Word, kSignals> words{};
+  for (Word& word : words) {
+    const auto [host, address] = WordPages::take(device);
+    word = Word{host, address};
+  }
+  return std::make_unique<CudaSignals>(device, kernel, words);
 }
 
-bool CudaReleaseWord::hold(uint32_t ticket) const {
-  if (ticketReleased(
-          std::atomic_ref<uint32_t>(*host_).load(std::memory_order_acquire),
-          ticket)) {
-    return false;
-  }
-  if (cudaGraphCaptureUnderway(device_)) {
-    return false; // a graph's hold would outlive this op
-  }
+void CudaSignals::wait(void* stream, Signal signal, uint32_t ticket) const {
   // The driver launches into the thread's current context: the device's
   // primary one, where the kernel was loaded, whatever device is current.
   const c10::cuda::CUDAGuard onDevice(device_);
-  const c10::cuda::CUDAStream stream =
-      c10::cuda::getCurrentCUDAStream(device_.index());
-  uint64_t word = address_;
+  uint64_t word = words_[static_cast<int>(signal)].device;
   std::array<void*, 2> arguments{&word, &ticket};
   checked(
       DriverFunctions::get().launch(
@@ -252,39 +241,34 @@ bool CudaReleaseWord::hold(uint32_t ticket) const {
           1,
           1,
           0,
-          reinterpret_cast<CUstream>(stream.stream()),
+          static_cast<CUstream>(stream),
           arguments.data(),
           nullptr),
-      "launching the hold kernel (the caller's stream waiting for an engine "
-      "op)");
-  return true;
+      "launching the signal wait kernel (an engine stream waiting for the "
+      "rails)");
 }
 
-void CudaReleaseWord::release(void* stream, uint32_t ticket) const {
-  const c10::cuda::CUDAGuard onDevice(device_); // the stream's context
-  // The default flags fence the stream's earlier writes before this one.
-  checked(
-      DriverFunctions::get().writeValue(
-          static_cast<CUstream>(stream),
-          static_cast<CUdeviceptr>(address_),
-          ticket,
-          CU_STREAM_WRITE_VALUE_DEFAULT),
-      "cuStreamWriteValue32 (an engine op releasing its callers' streams)");
-}
-
-void CudaReleaseWord::releaseFromHost(uint32_t ticket) {
-  std::lock_guard<std::mutex> lock(hostMutex_);
-  hostTicket_ = hostTicket_ ? laterTicket(*hostTicket_, ticket) : ticket;
-  std::atomic_ref<uint32_t>(*host_).store(
-      *hostTicket_, std::memory_order_release);
-}
-
-void CudaReleaseWord::rewriteHostRelease() {
-  std::lock_guard<std::mutex> lock(hostMutex_);
-  if (hostTicket_) {
-    std::atomic_ref<uint32_t>(*host_).store(
-        *hostTicket_, std::memory_order_release);
+void CudaSignals::raise(Signal signal, uint32_t ticket) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (opened_) {
+    return;
   }
+  uint32_t& raised = raised_[static_cast<int>(signal)];
+  raised = laterTicket(raised, ticket);
+  store(signal, raised);
+}
+
+void CudaSignals::open() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  opened_ = true;
+  for (int signal = 0; signal < kSignals; ++signal) {
+    store(static_cast<Signal>(signal), raised_[signal] + (1u << 30));
+  }
+}
+
+void CudaSignals::store(Signal signal, uint32_t value) {
+  std::atomic_ref<uint32_t>(*words_[static_cast<int>(signal)].host)
+      .store(value, std::memory_order_release);
 }
 
 } // namespace fairring
