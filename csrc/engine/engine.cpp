@@ -406,6 +406,9 @@ Engine::Started Engine::issue(
     }
     liveOps_.push_back(op);
     if (failed()) {
+      if (op->launchEnd) {
+        op->launchEnd->stopped(); // stop() may have passed the live ops
+      }
       return result; // stopped: fails once the cause is settled
     }
     launchOrder_.issued(op->seq, static_cast<int64_t>(slices.size()), window);

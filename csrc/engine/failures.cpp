@@ -222,8 +222,19 @@ void Engine::stop(Cause cause) {
     watchdogWake_.notify_all();
     staging_.interrupt();
     lanes_->close("stopped");
-    // Launching ahead, the device waits for no more of the rails: it runs out
-    // what it was given, and no caller's stream stays held behind it.
+    // Launching ahead, a wait from now on waits for the op's failure on the
+    // host; then the device waits for no more of the rails: it runs out what
+    // it was given, and no caller's stream stays held behind it.
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto* live : {&liveOps_, &ops}) { // ops: settled at once
+        for (const auto& op : *live) {
+          if (op->launchEnd) {
+            op->launchEnd->stopped();
+          }
+        }
+      }
+    }
     device_->openSignals();
     // A departure leaves the local groups in good order: what runs on the
     // machine's other ranks finishes first (docs/design.md, "Leaving in good
@@ -246,9 +257,6 @@ void Engine::stop(Cause cause) {
   const std::string prefix =
       "fairring: rank " + std::to_string(topology_.rank()) + ": ";
   for (const auto& op : ops) {
-    if (op->launchEnd) {
-      op->launchEnd->failed(); // a hold not yet made waits for the error
-    }
     op->fail(
         prefix + op->describe() + " failed: " + cause.what,
         cause.kind == FailureKind::kConnection ? ErrorClass::kNetwork

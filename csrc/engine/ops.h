@@ -41,29 +41,30 @@ class LaunchEnd {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       done_ = std::move(done);
-      settled_ = true;
     }
     changed_.notify_all();
   }
-  // The engine stopped first: the host waits for the op's future instead.
-  void failed() {
+  // The engine stopped, whether or not the op was launched: a wait from
+  // now on waits on the host for the op's future, which fails, rather than
+  // hold a stream on work that runs on what the memory held.
+  void stopped() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      settled_ = true;
+      stopped_ = true;
     }
     changed_.notify_all();
   }
-  // Blocks until either; the fence to wait for, or nothing if it failed.
+  // Blocks until either; the fence to wait for, or nothing once stopped.
   std::optional<Fence> await() {
     std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait(lock, [&] { return settled_; });
-    return done_;
+    changed_.wait(lock, [&] { return done_.has_value() || stopped_; });
+    return stopped_ ? std::nullopt : done_;
   }
 
  private:
   std::mutex mutex_;
   std::condition_variable changed_;
-  bool settled_ = false;
+  bool stopped_ = false;
   std::optional<Fence> done_;
 };
 
