@@ -21,6 +21,20 @@ def process_resources() -> tuple[int, int, int]:
     return threads, descriptors, resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
+def resources_after_a_cycle(after: list[tuple[int, int, int]], patience_s: float = 10.0) -> tuple[int, int, int]:
+    """process_resources() once the threads a destroyed group told to leave have left.
+
+    A leaving thread may take a while on a loaded machine, so this waits (up to patience_s) for the
+    thread count to come back to the warm cycle's (the third, as assert_resources_settled compares);
+    a thread that really stays still fails that comparison."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        now = process_resources()
+        if len(after) < 3 or now[0] <= after[2][0] or time.monotonic() > deadline:
+            return now
+        time.sleep(0.05)
+
+
 def assert_resources_settled(by_rank: list[list[tuple[int, int, int]]]) -> None:
     """Each rank's process_resources() after every cycle of a churn: from the third cycle on (the
     allocator and torch's pools have settled), no thread, descriptor or 16 MiB of memory more."""

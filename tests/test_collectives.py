@@ -114,10 +114,12 @@ def all_to_all_single_uneven() -> None:
 
 def barrier_orders_store_writes() -> None:
     # Every rank writes a key, then passes the barrier; after it, all keys
-    # must be visible: the barrier really waited for every rank.
+    # must be visible: the barrier really waited for every rank. add() returns
+    # once the store holds the key; TCPStore's set() does not wait for that,
+    # so another rank's check could overtake a set still on its way.
     rank, size = dist.get_rank(), dist.get_world_size()
     store = dist.distributed_c10d._get_default_store()
-    store.set(f"barrier-test/{rank}", "here")
+    store.add(f"barrier-test/{rank}", 1)
     dist.barrier()
     assert all(store.check([f"barrier-test/{r}"]) for r in range(size))
 

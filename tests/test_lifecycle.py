@@ -12,7 +12,7 @@ import torch.distributed as dist
 from benchmarks.harness import InitSpec, Layout, RankPool
 from benchmarks.reference import all_ranks_reduced, assert_matches, rank_tensor
 from nixl_support import RAILS_TRANSPORTS, rails_env
-from scenarios import assert_resources_settled, make_engine, process_resources, timed_stop
+from scenarios import assert_resources_settled, make_engine, resources_after_a_cycle, timed_stop
 
 
 def stop_with_a_local_step_blocked(how: str) -> tuple[float, str]:
@@ -81,7 +81,7 @@ def churn_groups(cycles: int) -> list[tuple[int, int, int]]:
             assert_matches(tensor, expected)
         dist.destroy_process_group(group)
         time.sleep(0.1)  # threads that were told to leave finish leaving
-        after.append(process_resources())
+        after.append(resources_after_a_cycle(after))
     return after
 
 

@@ -21,7 +21,7 @@ from torch.distributed.distributed_c10d import SHRINK_ABORT, SHRINK_DEFAULT
 import fairring
 from benchmarks.harness import InitSpec, Layout, RankFailure, RankPool
 from benchmarks.reference import assert_matches, rank_tensor, reduce_reference
-from scenarios import assert_resources_settled, process_resources
+from scenarios import assert_resources_settled, resources_after_a_cycle
 
 ErrorType = torch._C._distributed_c10d.ErrorType
 
@@ -274,7 +274,7 @@ def churn_shrunk_groups(cycles: int) -> list[tuple[int, int, int]]:
             dist.destroy_process_group(shrunk)
         dist.barrier()  # the next cycle's group is made by every rank
         time.sleep(0.1)  # threads that were told to leave finish leaving
-        after.append(process_resources())
+        after.append(resources_after_a_cycle(after))
     return after
 
 
