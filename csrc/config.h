@@ -48,6 +48,9 @@ struct RailsNetwork {
   std::string transport = "tensorpipe";
   std::string nixlBackend = "UCX";
   std::string nixlLibrary;
+  // FAIRRING_RAILS_SECRET, or empty: what the group's rails key is derived
+  // from (rails/auth/rails_key.h). Never logged or published.
+  std::string secret;
 
   bool isRequired(std::string_view name) const {
     return std::find(required.begin(), required.end(), name) != required.end();

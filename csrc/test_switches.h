@@ -20,6 +20,9 @@ enum class TestSwitch {
   kNixlUngrantedWrites,
   // This rank corrupts its engine results, which auto's check must catch.
   kCorruptEngineResult,
+  // "1": a TensorPipe rails listener admits a dialler whatever its proof
+  // (rails/tensorpipe/handshake.h): the forger tests' negative control.
+  kRailsProofUnchecked,
 };
 
 inline constexpr std::string_view kTestSwitchPrefix = "FAIRRING_TEST_";

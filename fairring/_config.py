@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ._errors import ConfigError
 from ._interfaces import (
@@ -25,6 +25,7 @@ from ._interfaces import (
     parse_rail_interfaces,
 )
 from ._nccl_lists import names_match, split_list
+from ._rails_secret import RAILS_SECRET, parse_rails_secret
 from ._sizes import KiB, MiB, format_bytes, format_size, parse_size
 
 TOTAL_MEMORY = "FAIRRING_TOTAL_MEMORY"
@@ -265,6 +266,8 @@ class Config:
     engine_disable: bool = False
     # What wait() on a CUDA engine op holds (FAIRRING_CUDA_WAIT): "stream" or "host".
     cuda_wait: str = CUDA_WAIT_CHOICES[0]
+    # FAIRRING_RAILS_SECRET (fairring/_rails_secret.py); never shown.
+    rails_secret: str | None = field(default=None, repr=False)
 
     @property
     def cuda_engine_routed_to_nccl(self) -> bool:
@@ -345,6 +348,8 @@ class Config:
             RAIL_FAILOVER: int(self.rail_failover),
             NIXL_BACKEND: self.nixl_backend if self.rails_transport == "nixl" else "unused",
             SERIALIZED_LAUNCHES: self._cuda_all_reduces_text(),
+            # Whether it is set, never the value.
+            RAILS_SECRET: int(self.rails_secret is not None),
         }
 
     def _cuda_all_reduces_text(self) -> str:
@@ -377,7 +382,8 @@ class Config:
             f"{RAILS_TRANSPORT}={self.rails_transport} "
             f"{SERIALIZED_LAUNCHES}={self.serialized_launches} "
             f"(launch order: {self.launch_order_hazard or 'nothing serializes it'}) "
-            f"{CUDA_WAIT}={self.cuda_wait}"
+            f"{CUDA_WAIT}={self.cuda_wait} "
+            f"{RAILS_SECRET}={'(set)' if self.rails_secret else '(unset: the rails key is met in the store)'}"
             + (f" {NIXL_BACKEND}={self.nixl_backend}" if self.rails_transport == "nixl" else "")
         )
 
@@ -485,6 +491,7 @@ def load_config(env: Mapping[str, str] | None = None, tensorpipe_built: bool | N
         serialized_launches=_choice(env, SERIALIZED_LAUNCHES, SERIALIZED_LAUNCH_CHOICES, str.lower),
         engine_disable=parse_flag(ENGINE_DISABLE, env.get(ENGINE_DISABLE)),
         cuda_wait=_choice(env, CUDA_WAIT, CUDA_WAIT_CHOICES, str.lower),
+        rails_secret=parse_rails_secret(env.get(RAILS_SECRET)),
     )
 
 

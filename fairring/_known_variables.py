@@ -45,6 +45,7 @@ SETTINGS = frozenset(
         config.SERIALIZED_LAUNCHES,
         config.ENGINE_DISABLE,
         config.CUDA_WAIT,
+        config.RAILS_SECRET,
         config.TRANSPORTS,
         config.CHANNELS,
         config.IB_HCA,

@@ -107,4 +107,5 @@ def rails_network(config: Config, topology: _C.Topology) -> _C.RailsNetwork:
         transport=config.rails_transport,
         nixl_backend=config.nixl_backend,
         nixl_library=library,
+        secret=config.rails_secret or "",
     )

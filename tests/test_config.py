@@ -84,6 +84,7 @@ def test_values_from_environment() -> None:
         "FAIRRING_RAIL_FAILOVER": 0,
         "FAIRRING_NIXL_BACKEND": "unused",
         "FAIRRING_SERIALIZED_LAUNCHES": "engine",
+        "FAIRRING_RAILS_SECRET": 0,
     }
     assert "FAIRRING_SLICE_SIZE=4MiB" in config.describe()
     assert "FAIRRING_CUDA_ENGINE=1" in config.describe()
@@ -366,3 +367,20 @@ def test_each_device_type_has_its_own_flat_threshold() -> None:
     assert both.must_agree()["FAIRRING_CUDA_FLAT_THRESHOLD"] == 8 * mib
     with pytest.raises(ConfigError, match="FAIRRING_CUDA_FLAT_THRESHOLD"):
         load_config({"FAIRRING_CUDA_FLAT_THRESHOLD": "lots"})
+
+
+def test_the_rails_secret_is_kept_but_never_shown() -> None:
+    secret = "b5c1f0e2a9d84f7c9e3a6b1d2c4e8f01"
+    config = load_config({"FAIRRING_RAILS_SECRET": secret})
+    assert config.rails_secret == secret
+    # Ranks compare whether it is set, never its value, and no text of the config quotes it.
+    assert config.must_agree()["FAIRRING_RAILS_SECRET"] == 1
+    assert secret not in config.describe() and secret not in repr(config)
+    assert "FAIRRING_RAILS_SECRET=(set)" in config.describe()
+    assert load_config({"FAIRRING_RAILS_SECRET": ""}).rails_secret is None
+
+
+def test_a_short_rails_secret_is_refused_without_quoting_it() -> None:
+    with pytest.raises(ConfigError, match=r"FAIRRING_RAILS_SECRET is 9 bytes long; use at least 16") as error:
+        load_config({"FAIRRING_RAILS_SECRET": "hunter2!!"})
+    assert "hunter2" not in str(error.value)

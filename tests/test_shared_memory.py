@@ -269,3 +269,78 @@ def test_setup_leaves_the_store_free_for_another_groups_setup() -> None:
     assert seconds_to_set_while(lambda store: _gather(store, "peer/", 1, timedelta(seconds=5))) < 1.0
     # Negative control: a blocking wait holds the client until it ends (here after 2 s).
     assert seconds_to_set_while(lambda store: store.wait(["never"], timedelta(seconds=2))) > 1.0
+
+
+# --- who may open a segment ---
+
+NOBODY = 65534
+
+
+def _copied_segment(source_name: str, uid: int, mode: int) -> str:
+    """A byte-for-byte copy of a real rank's segment (a layout that passes every other check), owned
+    by `uid` with `mode`, as another user could plant and publish it; returns its shm name."""
+    name = f"/fairring-planted-{os.getpid()}-{uid}-{mode:o}"
+    shutil.copyfile(f"/dev/shm{source_name}", f"/dev/shm{name}")
+    os.chown(f"/dev/shm{name}", uid, -1)
+    os.chmod(f"/dev/shm{name}", mode)
+    return name
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="playing another user needs root (CI runs as root)")
+@pytest.mark.parametrize(
+    ("uid", "mode", "refusal"),
+    [
+        (NOBODY, 0o600, f"belongs to uid {NOBODY} with mode 0600"),
+        (0, 0o644, "belongs to uid 0 with mode 0644"),
+        (0, 0o600, None),  # the negative control: the same bytes, this user's and private, are mapped
+    ],
+)
+def test_a_segment_another_user_could_write_is_not_mapped(uid: int, mode: int, refusal: str | None) -> None:
+    from fairring import _C
+
+    own, peer = _C.SharedMemorySteps(0, [0, 1]), _C.SharedMemorySteps(1, [0, 1])
+    planted = _copied_segment(peer.segment_name, uid, mode)
+    try:
+        if refusal is None:
+            own.attach([own.segment_name, planted])
+        else:
+            with pytest.raises(RuntimeError, match=refusal) as error:
+                own.attach([own.segment_name, planted])
+            assert "no other user may open" in str(error.value)
+    finally:
+        os.unlink(f"/dev/shm{planted}")
+        own.unlink()
+        peer.unlink()
+
+
+def _opens_as_nobody(path: str) -> bool:
+    """Whether a child process running as another user (nobody) can open `path` for reading."""
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setuid(NOBODY)
+            os.close(os.open(path, os.O_RDONLY))
+            os._exit(0)
+        except PermissionError:
+            os._exit(1)
+        except BaseException:  # anything else is the test's failure, not a refusal
+            os._exit(2)
+    _, status = os.waitpid(child, 0)
+    code = os.waitstatus_to_exitcode(status)
+    assert code in (0, 1), f"the child failed for another reason (exit {code})"
+    return code == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="playing another user needs root (CI runs as root)")
+def test_another_user_cannot_open_a_ranks_segment() -> None:
+    from fairring import _C
+
+    steps = _C.SharedMemorySteps(0, [0, 1])
+    control = _copied_segment(steps.segment_name, 0, 0o644)
+    try:
+        assert os.stat(f"/dev/shm{steps.segment_name}").st_mode & 0o777 == 0o600
+        assert not _opens_as_nobody(f"/dev/shm{steps.segment_name}")
+        assert _opens_as_nobody(f"/dev/shm{control}"), "the negative control: a readable segment opens"
+    finally:
+        os.unlink(f"/dev/shm{control}")
+        steps.unlink()

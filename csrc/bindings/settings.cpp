@@ -68,7 +68,8 @@ void bindSettings(py::module_& module) {
                       std::vector<std::string> required,
                       std::string transport,
                       std::string nixlBackend,
-                      std::string nixlLibrary) {
+                      std::string nixlLibrary,
+                      std::string secret) {
             return fairring::RailsNetwork{
                 std::move(listenAddress),
                 std::move(interfaceName),
@@ -82,7 +83,8 @@ void bindSettings(py::module_& module) {
                 std::move(required),
                 std::move(transport),
                 std::move(nixlBackend),
-                std::move(nixlLibrary)};
+                std::move(nixlLibrary),
+                std::move(secret)};
           }),
           py::arg("listen_address") = "127.0.0.1",
           py::arg("interface_name") = "lo",
@@ -97,8 +99,10 @@ void bindSettings(py::module_& module) {
           py::arg("transport") = "tensorpipe",
           py::arg("nixl_backend") = "UCX",
           py::arg("nixl_library") = "",
+          py::arg("secret") = "",
           "How the rails reach their peers (chosen by fairring._interfaces "
-          "and fairring._transports); the default is loopback TCP.")
+          "and fairring._transports); the default is loopback TCP. `secret`: "
+          "FAIRRING_RAILS_SECRET (write-only: nothing reads it back).")
       .def_readonly("listen_address", &fairring::RailsNetwork::listenAddress)
       .def_readonly("interface_name", &fairring::RailsNetwork::interfaceName)
       .def_readonly(

@@ -291,8 +291,21 @@ void SharedMemorySteps::attach(const std::vector<std::string>& names) {
     }
     struct stat stats{};
     const auto bytes = static_cast<size_t>(segmentBytes());
-    if (::fstat(fd.get(), &stats) != 0 ||
-        static_cast<size_t>(stats.st_size) != bytes) {
+    if (::fstat(fd.get(), &stats) != 0) {
+      throw std::runtime_error(errnoText("cannot stat " + whose));
+    }
+    // A peer's segment is made by this user, for this user only (mode 0600):
+    // one another user made, or may write, could feed the reductions.
+    if (stats.st_uid != ::geteuid() || (stats.st_mode & 077) != 0) {
+      char mode[8];
+      std::snprintf(mode, sizeof(mode), "%04o", stats.st_mode & 07777);
+      throw std::runtime_error(
+          whose + " belongs to uid " + std::to_string(stats.st_uid) +
+          " with mode " + mode + "; fairring maps only segments of its own " +
+          "user (uid " + std::to_string(::geteuid()) +
+          ") that no other user may open");
+    }
+    if (static_cast<size_t>(stats.st_size) != bytes) {
       throw std::runtime_error(
           whose + " has " + std::to_string(stats.st_size) + " bytes, not " +
           std::to_string(bytes) + " (a different fairring build?)");

@@ -50,6 +50,27 @@ Endpoint::Endpoint(
       [this](int, bool, const std::string& message) { failAll(message); });
 }
 
+void Endpoint::switchRail(
+    int machine, uint64_t generation, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto never = [] { return false; };
+  lanes_->suspend(machine);
+  TORCH_CHECK(
+      lanes_->quiesce(machine, deadline, never),
+      "fairring: the rails to machine ",
+      machine,
+      " did not quiesce for the switch");
+  mesh_->detach(machine);
+  const ReceivedCounts peerReceived = mesh_->reconnect(
+      machine,
+      mesh_->interfaceName(),
+      generation,
+      lanes_->received(machine),
+      deadline,
+      never);
+  lanes_->resume(machine, peerReceived);
+}
+
 Endpoint::~Endpoint() {
   mesh_->shutdown(); // no callback runs after this
 }

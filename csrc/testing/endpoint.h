@@ -53,6 +53,12 @@ class Endpoint {
   std::shared_ptr<Transfer> expect(
       int machine, Lane lane, std::string tag, const at::Tensor& tensor);
   void close();
+  // A rail switch with the peer on `machine` (rails/failover.h), onto the
+  // same interface, with nothing in flight: both ends call it, and it
+  // returns once the new pipes are in. For the forger tests of a switch's
+  // listener.
+  void switchRail(
+      int machine, uint64_t generation, std::chrono::milliseconds timeout);
   std::string describe() const {
     return lanes_->mesh().describe();
   }

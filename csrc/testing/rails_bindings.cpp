@@ -10,6 +10,7 @@
 
 #include <torch/extension.h>
 
+#include "rails/auth/sealed.h"
 #include "rails/lanes.h"
 #include "rails/nixl/wire.h"
 #include "rails/tensorpipe/wire.h"
@@ -21,6 +22,32 @@ namespace py = pybind11;
 namespace fairring::testing {
 
 void bindRailsTesting(py::module_& testing) {
+  // The store values' seal (rails/auth/sealed.h), for tests that forge one.
+  testing.def(
+      "seal_for_store",
+      [](const py::bytes& key,
+         const std::string& storeKey,
+         const py::bytes& value) {
+        return py::bytes(
+            fairring::rails::auth::sealForStore(
+                std::string(key), storeKey, std::string(value)));
+      },
+      py::arg("key"),
+      py::arg("store_key"),
+      py::arg("value"));
+  testing.def(
+      "open_from_store",
+      [](const py::bytes& key,
+         const std::string& storeKey,
+         const py::bytes& sealed) -> py::object {
+        const auto value = fairring::rails::auth::openFromStore(
+            std::string(key), storeKey, std::string(sealed));
+        return value ? py::object(py::bytes(*value)) : py::object(py::none());
+      },
+      py::arg("key"),
+      py::arg("store_key"),
+      py::arg("sealed"),
+      "The value sealed for store_key with key, or None.");
   // What a rank accepts from peers, exposed so tests can throw malformed
   // input at the checks without a network.
   testing.def(

@@ -5,6 +5,7 @@
 // (rails/tensorpipe/none.cpp binds nothing in their place).
 
 #include <pybind11/chrono.h>
+#include <pybind11/functional.h>
 #include <torch/extension.h>
 
 #include "testing/endpoint.h"
@@ -134,6 +135,14 @@ void bindTensorpipe(py::module_& module) {
           py::arg("tensor"),
           py::call_guard<py::gil_scoped_release>())
       .def("close", &Endpoint::close, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "switch_rail",
+          &Endpoint::switchRail,
+          py::arg("machine"),
+          py::arg("generation"),
+          py::arg("timeout") = std::chrono::milliseconds(30000),
+          py::call_guard<py::gil_scoped_release>(),
+          "A rail switch with the peer on `machine`, both ends calling it.")
       .def("describe", &Endpoint::describe);
 
   py::class_<WireProbe>(module, "WireProbe")
@@ -186,7 +195,48 @@ void bindTensorpipe(py::module_& module) {
           "name the CPU as target), then, if read_reply, waits for a message "
           "back; each step waits at most `timeout` seconds, then the pipe is "
           "closed. Returns {written, write_error, reply (metadata or None), "
-          "read_error, timed_out ('', 'write' or 'read'), seconds}.");
+          "read_error, timed_out ('', 'write' or 'read'), seconds}.")
+      .def(
+          "handshake",
+          [](WireProbe& probe,
+             const std::string& url,
+             const std::string& hello,
+             const std::function<py::bytes(py::bytes)>& answer,
+             double timeoutSeconds) {
+            WireProbe::Handshake result;
+            {
+              py::gil_scoped_release noGil;
+              result = probe.handshake(
+                  url,
+                  hello,
+                  [&answer](const std::string& challenge) {
+                    py::gil_scoped_acquire gil;
+                    return std::string(answer(py::bytes(challenge)));
+                  },
+                  std::chrono::milliseconds(
+                      static_cast<int64_t>(timeoutSeconds * 1000)));
+            }
+            const auto& outcome = result.outcome;
+            py::dict out;
+            out["challenge"] = result.challenge
+                ? py::object(py::bytes(*result.challenge))
+                : py::object(py::none());
+            out["written"] = outcome.written;
+            out["write_error"] = outcome.writeError;
+            out["reply"] = outcome.reply ? py::object(py::bytes(*outcome.reply))
+                                         : py::object(py::none());
+            out["read_error"] = outcome.readError;
+            out["timed_out"] = outcome.timedOut;
+            return out;
+          },
+          py::arg("url"),
+          py::arg("hello"),
+          py::arg("answer"),
+          py::arg("timeout") = 5.0,
+          "A forger's handshake: writes `hello` to `url`, reads the "
+          "listener's challenge, writes answer(challenge), reads the reply. "
+          "Returns {challenge, written, write_error, reply, read_error, "
+          "timed_out}.");
 }
 
 } // namespace fairring::rails

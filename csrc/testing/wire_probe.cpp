@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <utility>
 
 #include <c10/util/Exception.h>
 #include <tensorpipe/tensorpipe.h>
@@ -29,7 +30,117 @@ struct Progress {
   std::string readError;
 };
 
+// Reads one whole message's metadata from `pipe` (no data), or why not;
+// nullopt if `timeout` passed first.
+std::optional<std::pair<std::string, std::string>> readText(
+    const std::shared_ptr<tensorpipe::Pipe>& pipe,
+    std::chrono::milliseconds timeout) {
+  struct Read {
+    std::mutex mutex;
+    std::condition_variable changed;
+    bool done = false;
+    std::string text;
+    std::string error;
+  };
+  auto read = std::make_shared<Read>();
+  const auto finish = [read](std::string text, std::string error) {
+    std::lock_guard<std::mutex> lock(read->mutex);
+    read->done = true;
+    read->text = std::move(text);
+    read->error = std::move(error);
+    read->changed.notify_all();
+  };
+  pipe->readDescriptor([pipe, finish](
+                           const tensorpipe::Error& error,
+                           tensorpipe::Descriptor descriptor) {
+    if (error) {
+      finish("", error.what());
+    } else if (!descriptor.tensors.empty() || !descriptor.payloads.empty()) {
+      finish("", "a message with data came back");
+    } else {
+      pipe->read(
+          tensorpipe::Allocation{},
+          [finish, text = std::move(descriptor.metadata)](
+              const tensorpipe::Error& error) {
+            finish(error ? "" : text, error ? error.what() : "");
+          });
+    }
+  });
+  std::unique_lock<std::mutex> lock(read->mutex);
+  if (!read->changed.wait_for(lock, timeout, [&] { return read->done; })) {
+    return std::nullopt;
+  }
+  return std::make_pair(read->text, read->error);
+}
+
+// Writes a text to `pipe`: empty, or why not; nullopt on timeout.
+std::optional<std::string> writeText(
+    const std::shared_ptr<tensorpipe::Pipe>& pipe,
+    std::string text,
+    std::chrono::milliseconds timeout) {
+  auto progress = std::make_shared<Progress>();
+  tensorpipe::Message message;
+  message.metadata = std::move(text);
+  pipe->write(std::move(message), [progress](const tensorpipe::Error& error) {
+    std::lock_guard<std::mutex> lock(progress->mutex);
+    ++progress->writesDone;
+    progress->writeError = error ? error.what() : "";
+    progress->changed.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(progress->mutex);
+  if (!progress->changed.wait_for(
+          lock, timeout, [&] { return progress->writesDone == 1; })) {
+    return std::nullopt;
+  }
+  return progress->writeError;
+}
+
 } // namespace
+
+WireProbe::Handshake WireProbe::handshake(
+    const std::string& url,
+    const std::string& hello,
+    const std::function<std::string(const std::string&)>& answer,
+    std::chrono::milliseconds timeout) {
+  const auto started = std::chrono::steady_clock::now();
+  const std::shared_ptr<tensorpipe::Pipe> pipe = context_->connect(url);
+  Handshake result;
+  Outcome& outcome = result.outcome;
+  // Each step in turn; the first that fails or times out ends it.
+  const auto wrote = [&](std::string text) {
+    const auto error = writeText(pipe, std::move(text), timeout);
+    if (!error) {
+      outcome.timedOut = "write";
+    } else if (!error->empty()) {
+      outcome.writeError = *error;
+    } else {
+      ++outcome.written;
+    }
+    return error && error->empty();
+  };
+  const auto read = [&]() -> std::optional<std::string> {
+    const auto text = readText(pipe, timeout);
+    if (!text) {
+      outcome.timedOut = "read";
+    } else if (!text->second.empty()) {
+      outcome.readError = text->second;
+    } else {
+      return text->first;
+    }
+    return std::nullopt;
+  };
+  if (wrote(hello)) {
+    result.challenge = read();
+    if (result.challenge && wrote(answer(*result.challenge))) {
+      outcome.reply = read();
+    }
+  }
+  pipe->close();
+  outcome.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
+          .count();
+  return result;
+}
 
 WireProbe::WireProbe()
     : context_(

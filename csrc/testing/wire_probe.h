@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,6 +54,20 @@ class WireProbe {
       const std::string& url,
       const std::vector<Message>& messages,
       bool readReply,
+      std::chrono::milliseconds timeout);
+
+  // A forger's handshake (rails/tensorpipe/handshake.h): opens a pipe to
+  // `url`, writes `hello`, reads the listener's first text (the challenge),
+  // writes what `answer` makes of it, and reads one more (the welcome). The
+  // outcome's reply is that last text, if any; `challenge` is the first.
+  struct Handshake {
+    std::optional<std::string> challenge;
+    Outcome outcome;
+  };
+  Handshake handshake(
+      const std::string& url,
+      const std::string& hello,
+      const std::function<std::string(const std::string&)>& answer,
       std::chrono::milliseconds timeout);
 
  private:

@@ -9,6 +9,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "rails/auth/rails_key.h"
 #include "rails/interfaces.h"
 #include "rails/peer_text.h"
 #include "test_switches.h"
@@ -102,6 +103,9 @@ NixlMesh::NixlMesh(const MeshSite& site, const Api& api, TestKnobs knobs)
       timeout_(site.timeout),
       store_(site.store),
       storePrefix_(site.storePrefix + "nixl/"),
+      key_(
+          auth::railsKey(
+              site.store, site.storePrefix + "key", site.network.secret)),
       backendName_(site.network.nixlBackend),
       interfaceName_(site.network.interfaceName),
       knobs_(knobs),
@@ -179,7 +183,7 @@ void NixlMesh::registerStaging(const Buffer& staging) {
   own.bytes = staging.bytes;
   own.agentMetadata = agent_->metadata();
   peers_ = exchangeStagingRecords(
-      *store_, storePrefix_, own, neighbours_, *agent_, timeout_);
+      *store_, storePrefix_, key_, own, neighbours_, *agent_, timeout_);
   for (size_t index = 0; index < peers_.size(); ++index) {
     byAgent_[peers_[index].agent] = index;
   }

@@ -179,6 +179,7 @@ class NixlMesh final : public Mesh {
   const std::chrono::milliseconds timeout_;
   const c10::intrusive_ptr<c10d::Store> store_;
   const std::string storePrefix_;
+  const std::string key_; // the group's rails key: seals the staging records
   const std::string backendName_;
   const std::string interfaceName_;
   const TestKnobs knobs_;

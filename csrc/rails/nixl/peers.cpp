@@ -6,6 +6,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "rails/auth/sealed.h"
+
 namespace fairring::rails::nixl {
 
 bool inside(uint64_t base, uint64_t size, uint64_t address, uint64_t bytes) {
@@ -83,15 +85,15 @@ void awaitRecords(
 std::vector<Peer> exchangeStagingRecords(
     c10d::Store& store,
     const std::string& prefix,
+    const std::string& key,
     const StagingRecord& own,
     const std::vector<int>& neighbours,
     Agent& agent,
     std::chrono::milliseconds timeout) {
   const int rank = static_cast<int>(own.rank);
-  const std::string published = encode(own);
-  store.set(
-      prefix + std::to_string(rank),
-      std::vector<uint8_t>(published.begin(), published.end()));
+  const std::string ownKey = prefix + std::to_string(rank);
+  const std::string published = auth::sealForStore(key, ownKey, encode(own));
+  store.set(ownKey, std::vector<uint8_t>(published.begin(), published.end()));
   if (neighbours.empty()) {
     return {};
   }
@@ -106,9 +108,17 @@ std::vector<Peer> exchangeStagingRecords(
   std::vector<Peer> peers;
   for (size_t index = 0; index < neighbours.size(); ++index) {
     const int peer = neighbours[index];
-    const std::string text(values[index].begin(), values[index].end());
-    std::string why;
-    const auto record = parseStagingRecord(text, why);
+    const auto text = auth::openFromStore(
+        key,
+        keys[index],
+        std::string_view(
+            reinterpret_cast<const char*>(values[index].data()),
+            values[index].size()));
+    std::string why = text ? ""
+                           : "it is not sealed with this group's rails key (a "
+                             "forged or moved record, or a rank with another "
+                             "FAIRRING_RAILS_SECRET)";
+    const auto record = text ? parseStagingRecord(*text, why) : std::nullopt;
     if (record) {
       why =
           refuseRecord(*record, peer, static_cast<MemoryType>(own.memoryType));

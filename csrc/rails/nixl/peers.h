@@ -36,13 +36,15 @@ bool plausibleAgentName(std::string_view name);
 std::string refuseRecord(
     const StagingRecord& record, int rank, MemoryType memoryType);
 
-// Publishes `own` under `prefix` in the store, then reads every neighbour's
-// record there, checks it and lets `agent` load its metadata: the peers, by
-// neighbour index. Throws naming the ranks that did not publish within
-// `timeout`, or the record that was refused and why.
+// Publishes `own` under `prefix` in the store, sealed with the group's rails
+// key (rails/auth/sealed.h), then reads every neighbour's record there, opens
+// and checks it and lets `agent` load its metadata: the peers, by neighbour
+// index. Throws naming the ranks that did not publish within `timeout`, or
+// the record that was refused and why.
 std::vector<Peer> exchangeStagingRecords(
     c10d::Store& store,
     const std::string& prefix,
+    const std::string& key,
     const StagingRecord& own,
     const std::vector<int>& neighbours,
     Agent& agent,

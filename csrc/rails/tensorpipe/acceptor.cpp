@@ -7,6 +7,10 @@
 #include <c10/core/Device.h>
 #include <tensorpipe/tensorpipe.h>
 
+#include "log.h"
+#include "rails/peer_text.h"
+#include "rails/tensorpipe/handshake.h"
+
 namespace fairring::rails {
 
 namespace {
@@ -32,8 +36,10 @@ void admit(
         Hello hello;
         std::string why = accepted->check(descriptor.metadata, hello);
         if (why.empty()) {
+          // A lane already proven is refused at once; one still open is
+          // claimed only with the proof (admitProven).
           std::lock_guard<std::mutex> lock(accepted->mutex);
-          if (!accepted->seen.emplace(hello.rank, hello.lane).second) {
+          if (accepted->seen.contains({hello.rank, hello.lane})) {
             why = "a second hello from rank " + std::to_string(hello.rank) +
                 " on lane " + std::to_string(hello.lane);
           }
@@ -44,7 +50,8 @@ void admit(
         }
         pipe->read(
             tensorpipe::Allocation{},
-            [pipe, accepted, hello](const tensorpipe::Error& error) {
+            [pipe, accepted, hello, text = std::move(descriptor.metadata)](
+                const tensorpipe::Error& error) mutable {
               if (error) {
                 accepted->reject(
                     pipe,
@@ -52,14 +59,42 @@ void admit(
                         ": " + error.what());
                 return;
               }
-              std::lock_guard<std::mutex> lock(accepted->mutex);
-              accepted->pipes.push_back({hello, pipe});
-              accepted->changed.notify_all();
+              // Claiming a lane takes the proof, so a forger's hello cannot
+              // take the real peer's place or keep it out.
+              challengeDialler(
+                  pipe,
+                  std::move(text),
+                  accepted->key,
+                  [pipe, accepted, hello](const std::string& why) {
+                    accepted->admitProven(pipe, hello, why);
+                  });
             });
       });
 }
 
 } // namespace
+
+void Accepted::admitProven(
+    const std::shared_ptr<tensorpipe::Pipe>& pipe,
+    const Hello& hello,
+    const std::string& why) {
+  const std::string claimed = "rank " + std::to_string(hello.rank) +
+      " on lane " + std::to_string(hello.lane);
+  if (!why.empty()) {
+    reject(pipe, "a hello from " + claimed + " without its proof: " + why);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (seen.emplace(hello.rank, hello.lane).second) {
+      std::erase(unsettled, pipe);
+      pipes.push_back({hello, pipe});
+      changed.notify_all();
+      return;
+    }
+  }
+  reject(pipe, "a second hello from " + claimed);
+}
 
 bool plausibleDeviceIndex(int index, bool cuda) {
   return cuda
@@ -112,11 +147,38 @@ std::string checkHello(
 void Accepted::reject(
     const std::shared_ptr<tensorpipe::Pipe>& pipe, std::string why) {
   pipe->close();
-  std::lock_guard<std::mutex> lock(mutex);
-  if (rejections.size() < kRejectionsNoted) {
-    rejections.push_back(std::move(why));
+  bool noted = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    std::erase(unsettled, pipe);
+    noted = rejections.size() < kRejectionsNoted && !ended;
+    if (noted) {
+      rejections.push_back(why);
+    }
+    ++rejected;
   }
-  ++rejected;
+  // Logged once each, the first few: a flood of strangers is only counted.
+  // TensorPipe gives no accepted pipe's address; its name is the peer's word.
+  if (noted) {
+    notice(
+        LogLevel::kWarning,
+        "fairring: " + where + " refused a connection (TensorPipe name '" +
+            printable(pipe->getRemoteName(), 60) + "'): " + why +
+            "; the job goes on");
+  }
+}
+
+void Accepted::closeUnsettled() {
+  std::vector<std::shared_ptr<tensorpipe::Pipe>> closing;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    ended = true;
+    closing.swap(unsettled);
+  }
+  // Their callbacks run with errors, here or on the loop thread, and lock.
+  for (const auto& pipe : closing) {
+    pipe->close();
+  }
 }
 
 std::string Accepted::noted() const {
@@ -140,6 +202,10 @@ void acceptForever(
       accepted->error = "accepting a rail connection: " + error.what();
       accepted->changed.notify_all();
       return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(accepted->mutex);
+      accepted->unsettled.push_back(pipe);
     }
     admit(pipe, accepted);
     acceptForever(listener, accepted);

@@ -22,8 +22,9 @@ namespace fairring::rails {
 
 // The accepting side of the TensorPipe rails: which peer may connect here on
 // which lane, and a listener that admits a pipe only once its hello (wire.h)
-// passes a check; any other pipe is closed and noted. The mesh uses it at
-// construction (every expected peer) and for each rail switch (one peer).
+// passes a check and its dialler proved it holds the group's rails key
+// (handshake.h); any other pipe is closed, noted and logged. The mesh uses it
+// at construction (every expected peer) and for each rail switch (one peer).
 
 // The lane number a hello gives for a control connection.
 constexpr int kControlLane = kLanes;
@@ -59,25 +60,42 @@ struct AcceptedPipe {
 struct Accepted {
   // Why a hello's text is refused, or empty with `hello` set.
   using Check = std::function<std::string(const std::string&, Hello&)>;
-  explicit Accepted(Check check) : check(std::move(check)) {}
+  // `where`: whose listener, at which URL, for the log.
+  Accepted(Check check, std::string key, std::string where)
+      : check(std::move(check)), key(std::move(key)), where(std::move(where)) {}
   const Check check;
+  const std::string key; // the group's rails key
+  const std::string where;
   std::mutex mutex;
   std::condition_variable changed;
   std::vector<AcceptedPipe> pipes;
-  std::set<std::pair<int, int>> seen; // (rank, lane)
+  // Accepted, neither admitted nor rejected yet: closed when accepting ends,
+  // so a stranger that never finishes its handshake holds nothing after.
+  std::vector<std::shared_ptr<tensorpipe::Pipe>> unsettled;
+  bool ended = false; // closeUnsettled ran: rejections are counted, not logged
+  std::set<std::pair<int, int>> seen; // (rank, lane), once proven
   std::vector<std::string> rejections;
   size_t rejected = 0;
   std::string error; // the listener failed
 
-  // Closes `pipe` and notes why (the first few reasons are kept).
+  // Closes `pipe` and notes why (the first few reasons are kept and logged
+  // at WARNING).
   void reject(const std::shared_ptr<tensorpipe::Pipe>& pipe, std::string why);
+  // Once the listener is closed: closes every pipe still unsettled.
+  void closeUnsettled();
+  // After the handshake: admits `pipe` for `hello`'s rank and lane if `why`
+  // is empty and none was admitted for them yet; else rejects it.
+  void admitProven(
+      const std::shared_ptr<tensorpipe::Pipe>& pipe,
+      const Hello& hello,
+      const std::string& why);
   // "rejected N connection(s): [why] ..."; with `mutex` held.
   std::string noted() const;
 };
 
 // Accepts pipes until the listener closes: those whose hello passes
-// `accepted`'s check, once per (rank, lane), are added to it; the rest are
-// rejected.
+// `accepted`'s check and whose dialler proves the key, once per (rank, lane),
+// are added to it; the rest are rejected.
 void acceptForever(
     const std::shared_ptr<tensorpipe::Listener>& listener,
     const std::shared_ptr<Accepted>& accepted);

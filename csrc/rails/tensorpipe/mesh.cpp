@@ -17,11 +17,13 @@
 #include <c10/util/Exception.h>
 #include <tensorpipe/tensorpipe.h>
 
+#include "rails/auth/rails_key.h"
 #include "rails/interfaces.h"
 #include "rails/peer_text.h"
 #include "rails/tensorpipe/acceptor.h"
 #include "rails/tensorpipe/connection.h"
 #include "rails/tensorpipe/cuda.h"
+#include "rails/tensorpipe/dial_handshakes.h"
 #include "rails/tensorpipe/wire.h"
 
 namespace fairring::rails {
@@ -74,6 +76,9 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
       resends_(site.network.railFailover),
       store_(site.store),
       storePrefix_(site.storePrefix),
+      key_(
+          auth::railsKey(
+              site.store, site.storePrefix + "key", site.network.secret)),
       ownDevice_(tensorpipeDevice(site.device)),
       slots_(site.topology.numMachines(), site.topology.neighbours().size()) {
   TORCH_CHECK(
@@ -161,13 +166,16 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
           const std::string& text, Hello& hello) {
         return checkHello(
             text, topology, cuda, hello.rank, hello.lane, hello.deviceIndex);
-      });
+      },
+      key_,
+      listenerName("at " + url_));
   const auto& accepted = accepted_;
   const int expected =
       topology_.machine() * (kLanes + 1) + topology_.localRank();
   acceptForever(listener_, accepted);
 
-  auto writeError = std::make_shared<std::pair<std::mutex, std::string>>();
+  // The dials' handshakes: a pipe is used once its listener proved itself.
+  DialHandshakes handshakes;
   const auto connectTo = [&](int peer,
                              const std::vector<int>& lanes,
                              const std::vector<uint8_t>& bytes) {
@@ -192,16 +200,12 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
     const std::string& peerUrl = record->url;
     for (int lane : lanes) {
       auto pipe = context_->connect(peerUrl);
-      tensorpipe::Message hello;
-      hello.metadata = encode(Hello{rank, lane, ownDevice.index});
-      pipe->write(
-          std::move(hello), [writeError, peer](const tensorpipe::Error& error) {
-            if (error) {
-              std::lock_guard<std::mutex> lock(writeError->first);
-              writeError->second = "connecting to rail peer rank " +
-                  std::to_string(peer) + ": " + error.what();
-            }
-          });
+      handshakes.dial(
+          pipe,
+          encode(Hello{rank, lane, ownDevice.index}),
+          key_,
+          peer,
+          peerUrl);
       auto connection = std::make_unique<TensorpipeConnection>(
           std::move(pipe),
           ownDevice,
@@ -239,12 +243,16 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
     }
   }
 
+  const auto deadline = std::chrono::steady_clock::now() + site.timeout;
+  const std::string dialFailure = handshakes.wait(deadline);
   std::unique_lock<std::mutex> lock(accepted->mutex);
-  const bool complete = accepted->changed.wait_for(lock, site.timeout, [&] {
-    return !accepted->error.empty() ||
-        static_cast<int>(accepted->pipes.size()) == expected;
-  });
-  std::string failure = accepted->error;
+  // A failed dial fails the build at once: no need to wait for the rest.
+  const bool complete =
+      !dialFailure.empty() || accepted->changed.wait_until(lock, deadline, [&] {
+        return !accepted->error.empty() ||
+            static_cast<int>(accepted->pipes.size()) == expected;
+      });
+  std::string failure = accepted->error.empty() ? dialFailure : accepted->error;
   if (failure.empty() && !complete) {
     std::ostringstream missing;
     for (int peer : neighbours_) {
@@ -277,12 +285,6 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
         std::move(connection));
   }
   lock.unlock();
-  {
-    std::lock_guard<std::mutex> writeLock(writeError->first);
-    if (failure.empty()) {
-      failure = writeError->second;
-    }
-  }
   if (!failure.empty()) {
     shutdown();
     TORCH_CHECK(false, "fairring: rank ", rank, ": rails mesh: ", failure);
@@ -294,6 +296,7 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
   // bytes, which kills it on 8 bytes: zeros crash it (SIGSEGV), 0xff makes it
   // throw std::bad_alloc on its loop thread (abort).
   listener_->close();
+  accepted->closeUnsettled();
 }
 
 std::string TensorpipeMesh::describe() const {
@@ -350,6 +353,11 @@ std::vector<std::string> TensorpipeMesh::listenUrls(
     }
   }
   return urls;
+}
+
+std::string TensorpipeMesh::listenerName(const std::string& where) const {
+  return "rank " + std::to_string(topology_.rank()) + "'s rails listener " +
+      where;
 }
 
 size_t TensorpipeMesh::neighbourIndex(int rank) const {

@@ -50,11 +50,13 @@ struct Accepted;
 //
 // Peers are not trusted (acceptor.h): an accepted pipe must open with a
 // well-formed hello from a rank expected to connect here, on a lane it may
-// use, once. Any other pipe is closed and noted (the note shows in a
-// timeout's error and in describe()), and accepting goes on until every
-// expected pipe is in; then the listener closes. Every message read later is
-// checked against what the reader expects (kind, count, length, devices)
-// before TensorPipe is given memory for it (connection.h).
+// use, once, and both ends of every pipe prove they hold the group's rails
+// key before it carries anything else (handshake.h). Any other pipe is closed
+// and noted (the note shows in a timeout's error and in describe()), and
+// accepting goes on until every expected pipe is in; then the listener closes.
+// Every message read later is checked against what the reader expects (kind,
+// count, length, devices) before TensorPipe is given memory for it
+// (connection.h).
 //
 // Rail switches (rails/failover.h): detach() closes a rail peer's pipes and
 // reconnect() makes new ones through another of this machine's interfaces,
@@ -115,6 +117,8 @@ class TensorpipeMesh final : public Mesh {
   // transports'.
   std::vector<std::string> listenUrls(const std::string& address) const;
   size_t neighbourIndex(int rank) const;
+  // "rank R's rails listener <where>", for the log.
+  std::string listenerName(const std::string& where) const;
   std::unique_ptr<TensorpipeConnection> connectionTo(
       const std::shared_ptr<tensorpipe::Pipe>& pipe, int deviceIndex) const;
   // One side of a switch: what it gives, and what it gets.
@@ -142,6 +146,7 @@ class TensorpipeMesh final : public Mesh {
   const bool resends_;
   const c10::intrusive_ptr<c10d::Store> store_;
   const std::string storePrefix_;
+  const std::string key_; // the group's rails key (rails/auth/rails_key.h)
   tensorpipe::Device ownDevice_;
   std::vector<std::string> transportNames_; // registered, best first
   bool cudaBasic_ = false; // TensorPipe's cuda_basic channel is registered

@@ -19,6 +19,7 @@
 #include "rails/peer_text.h"
 #include "rails/tensorpipe/acceptor.h"
 #include "rails/tensorpipe/connection.h"
+#include "rails/tensorpipe/dial_handshakes.h"
 #include "rails/tensorpipe/wire.h"
 
 namespace fairring::rails {
@@ -87,7 +88,10 @@ TensorpipeMesh::Switched TensorpipeMesh::acceptSwitch(
         }
         hello = *parsed;
         return std::string();
-      });
+      },
+      key_,
+      listenerName(
+          "for rail switch " + std::to_string(generation) + " on " + address));
   auto listener = context_->listen(listenUrls(address));
   acceptForever(listener, accepted);
   const std::string url = listener->url("uv");
@@ -106,6 +110,7 @@ TensorpipeMesh::Switched TensorpipeMesh::acceptSwitch(
   // Closing runs the accept callback, which takes the lock, on this thread.
   lock.unlock();
   listener->close(); // this switch's pipes are in, or never will be
+  accepted->closeUnsettled();
   lock.lock();
   Switched switched;
   switched.pipes.resize(kLanes + 1);
@@ -165,51 +170,29 @@ TensorpipeMesh::Switched TensorpipeMesh::dialSwitch(const SwitchCall& call) {
       " published ",
       why.empty() ? "an implausible device index" : why);
   Switched switched{{}, record->received, record->deviceIndex};
-  struct Written {
-    std::mutex mutex;
-    std::condition_variable changed;
-    int done = 0;
-    std::string error;
-  };
-  auto written = std::make_shared<Written>();
+  DialHandshakes handshakes;
   for (int lane = 0; lane <= kControlLane; ++lane) {
     auto pipe = context_->connect(record->url);
-    tensorpipe::Message hello;
-    hello.metadata = encode(
-        Hello{
-            topology_.rank(),
-            lane,
-            ownDevice_.index,
-            call.generation,
-            call.received});
-    pipe->write(std::move(hello), [written](const tensorpipe::Error& error) {
-      std::lock_guard<std::mutex> lock(written->mutex);
-      ++written->done;
-      if (error && written->error.empty()) {
-        written->error = error.what();
-      }
-      written->changed.notify_all();
-    });
+    handshakes.dial(
+        pipe,
+        encode(
+            Hello{
+                topology_.rank(),
+                lane,
+                ownDevice_.index,
+                call.generation,
+                call.received}),
+        key_,
+        peer,
+        record->url);
     switched.pipes.push_back(std::move(pipe));
   }
-  std::unique_lock<std::mutex> lock(written->mutex);
-  const bool complete =
-      waitUntil(written->changed, lock, call.deadline, call.cancelled, [&] {
-        return written->done == kLanes + 1;
-      });
-  if (!complete || !written->error.empty()) {
-    lock.unlock(); // closing may run their callbacks here, which lock
+  const std::string failure = handshakes.wait(call.deadline, call.cancelled);
+  if (!failure.empty()) {
     for (const auto& pipe : switched.pipes) {
       pipe->close();
     }
-    lock.lock();
-    TORCH_CHECK(
-        false,
-        "connecting to rank ",
-        peer,
-        " at ",
-        record->url,
-        written->error.empty() ? " timed out" : " failed: " + written->error);
+    TORCH_CHECK(false, "rail switch ", call.generation, ": ", failure);
   }
   return switched;
 }

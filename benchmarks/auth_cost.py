@@ -1,0 +1,141 @@
+"""What authenticating the rails costs: this checkout against a build without it, interleaved.
+
+    git worktree add /tmp/unauthenticated bad3566   # the commit before the rails were authenticated
+    (cd /tmp/unauthenticated && $PWD/.venv/bin/python setup.py build_ext --inplace)
+    PYTHONPATH=. .venv/bin/python benchmarks/auth_cost.py --baseline /tmp/unauthenticated [--rounds 3]
+
+Each round runs, for each build in turn (which goes first alternates): benchmarks/group_cost.py
+--groups 4 --all-reduce (a group's creation, and its first all-reduce, which makes the engine: its
+rails, and so every handshake), then 4 CPU ranks, 2 machines x 2 ranks on loopback, timing engine
+all-reduces of 16 and 64 MiB (each result checked). Prints each figure's median over the rounds per
+build, and authenticated / unauthenticated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORLD, RANKS_PER_MACHINE = 4, 2
+SIZES_MIB = (16, 64)
+ITERATIONS = 30
+
+
+def steady_rank(rank: int, port: int, queue: object) -> None:
+    """One rank: warm-up, then ITERATIONS timed all-reduces per size; reports the median seconds."""
+    import torch
+    import torch.distributed as dist
+
+    os.environ["FAIRRING_MACHINE_ID"] = f"machine{rank // RANKS_PER_MACHINE}"
+    os.environ["LOCAL_RANK"] = str(rank % RANKS_PER_MACHINE)
+    import fairring  # noqa: F401
+
+    store = dist.TCPStore("127.0.0.1", port, WORLD, rank == 0, timeout=timedelta(seconds=60))
+    dist.init_process_group("fairring", store=store, rank=rank, world_size=WORLD)
+    medians = {}
+    for mib in SIZES_MIB:
+        numel = mib * 2**20 // 4
+        tensor = torch.full((numel,), float(rank + 1))
+        dist.all_reduce(tensor)  # makes the engine at the first size; warms the staging at each
+        times = []
+        for _ in range(ITERATIONS):
+            tensor.fill_(float(rank + 1))
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(tensor)
+            times.append(time.perf_counter() - start)
+            expected = float(sum(range(1, WORLD + 1)))
+            if not bool((tensor == expected).all()):
+                raise AssertionError(f"rank {rank}: a {mib} MiB all-reduce is wrong")
+        medians[f"all_reduce_{mib}MiB_ms"] = statistics.median(times) * 1000
+    queue.put((rank, medians))  # type: ignore[attr-defined]
+    dist.destroy_process_group()
+
+
+def steady() -> dict[str, float]:
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    processes = [context.Process(target=steady_rank, args=(rank, port, queue)) for rank in range(WORLD)]
+    for process in processes:
+        process.start()
+    results = dict(queue.get(timeout=300) for _ in processes)
+    for process in processes:
+        process.join(timeout=60)
+    # The slowest rank's median: an all-reduce is done when every rank has it.
+    return {key: max(results[rank][key] for rank in results) for key in results[0]}
+
+
+def run_build(root: Path) -> dict[str, float]:
+    """group_cost.py's fairring figures and the steady timings, with `root`'s fairring imported."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    printed = subprocess.run(
+        [sys.executable, str(HERE / "group_cost.py"), "--groups", "4", "--all-reduce"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    ).stdout
+    figures = {}
+    for key in ("init_ms", "first_all_reduce_ms"):
+        match = re.search(rf"^{key}\s+\S+\s+(\S+)$", printed, re.M)
+        if match is None:
+            raise RuntimeError(f"group_cost.py printed no {key}:\n{printed}")
+        figures[f"group {key}"] = float(match[1])
+    steady_printed = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--steady"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    ).stdout
+    for line in steady_printed.splitlines():
+        key, value = line.rsplit(" ", 1)
+        figures[key] = float(value)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", type=Path, help="a checkout built in place without authentication")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steady", action="store_true", help=argparse.SUPPRESS)  # one build's timings
+    args = parser.parse_args()
+    if args.steady:
+        for key, value in steady().items():
+            print(f"{key} {value:.3f}")
+        return
+    if args.baseline is None:
+        parser.error("--baseline is required")
+    builds = {"authenticated": HERE.parent, "unauthenticated": args.baseline.resolve()}
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in builds}
+    for round_index in range(args.rounds):
+        order = list(builds) if round_index % 2 == 0 else list(builds)[::-1]
+        for name in order:
+            runs[name].append(run_build(builds[name]))
+            print(f"round {round_index + 1} {name}: {runs[name][-1]}", flush=True)
+    print(f"\nmedian of {args.rounds} rounds, 2 machines x 2 ranks, CPU, loopback")
+    print(f"{'':28}{'unauthenticated':>16}{'authenticated':>16}{'ratio':>8}")
+    for key in runs["authenticated"][0]:
+        before = statistics.median(run[key] for run in runs["unauthenticated"])
+        after = statistics.median(run[key] for run in runs["authenticated"])
+        print(f"{key:28}{before:16.1f}{after:16.1f}{after / before:8.3f}")
+
+
+if __name__ == "__main__":
+    main()

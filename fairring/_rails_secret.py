@@ -1,0 +1,26 @@
+"""FAIRRING_RAILS_SECRET: the operator's secret that the rails' keys derive from.
+
+Without it each group's rails key is random bytes met in the group's store (csrc/rails/auth/rails_key.h),
+so whoever can read the store can join the rails; with it, reading the store gives nothing away. It is
+never logged, published or compared between ranks: only whether it is set is (a rank with another
+value fails its first handshake, saying so).
+"""
+
+from __future__ import annotations
+
+from ._errors import ConfigError
+
+RAILS_SECRET = "FAIRRING_RAILS_SECRET"
+MIN_RAILS_SECRET_BYTES = 16
+
+
+def parse_rails_secret(raw: str | None) -> str | None:
+    """The secret, or None where unset or empty; too short a one is refused without quoting it."""
+    if raw is None or raw == "":
+        return None
+    if len(raw.encode()) < MIN_RAILS_SECRET_BYTES:
+        raise ConfigError(
+            f"{RAILS_SECRET} is {len(raw.encode())} bytes long; use at least {MIN_RAILS_SECRET_BYTES} random "
+            "ones, the same on every rank of the job (e.g. the output of `openssl rand -hex 32`)"
+        )
+    return raw
