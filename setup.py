@@ -154,6 +154,7 @@ TENSORPIPE_SOURCES = [
     "rails/tensorpipe/dial_handshakes.cpp",
     "rails/tensorpipe/factory.cpp",
     "rails/tensorpipe/handshake.cpp",
+    "rails/tensorpipe/pipe_cipher.cpp",
     "rails/tensorpipe/mesh.cpp",
     "rails/tensorpipe/rail_switch.cpp",
     "testing/endpoint.cpp",

@@ -1,14 +1,16 @@
-"""What authenticating the rails costs: this checkout against a build without it, interleaved.
+"""What authenticating (and encrypting) the rails costs, side by side, interleaved.
 
     git worktree add /tmp/unauthenticated bad3566   # the commit before the rails were authenticated
     (cd /tmp/unauthenticated && $PWD/.venv/bin/python setup.py build_ext --inplace)
     PYTHONPATH=. .venv/bin/python benchmarks/auth_cost.py --baseline /tmp/unauthenticated [--rounds 3]
+    PYTHONPATH=. .venv/bin/python benchmarks/auth_cost.py --encrypt [--rounds 3]
 
-Each round runs, for each build in turn (which goes first alternates): benchmarks/group_cost.py
---groups 4 --all-reduce (a group's creation, and its first all-reduce, which makes the engine: its
-rails, and so every handshake), then 4 CPU ranks, 2 machines x 2 ranks on loopback, timing engine
-all-reduces of 16 and 64 MiB (each result checked). Prints each figure's median over the rounds per
-build, and authenticated / unauthenticated.
+The first compares this checkout with a build without authentication; the second, this checkout
+with FAIRRING_RAILS_ENCRYPT=0 and =1. Each round runs, for each side in turn (which goes first
+alternates): benchmarks/group_cost.py --groups 4 --all-reduce (a group's creation, and its first
+all-reduce, which makes the engine: its rails, and so every handshake), then 4 CPU ranks, 2 machines
+x 2 ranks on loopback, timing engine all-reduces of 16 and 64 MiB (each result checked). Prints each
+figure's median over the rounds per side, and their ratio.
 """
 
 from __future__ import annotations
@@ -79,32 +81,21 @@ def steady() -> dict[str, float]:
     return {key: max(results[rank][key] for rank in results) for key in results[0]}
 
 
-def run_build(root: Path) -> dict[str, float]:
+def printed(command: list[str], env: dict[str, str]) -> str:
+    return subprocess.run(command, env=env, check=True, capture_output=True, text=True, timeout=600).stdout
+
+
+def run_build(root: Path, extra_env: dict[str, str]) -> dict[str, float]:
     """group_cost.py's fairring figures and the steady timings, with `root`'s fairring imported."""
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    printed = subprocess.run(
-        [sys.executable, str(HERE / "group_cost.py"), "--groups", "4", "--all-reduce"],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    ).stdout
+    env = {**os.environ, "PYTHONPATH": str(root), **extra_env}
+    group_cost = printed([sys.executable, str(HERE / "group_cost.py"), "--groups", "4", "--all-reduce"], env)
     figures = {}
     for key in ("init_ms", "first_all_reduce_ms"):
-        match = re.search(rf"^{key}\s+\S+\s+(\S+)$", printed, re.M)
+        match = re.search(rf"^{key}\s+\S+\s+(\S+)$", group_cost, re.M)
         if match is None:
-            raise RuntimeError(f"group_cost.py printed no {key}:\n{printed}")
+            raise RuntimeError(f"group_cost.py printed no {key}:\n{group_cost}")
         figures[f"group {key}"] = float(match[1])
-    steady_printed = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--steady"],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    ).stdout
-    for line in steady_printed.splitlines():
+    for line in printed([sys.executable, str(Path(__file__).resolve()), "--steady"], env).splitlines():
         key, value = line.rsplit(" ", 1)
         figures[key] = float(value)
     return figures
@@ -113,6 +104,7 @@ def run_build(root: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", type=Path, help="a checkout built in place without authentication")
+    parser.add_argument("--encrypt", action="store_true", help="FAIRRING_RAILS_ENCRYPT=0 against =1 instead")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steady", action="store_true", help=argparse.SUPPRESS)  # one build's timings
     args = parser.parse_args()
@@ -120,20 +112,27 @@ def main() -> None:
         for key, value in steady().items():
             print(f"{key} {value:.3f}")
         return
-    if args.baseline is None:
-        parser.error("--baseline is required")
-    builds = {"authenticated": HERE.parent, "unauthenticated": args.baseline.resolve()}
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in builds}
+    if args.encrypt:
+        sides = {
+            "plain": (HERE.parent, {"FAIRRING_RAILS_ENCRYPT": "0"}),
+            "encrypted": (HERE.parent, {"FAIRRING_RAILS_ENCRYPT": "1"}),
+        }
+    elif args.baseline is not None:
+        sides = {"unauthenticated": (args.baseline.resolve(), {}), "authenticated": (HERE.parent, {})}
+    else:
+        parser.error("give --baseline or --encrypt")
+    before_name, after_name = sides
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
     for round_index in range(args.rounds):
-        order = list(builds) if round_index % 2 == 0 else list(builds)[::-1]
+        order = list(sides) if round_index % 2 == 1 else list(sides)[::-1]
         for name in order:
-            runs[name].append(run_build(builds[name]))
+            runs[name].append(run_build(*sides[name]))
             print(f"round {round_index + 1} {name}: {runs[name][-1]}", flush=True)
     print(f"\nmedian of {args.rounds} rounds, 2 machines x 2 ranks, CPU, loopback")
-    print(f"{'':28}{'unauthenticated':>16}{'authenticated':>16}{'ratio':>8}")
-    for key in runs["authenticated"][0]:
-        before = statistics.median(run[key] for run in runs["unauthenticated"])
-        after = statistics.median(run[key] for run in runs["authenticated"])
+    print(f"{'':28}{before_name:>16}{after_name:>16}{'ratio':>8}")
+    for key in runs[after_name][0]:
+        before = statistics.median(run[key] for run in runs[before_name])
+        after = statistics.median(run[key] for run in runs[after_name])
         print(f"{key:28}{before:16.1f}{after:16.1f}{after / before:8.3f}")
 
 

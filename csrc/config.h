@@ -51,6 +51,9 @@ struct RailsNetwork {
   // FAIRRING_RAILS_SECRET, or empty: what the group's rails key is derived
   // from (rails/auth/rails_key.h). Never logged or published.
   std::string secret;
+  // FAIRRING_RAILS_ENCRYPT: the TensorPipe rails seal every message
+  // (rails/tensorpipe/pipe_cipher.h).
+  bool encrypt = false;
 
   bool isRequired(std::string_view name) const {
     return std::find(required.begin(), required.end(), name) != required.end();

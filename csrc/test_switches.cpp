@@ -10,12 +10,13 @@ namespace fairring {
 
 namespace {
 
-constexpr std::array<std::pair<TestSwitch, std::string_view>, 5> kSuffixes{{
+constexpr std::array<std::pair<TestSwitch, std::string_view>, 6> kSuffixes{{
     {TestSwitch::kEmulatedDevice, "EMULATED_DEVICE"},
     {TestSwitch::kNixlSlowReceiverMs, "NIXL_SLOW_RECEIVER_MS"},
     {TestSwitch::kNixlUngrantedWrites, "NIXL_UNGRANTED_WRITES"},
     {TestSwitch::kCorruptEngineResult, "CORRUPT_ENGINE_RESULT"},
     {TestSwitch::kRailsProofUnchecked, "RAILS_PROOF_UNCHECKED"},
+    {TestSwitch::kRailsTamper, "RAILS_TAMPER"},
 }};
 
 } // namespace

@@ -23,6 +23,9 @@ enum class TestSwitch {
   // "1": a TensorPipe rails listener admits a dialler whatever its proof
   // (rails/tensorpipe/handshake.h): the forger tests' negative control.
   kRailsProofUnchecked,
+  // "1": each TensorPipe rails data message has one byte flipped on the
+  // wire, as an attacker on the path would: encryption must catch it.
+  kRailsTamper,
 };
 
 inline constexpr std::string_view kTestSwitchPrefix = "FAIRRING_TEST_";

@@ -105,6 +105,8 @@ class RailsNetwork:
         transport: str = "tensorpipe",
         nixl_backend: str = "UCX",
         nixl_library: str = "",
+        secret: str = "",
+        encrypt: bool = False,
     ) -> None: ...
     @property
     def listen_address(self) -> str: ...
@@ -132,6 +134,8 @@ class RailsNetwork:
     def nixl_backend(self) -> str: ...
     @property
     def nixl_library(self) -> str: ...
+    @property
+    def encrypt(self) -> bool: ...
 
 # What Config.from_settings reads of fairring's Python Config (the parsed environment): a protocol, so
 # that this stub does not name that module.

@@ -25,7 +25,7 @@ from ._interfaces import (
     parse_rail_interfaces,
 )
 from ._nccl_lists import names_match, split_list
-from ._rails_secret import RAILS_SECRET, parse_rails_secret
+from ._rails_secret import RAILS_ENCRYPT, RAILS_SECRET, check_rails_encrypt, parse_rails_secret
 from ._sizes import KiB, MiB, format_bytes, format_size, parse_size
 
 TOTAL_MEMORY = "FAIRRING_TOTAL_MEMORY"
@@ -268,6 +268,8 @@ class Config:
     cuda_wait: str = CUDA_WAIT_CHOICES[0]
     # FAIRRING_RAILS_SECRET (fairring/_rails_secret.py); never shown.
     rails_secret: str | None = field(default=None, repr=False)
+    # FAIRRING_RAILS_ENCRYPT: the TensorPipe rails seal every message.
+    rails_encrypt: bool = False
 
     @property
     def cuda_engine_routed_to_nccl(self) -> bool:
@@ -350,6 +352,7 @@ class Config:
             SERIALIZED_LAUNCHES: self._cuda_all_reduces_text(),
             # Whether it is set, never the value.
             RAILS_SECRET: int(self.rails_secret is not None),
+            RAILS_ENCRYPT: int(self.rails_encrypt),
         }
 
     def _cuda_all_reduces_text(self) -> str:
@@ -383,7 +386,8 @@ class Config:
             f"{SERIALIZED_LAUNCHES}={self.serialized_launches} "
             f"(launch order: {self.launch_order_hazard or 'nothing serializes it'}) "
             f"{CUDA_WAIT}={self.cuda_wait} "
-            f"{RAILS_SECRET}={'(set)' if self.rails_secret else '(unset: the rails key is met in the store)'}"
+            f"{RAILS_SECRET}={'(set)' if self.rails_secret else '(unset: the rails key is met in the store)'} "
+            f"{RAILS_ENCRYPT}={int(self.rails_encrypt)}"
             + (f" {NIXL_BACKEND}={self.nixl_backend}" if self.rails_transport == "nixl" else "")
         )
 
@@ -465,6 +469,9 @@ def load_config(env: Mapping[str, str] | None = None, tensorpipe_built: bool | N
     except ConfigError as error:
         raise ConfigError(f"{error}; or auto: the engine on where it measures faster than NCCL") from None
     transport = load_transport_settings(env, tensorpipe=rails_transport == "tensorpipe")
+    rails_encrypt = parse_flag(RAILS_ENCRYPT, env.get(RAILS_ENCRYPT))
+    cuda_wait = _choice(env, CUDA_WAIT, CUDA_WAIT_CHOICES, str.lower)
+    check_rails_encrypt(rails_encrypt, rails_transport, cuda_rails_buffers=cuda_engine and cuda_wait == "host")
     return Config(
         total_memory=total_memory,
         slice_size=slice_size,
@@ -490,8 +497,9 @@ def load_config(env: Mapping[str, str] | None = None, tensorpipe_built: bool | N
         launch_order_hazard=launch_order_hazard(env, os.path.exists),
         serialized_launches=_choice(env, SERIALIZED_LAUNCHES, SERIALIZED_LAUNCH_CHOICES, str.lower),
         engine_disable=parse_flag(ENGINE_DISABLE, env.get(ENGINE_DISABLE)),
-        cuda_wait=_choice(env, CUDA_WAIT, CUDA_WAIT_CHOICES, str.lower),
+        cuda_wait=cuda_wait,
         rails_secret=parse_rails_secret(env.get(RAILS_SECRET)),
+        rails_encrypt=rails_encrypt,
     )
 
 

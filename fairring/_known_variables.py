@@ -46,6 +46,7 @@ SETTINGS = frozenset(
         config.ENGINE_DISABLE,
         config.CUDA_WAIT,
         config.RAILS_SECRET,
+        config.RAILS_ENCRYPT,
         config.TRANSPORTS,
         config.CHANNELS,
         config.IB_HCA,

@@ -108,4 +108,5 @@ def rails_network(config: Config, topology: _C.Topology) -> _C.RailsNetwork:
         nixl_backend=config.nixl_backend,
         nixl_library=library,
         secret=config.rails_secret or "",
+        encrypt=config.rails_encrypt,
     )

@@ -23,9 +23,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from benchmarks.harness import Layout, RankFailure, RankPool
+from benchmarks.harness import InitSpec, Layout, RankFailure, RankPool
 from benchmarks.reference import rank_tensor
 from fairring import _C
+from scenarios import checked_all_reduces
 
 pytestmark = pytest.mark.skipif(
     not _C.build_info()["tensorpipe"], reason="this build has no TensorPipe rails (their forgers test NIXL's)"
@@ -76,7 +77,7 @@ def rejections(describe: str) -> str:
 # --- on every rank ---
 
 
-def rails_round(port: int, prefix: str, secrets: list[str], timeout_s: float) -> str:
+def rails_round(port: int, prefix: str, secrets: list[str], timeout_s: float, encrypt: bool = False) -> str:
     """Builds the rails (the dialler waits for the test's go), checks data both ways on both lanes,
     and returns what the mesh says of itself, rejections included."""
     rank = dist.get_rank()
@@ -89,7 +90,7 @@ def rails_round(port: int, prefix: str, secrets: list[str], timeout_s: float) ->
         rank,
         MACHINES,
         torch.device("cpu"),
-        _C.RailsNetwork(secret=secrets[rank]),
+        _C.RailsNetwork(secret=secrets[rank], encrypt=encrypt),
         timeout=timedelta(seconds=timeout_s),
     )
     exchange(endpoint, rank, seed=0)
@@ -98,8 +99,8 @@ def rails_round(port: int, prefix: str, secrets: list[str], timeout_s: float) ->
     return described
 
 
-def exchange(endpoint: _C._testing.RailsEndpoint, rank: int, seed: int) -> None:
-    """Data both ways on both lanes with the rail peer, checked against what it sent."""
+def exchanged(endpoint: _C._testing.RailsEndpoint, rank: int, seed: int) -> list[bool]:
+    """Data both ways on both lanes with the rail peer: whether what came on each lane is what it sent."""
     peer = 1 - rank  # its machine, too
     received = [torch.zeros(4096) for _ in range(2)]
     sent = [rank_tensor(rank, (4096,), torch.float32, seed + lane) for lane in (0, 1)]
@@ -107,8 +108,28 @@ def exchange(endpoint: _C._testing.RailsEndpoint, rank: int, seed: int) -> None:
     transfers += [endpoint.expect(peer, lane, f"{seed}:{lane}", received[lane]) for lane in (0, 1)]
     for transfer in transfers:
         transfer.wait(30)
-    for lane in (0, 1):
-        assert torch.equal(received[lane], rank_tensor(peer, (4096,), torch.float32, seed + lane)), lane
+    return [torch.equal(received[lane], rank_tensor(peer, (4096,), torch.float32, seed + lane)) for lane in (0, 1)]
+
+
+def exchange(endpoint: _C._testing.RailsEndpoint, rank: int, seed: int) -> None:
+    assert exchanged(endpoint, rank, seed) == [True, True]
+
+
+def tampered_round(port: int, prefix: str, encrypt: bool) -> str:
+    """Rank 0 sends with FAIRRING_TEST_RAILS_TAMPER=1 (one byte of each data message flipped on the
+    wire): what rank 1 got, "intact", "altered" (wrong data accepted) or the error its transfer raised."""
+    rank = dist.get_rank()
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
+    endpoint = _C._testing.RailsEndpoint(
+        store, prefix, rank, MACHINES, torch.device("cpu"), _C.RailsNetwork(encrypt=encrypt)
+    )
+    try:
+        outcome = exchanged(endpoint, rank, seed=0)
+    except RuntimeError as error:
+        return str(error)
+    finally:
+        endpoint.close()
+    return "intact" if all(outcome) else "altered"
 
 
 def switched_round(port: int, prefix: str, timeout_s: float) -> None:
@@ -152,6 +173,7 @@ def attacked_round(
     secrets: tuple[str, str] = ("", ""),
     timeout_s: float = 30.0,
     switch: bool = False,
+    encrypt: bool = False,
 ) -> list[str]:
     """A rails round on two fresh ranks, with attack(url) run against the listener while the dialler is
     held back (at the build, or with `switch` at a rail switch after it); raises the ranks' RankFailure
@@ -164,7 +186,9 @@ def attacked_round(
                 if switch:
                     result["ok"] = ranks.run(switched_round, store.port, prefix, timeout_s, timeout=90)
                 else:
-                    result["ok"] = ranks.run(rails_round, store.port, prefix, list(secrets), timeout_s, timeout=90)
+                    result["ok"] = ranks.run(
+                        rails_round, store.port, prefix, list(secrets), timeout_s, encrypt, timeout=90
+                    )
             except RankFailure as failure:
                 result["failure"] = failure
 
@@ -206,25 +230,6 @@ def test_a_forger_without_the_key_is_refused_and_the_job_goes_on(
     assert rejections(described[DIALLER]) == "", described
 
 
-@pytest.mark.timeout(120)
-def test_negative_control_without_the_proof_check_a_forger_takes_a_lane(
-    store: dist.TCPStore, probe: _C._testing.WireProbe
-) -> None:
-    welcomed: list[dict[str, object]] = []
-
-    def attack(url: str) -> None:
-        text = hello(DIALLER, 0)
-        welcomed.append(probe.handshake(url, text, lambda c: proof(os.urandom(32), text, c), STEP_TIMEOUT))
-
-    with pytest.raises(RankFailure) as failure:
-        attacked_round(store, "unchecked/", attack, rank_env={LISTENER: {PROOF_UNCHECKED: "1"}}, timeout_s=10)
-    reply = welcomed[0]["reply"]
-    assert isinstance(reply, bytes) and reply.startswith(b"fairring-rails-welcome "), welcomed
-    # The forger holds rank 0's shards lane: the real rank 0 is turned away from it (refused as a second
-    # hello, its handshake ends early), and rank 1 expects shards from a closed pipe.
-    assert "rank 0: rails mesh: connecting to rank 1 at uv://" in str(failure.value), failure.value
-
-
 def switch_hello(lane: int) -> str:
     """Rank 0's hello for rail switch 1 (wire.h): its generation and received counts follow."""
     return f"{hello(DIALLER, lane)} 1 1 1"
@@ -245,21 +250,26 @@ def test_a_forger_at_a_rail_switch_is_refused_and_the_switch_goes_on(
 
 
 @pytest.mark.timeout(120)
-def test_negative_control_at_a_switch_without_the_proof_check_a_forger_takes_a_lane(
-    store: dist.TCPStore, probe: _C._testing.WireProbe
+@pytest.mark.parametrize("switch", [False, True], ids=["at-the-build", "at-a-switch"])
+def test_negative_control_without_the_proof_check_a_forger_takes_a_lane(
+    store: dist.TCPStore, probe: _C._testing.WireProbe, switch: bool
 ) -> None:
     welcomed: list[dict[str, object]] = []
+    text = switch_hello(0) if switch else hello(DIALLER, 0)
 
     def attack(url: str) -> None:
-        text = switch_hello(0)
         welcomed.append(probe.handshake(url, text, lambda c: proof(os.urandom(32), text, c), STEP_TIMEOUT))
 
-    with pytest.raises(RankFailure):
+    with pytest.raises(RankFailure) as failure:
         attacked_round(
-            store, "switch-unchecked/", attack, rank_env={LISTENER: {PROOF_UNCHECKED: "1"}}, timeout_s=10, switch=True
-        )
+            store, f"unchecked-{switch}/", attack, rank_env={LISTENER: {PROOF_UNCHECKED: "1"}}, timeout_s=10,
+            switch=switch,
+        )  # fmt: skip
     reply = welcomed[0]["reply"]
     assert isinstance(reply, bytes) and reply.startswith(b"fairring-rails-welcome "), welcomed
+    # The forger holds rank 0's shards lane: the real rank 0 is turned away from it (refused as a second
+    # hello, its handshake ends early), and rank 1 expects shards from a closed pipe.
+    assert "connecting to rank 1 at uv://" in str(failure.value), failure.value
 
 
 @contextmanager
@@ -381,3 +391,44 @@ def test_a_sealed_store_value_opens_only_with_its_key_and_under_its_store_key() 
     assert _C._testing.open_from_store(key, "fairring/rails/cpu/nixl/2", sealed) is None
     assert _C._testing.open_from_store(key, "fairring/rails/cpu/nixl/3", sealed[:5] + b"X" + sealed[6:]) is None
     assert _C._testing.open_from_store(key, "fairring/rails/cpu/nixl/3", sealed[:31]) is None
+
+
+# --- encryption (FAIRRING_RAILS_ENCRYPT) ---
+
+TAMPER = "FAIRRING_TEST_RAILS_TAMPER"
+
+
+@pytest.mark.timeout(120)
+def test_encrypted_rails_carry_data_exactly(store: dist.TCPStore) -> None:
+    described = attacked_round(store, "encrypted/", lambda url: None, encrypt=True)
+    assert [rejections(text) for text in described] == ["", ""], described
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("encrypt", [True, False], ids=["encrypted", "negative-control-plain"])
+def test_a_message_altered_on_the_wire_is_refused_where_the_rails_encrypt(store: dist.TCPStore, encrypt: bool) -> None:
+    with RankPool(LAYOUT, rank_env={DIALLER: {TAMPER: "1"}}) as ranks:
+        sender, receiver = ranks.run(tampered_round, store.port, f"tampered-{encrypt}/", encrypt, timeout=90)
+    if encrypt:
+        # Rank 1's transfers from rank 0 fail, naming why; no altered byte was written to its memory.
+        assert "failed its authentication: it was altered, replayed or reordered on the wire" in receiver, receiver
+    else:
+        # The control: unencrypted, the same flipped byte lands in rank 1's memory unnoticed, while
+        # what rank 1 sent, untampered, arrives intact.
+        assert (sender, receiver) == ("intact", "altered")
+
+
+def engine_rails() -> str:
+    import fairring
+
+    checked_all_reduces(0)  # the group's first makes the engine; each result checked
+    return str(fairring.backend_of().rails("cpu")["description"])
+
+
+@pytest.mark.timeout(180)
+def test_an_engine_on_encrypted_rails_reduces_exactly() -> None:
+    # Data lanes and control notes, through the engine, 2 machines x 2 ranks.
+    with RankPool(Layout(2, 2), InitSpec(extra_env={"FAIRRING_RAILS_ENCRYPT": "1"})) as ranks:
+        described = ranks.run(engine_rails)
+        ranks.run(checked_all_reduces, 1)
+    assert all("authenticated, encrypted (AES-256-GCM)" in text for text in described), described

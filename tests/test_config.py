@@ -85,6 +85,7 @@ def test_values_from_environment() -> None:
         "FAIRRING_NIXL_BACKEND": "unused",
         "FAIRRING_SERIALIZED_LAUNCHES": "engine",
         "FAIRRING_RAILS_SECRET": 0,
+        "FAIRRING_RAILS_ENCRYPT": 0,
     }
     assert "FAIRRING_SLICE_SIZE=4MiB" in config.describe()
     assert "FAIRRING_CUDA_ENGINE=1" in config.describe()
@@ -384,3 +385,13 @@ def test_a_short_rails_secret_is_refused_without_quoting_it() -> None:
     with pytest.raises(ConfigError, match=r"FAIRRING_RAILS_SECRET is 9 bytes long; use at least 16") as error:
         load_config({"FAIRRING_RAILS_SECRET": "hunter2!!"})
     assert "hunter2" not in str(error.value)
+
+
+def test_rails_encryption_is_refused_where_it_cannot_seal() -> None:
+    assert load_config({"FAIRRING_RAILS_ENCRYPT": "1"}).rails_encrypt
+    with pytest.raises(ConfigError, match="FAIRRING_RAILS_ENCRYPT=1 needs the TensorPipe rails"):
+        load_config({"FAIRRING_RAILS_ENCRYPT": "1", "FAIRRING_RAILS_TRANSPORT": "nixl"})
+    with pytest.raises(ConfigError, match="use FAIRRING_CUDA_WAIT=stream"):
+        load_config({"FAIRRING_RAILS_ENCRYPT": "1", "FAIRRING_CUDA_ENGINE": "1", "FAIRRING_CUDA_WAIT": "host"})
+    # FAIRRING_CUDA_WAIT=host moves CUDA buffers only for the CUDA engine.
+    assert load_config({"FAIRRING_RAILS_ENCRYPT": "1", "FAIRRING_CUDA_WAIT": "host"}).rails_encrypt

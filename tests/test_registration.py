@@ -168,7 +168,8 @@ def test_configuration_and_rails_are_logged_in_debug() -> None:
         assert len(chosen) == 1 and "rails transports uv; channels basic for CPU" in chosen[0], lines
         assert "ibv: not used: FAIRRING_IB_DISABLE=1" in chosen[0], lines
         made = [line for line in lines if "engine on cpu made" in line]
-        assert len(made) == 1 and "127.0.0.1:" in made[0] and "(lo; transports uv; channels basic)" in made[0], lines
+        rails = "(lo; transports uv; channels basic; authenticated)"
+        assert len(made) == 1 and "127.0.0.1:" in made[0] and rails in made[0], lines
 
 
 def test_staging_too_small_for_one_slice_is_rejected_at_init() -> None:

@@ -69,7 +69,8 @@ void bindSettings(py::module_& module) {
                       std::string transport,
                       std::string nixlBackend,
                       std::string nixlLibrary,
-                      std::string secret) {
+                      std::string secret,
+                      bool encrypt) {
             return fairring::RailsNetwork{
                 std::move(listenAddress),
                 std::move(interfaceName),
@@ -84,7 +85,8 @@ void bindSettings(py::module_& module) {
                 std::move(transport),
                 std::move(nixlBackend),
                 std::move(nixlLibrary),
-                std::move(secret)};
+                std::move(secret),
+                encrypt};
           }),
           py::arg("listen_address") = "127.0.0.1",
           py::arg("interface_name") = "lo",
@@ -100,6 +102,7 @@ void bindSettings(py::module_& module) {
           py::arg("nixl_backend") = "UCX",
           py::arg("nixl_library") = "",
           py::arg("secret") = "",
+          py::arg("encrypt") = false,
           "How the rails reach their peers (chosen by fairring._interfaces "
           "and fairring._transports); the default is loopback TCP. `secret`: "
           "FAIRRING_RAILS_SECRET (write-only: nothing reads it back).")
@@ -114,6 +117,7 @@ void bindSettings(py::module_& module) {
       .def_readonly("cuda_channels", &fairring::RailsNetwork::cudaChannels)
       .def_readonly("gpu_direct_nics", &fairring::RailsNetwork::gpuDirectNics)
       .def_readonly("required", &fairring::RailsNetwork::required)
+      .def_readonly("encrypt", &fairring::RailsNetwork::encrypt)
       .def_readonly("transport", &fairring::RailsNetwork::transport)
       .def_readonly("nixl_backend", &fairring::RailsNetwork::nixlBackend)
       .def_readonly("nixl_library", &fairring::RailsNetwork::nixlLibrary);

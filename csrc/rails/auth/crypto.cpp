@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <cstring>
 #include <type_traits>
 
 #include <c10/util/Exception.h>
@@ -10,9 +12,29 @@ namespace fairring::rails::auth {
 
 namespace {
 
-// The four functions used, with OpenSSL's C signatures (stable from 1.1 on).
-struct EvpMd; // OpenSSL's EVP_MD, used only by pointer
+// The functions used, with OpenSSL's C signatures (stable from 1.1 on).
+struct EvpMd; // OpenSSL's EVP_MD, EVP_CIPHER and EVP_CIPHER_CTX, by pointer
+struct EvpCipher;
+struct EvpCipherCtx;
+// EVP_CIPHER_CTX_ctrl's commands for GCM (OpenSSL's evp.h).
+constexpr int kGcmSetIvLength = 0x9;
+constexpr int kGcmGetTag = 0x10;
+constexpr int kGcmSetTag = 0x11;
 struct Libcrypto {
+  EvpCipherCtx* (*cipherNew)() = nullptr;
+  void (*cipherFree)(EvpCipherCtx*) = nullptr;
+  const EvpCipher* (*aes256Gcm)() = nullptr;
+  int (*cipherInit)(
+      EvpCipherCtx*,
+      const EvpCipher*,
+      void*,
+      const unsigned char*,
+      const unsigned char*,
+      int) = nullptr; // EVP_CipherInit_ex; the last: 1 encrypts, 0 decrypts
+  int (*cipherUpdate)(
+      EvpCipherCtx*, unsigned char*, int*, const unsigned char*, int) = nullptr;
+  int (*cipherFinal)(EvpCipherCtx*, unsigned char*, int*) = nullptr;
+  int (*cipherCtrl)(EvpCipherCtx*, int, int, void*) = nullptr;
   const EvpMd* (*sha256)() = nullptr;
   unsigned char* (*hmac)(
       const EvpMd*,
@@ -59,6 +81,13 @@ Libcrypto load() {
   resolve("HMAC", functions.hmac);
   resolve("RAND_bytes", functions.randBytes);
   resolve("CRYPTO_memcmp", functions.memcmp);
+  resolve("EVP_CIPHER_CTX_new", functions.cipherNew);
+  resolve("EVP_CIPHER_CTX_free", functions.cipherFree);
+  resolve("EVP_aes_256_gcm", functions.aes256Gcm);
+  resolve("EVP_CipherInit_ex", functions.cipherInit);
+  resolve("EVP_CipherUpdate", functions.cipherUpdate);
+  resolve("EVP_CipherFinal_ex", functions.cipherFinal);
+  resolve("EVP_CIPHER_CTX_ctrl", functions.cipherCtrl);
   return functions;
 }
 
@@ -71,7 +100,119 @@ const unsigned char* bytesOf(std::string_view text) {
   return reinterpret_cast<const unsigned char*>(text.data());
 }
 
+// One AES-256-GCM pass over `bytes` of `in` into `out`, with `aad`;
+// `encrypt` chooses the direction. Returns the context (for the tag).
+class GcmPass {
+ public:
+  GcmPass(
+      std::string_view key,
+      uint64_t counter,
+      std::string_view aad,
+      bool encrypt)
+      : crypto_(libcrypto()), context_(crypto_.cipherNew()) {
+    TORCH_CHECK(context_ != nullptr, "fairring: EVP_CIPHER_CTX_new failed");
+    TORCH_CHECK(
+        key.size() == kKeyBytes,
+        "fairring: an AES key of ",
+        key.size(),
+        " bytes");
+    unsigned char nonce[12] = {};
+    for (int index = 0; index < 8; ++index) {
+      nonce[4 + index] = static_cast<unsigned char>(counter >> (8 * index));
+    }
+    const int direction = encrypt ? 1 : 0;
+    int length = 0;
+    check(
+        crypto_.cipherInit(
+            context_,
+            crypto_.aes256Gcm(),
+            nullptr,
+            nullptr,
+            nullptr,
+            direction) == 1 &&
+        crypto_.cipherCtrl(context_, kGcmSetIvLength, sizeof(nonce), nullptr) ==
+            1 &&
+        crypto_.cipherInit(
+            context_, nullptr, nullptr, bytesOf(key), nonce, direction) == 1 &&
+        (aad.empty() ||
+         crypto_.cipherUpdate(
+             context_,
+             nullptr,
+             &length,
+             bytesOf(aad),
+             static_cast<int>(aad.size())) == 1));
+  }
+  ~GcmPass() {
+    crypto_.cipherFree(context_);
+  }
+  GcmPass(const GcmPass&) = delete;
+  GcmPass& operator=(const GcmPass&) = delete;
+
+  // In chunks: EVP takes an int length.
+  void update(const void* in, size_t bytes, void* out) {
+    constexpr size_t kChunk = size_t{1} << 30;
+    const auto* from = static_cast<const unsigned char*>(in);
+    auto* to = static_cast<unsigned char*>(out);
+    for (size_t done = 0; done < bytes; done += kChunk) {
+      const int chunk = static_cast<int>(std::min(kChunk, bytes - done));
+      int length = 0;
+      check(
+          crypto_.cipherUpdate(
+              context_, to + done, &length, from + done, chunk) == 1 &&
+          length == chunk);
+    }
+  }
+  bool finish() {
+    unsigned char none[16];
+    int length = 0;
+    return crypto_.cipherFinal(context_, none, &length) == 1;
+  }
+  int control(int command, int argument, void* pointer) {
+    return crypto_.cipherCtrl(context_, command, argument, pointer);
+  }
+
+ private:
+  static void check(bool ok) {
+    TORCH_CHECK(ok, "fairring: OpenSSL's AES-256-GCM failed");
+  }
+  const Libcrypto& crypto_;
+  EvpCipherCtx* const context_;
+};
+
 } // namespace
+
+void sealAesGcm(
+    std::string_view key,
+    uint64_t counter,
+    std::string_view aad,
+    const void* plain,
+    size_t bytes,
+    void* sealed) {
+  GcmPass pass(key, counter, aad, /*encrypt=*/true);
+  pass.update(plain, bytes, sealed);
+  TORCH_CHECK(
+      pass.finish() &&
+          pass.control(
+              kGcmGetTag,
+              kGcmTagBytes,
+              static_cast<unsigned char*>(sealed) + bytes) == 1,
+      "fairring: OpenSSL's AES-256-GCM failed");
+}
+
+bool openAesGcm(
+    std::string_view key,
+    uint64_t counter,
+    std::string_view aad,
+    const void* sealed,
+    size_t bytes,
+    void* plain) {
+  unsigned char tag[kGcmTagBytes];
+  std::memcpy(
+      tag, static_cast<const unsigned char*>(sealed) + bytes, sizeof(tag));
+  GcmPass pass(key, counter, aad, /*encrypt=*/false);
+  pass.update(sealed, bytes, plain);
+  return pass.control(kGcmSetTag, kGcmTagBytes, tag) == 1 && pass.finish();
+}
 
 std::string randomBytes(size_t count) {
   std::string bytes(count, '\0');

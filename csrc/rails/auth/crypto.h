@@ -1,12 +1,14 @@
 #pragma once
 
-// The cryptography of the rails' authentication (handshake.h, rails_key.h):
-// HMAC-SHA256, a CSPRNG and a constant-time comparison, all OpenSSL's
+// The cryptography of the rails' authentication (handshake.h, rails_key.h)
+// and encryption: HMAC-SHA256, a CSPRNG, a constant-time comparison and
+// AES-256-GCM, all OpenSSL's
 // libcrypto, loaded at run time (libcrypto.so.3, or 1.1), so that building
 // needs no OpenSSL headers and a wheel links no OpenSSL of its own. None of
 // it is written here.
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -27,6 +29,31 @@ std::string hmacSha256(std::string_view key, std::string_view data);
 // Whether `a` and `b` are equal, in time that does not depend on where they
 // differ (CRYPTO_memcmp), so a forger cannot find a MAC byte by byte.
 bool equalInConstantTime(std::string_view a, std::string_view b);
+
+// AES-256-GCM (OpenSSL's EVP), for the rails' encryption
+// (FAIRRING_RAILS_ENCRYPT): seals `bytes` of `plain` into `sealed`
+// (bytes + kGcmTagBytes), authenticating `aad` with them, under `key`
+// (kKeyBytes) and a 12-byte nonce made of `counter`, which must never repeat
+// under one key.
+constexpr size_t kGcmTagBytes = 16;
+void sealAesGcm(
+    std::string_view key,
+    uint64_t counter,
+    std::string_view aad,
+    const void* plain,
+    size_t bytes,
+    void* sealed);
+// Opens what sealAesGcm sealed (`bytes`: the plain length) into `plain`,
+// which may be `sealed` itself: false, with `plain` unspecified (it may hold
+// the altered bytes), if anything was altered or the key, counter or aad
+// differ.
+bool openAesGcm(
+    std::string_view key,
+    uint64_t counter,
+    std::string_view aad,
+    const void* sealed,
+    size_t bytes,
+    void* plain);
 
 // Lowercase hexadecimal, and back: nullopt unless `hex` is exactly `bytes`
 // bytes in lowercase hex (one spelling per value, as the wire grammars want).

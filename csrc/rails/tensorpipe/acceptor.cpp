@@ -65,8 +65,9 @@ void admit(
                   pipe,
                   std::move(text),
                   accepted->key,
-                  [pipe, accepted, hello](const std::string& why) {
-                    accepted->admitProven(pipe, hello, why);
+                  [pipe, accepted, hello](
+                      const std::string& why, const std::string& session) {
+                    accepted->admitProven(pipe, hello, why, session);
                   });
             });
       });
@@ -77,7 +78,8 @@ void admit(
 void Accepted::admitProven(
     const std::shared_ptr<tensorpipe::Pipe>& pipe,
     const Hello& hello,
-    const std::string& why) {
+    const std::string& why,
+    const std::string& session) {
   const std::string claimed = "rank " + std::to_string(hello.rank) +
       " on lane " + std::to_string(hello.lane);
   if (!why.empty()) {
@@ -88,7 +90,7 @@ void Accepted::admitProven(
     std::lock_guard<std::mutex> lock(mutex);
     if (seen.emplace(hello.rank, hello.lane).second) {
       std::erase(unsettled, pipe);
-      pipes.push_back({hello, pipe});
+      pipes.push_back({hello, pipe, session});
       changed.notify_all();
       return;
     }

@@ -52,6 +52,7 @@ std::string checkHello(
 struct AcceptedPipe {
   Hello hello;
   std::shared_ptr<tensorpipe::Pipe> pipe;
+  std::string session; // the handshake's session key (handshake.h)
 };
 
 // Pipes accepted so far, and those rejected; written by TensorPipe's loop
@@ -88,7 +89,8 @@ struct Accepted {
   void admitProven(
       const std::shared_ptr<tensorpipe::Pipe>& pipe,
       const Hello& hello,
-      const std::string& why);
+      const std::string& why,
+      const std::string& session);
   // "rejected N connection(s): [why] ..."; with `mutex` held.
   std::string noted() const;
 };

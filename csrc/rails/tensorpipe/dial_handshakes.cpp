@@ -11,7 +11,7 @@ namespace fairring::rails {
 
 DialHandshakes::DialHandshakes() : state_(std::make_shared<State>()) {}
 
-void DialHandshakes::dial(
+size_t DialHandshakes::dial(
     const std::shared_ptr<tensorpipe::Pipe>& pipe,
     std::string hello,
     std::string key,
@@ -27,17 +27,25 @@ void DialHandshakes::dial(
       pipe,
       std::move(hello),
       std::move(key),
-      [state = state_, index](const std::string& why) {
+      [state = state_, index](
+          const std::string& why, const std::string& session) {
         std::lock_guard<std::mutex> lock(state->mutex);
         Dial& dial = state->dials[index];
         if (why.empty()) {
           dial.proven = true;
+          dial.session = session;
         } else if (state->error.empty()) {
           state->error = "connecting to rank " + std::to_string(dial.peer) +
               " at " + dial.url + ": " + why;
         }
         state->changed.notify_all();
       });
+  return index;
+}
+
+std::string DialHandshakes::session(size_t index) const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->dials.at(index).session;
 }
 
 std::string DialHandshakes::wait(

@@ -22,8 +22,9 @@ class DialHandshakes {
  public:
   DialHandshakes();
 
-  // Starts the handshake of `pipe`, just connected to `peer` at `url`.
-  void dial(
+  // Starts the handshake of `pipe`, just connected to `peer` at `url`;
+  // returns its index, for session().
+  size_t dial(
       const std::shared_ptr<tensorpipe::Pipe>& pipe,
       std::string hello,
       std::string key,
@@ -36,12 +37,15 @@ class DialHandshakes {
   std::string wait(
       std::chrono::steady_clock::time_point deadline,
       const std::function<bool()>& cancelled = {});
+  // The session key of the handshake `index`, once wait() said all proved.
+  std::string session(size_t index) const;
 
  private:
   struct Dial {
     int peer = -1;
     std::string url;
     bool proven = false;
+    std::string session;
   };
   struct State {
     std::mutex mutex;

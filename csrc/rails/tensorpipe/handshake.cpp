@@ -29,9 +29,9 @@ constexpr size_t kMaxTextBytes = 256;
 class Once {
  public:
   explicit Once(Handshaken done) : done_(std::move(done)) {}
-  void report(const std::string& why) {
+  void report(const std::string& why, const std::string& session = {}) {
     if (!reported_.exchange(true)) {
-      done_(why);
+      done_(why, session);
     }
   }
 
@@ -46,19 +46,22 @@ tensorpipe::Message textMessage(std::string text) {
   return message;
 }
 
+// Writes `text`; a failure is reported. `session`, if set, makes this the
+// last step: its success reports the handshake done with that session key.
 void writeText(
     const std::shared_ptr<tensorpipe::Pipe>& pipe,
     std::string text,
     const std::shared_ptr<Once>& once,
     std::string what,
-    bool lastStep = false) {
+    std::optional<std::string> session = std::nullopt) {
   pipe->write(
       textMessage(std::move(text)),
-      [once, what = std::move(what), lastStep](const tensorpipe::Error& error) {
+      [once, what = std::move(what), session = std::move(session)](
+          const tensorpipe::Error& error) {
         if (error) {
           once->report("writing its " + what + ": " + error.what());
-        } else if (lastStep) {
-          once->report("");
+        } else if (session) {
+          once->report("", *session);
         }
       });
 }
@@ -164,6 +167,14 @@ std::optional<std::string> parseWelcome(std::string_view text) {
                 : std::nullopt;
 }
 
+std::string sessionKey(
+    std::string_view key,
+    std::string_view hello,
+    std::string_view listenerNonce,
+    std::string_view diallerNonce) {
+  return handshakeMac(key, "session", hello, listenerNonce, diallerNonce);
+}
+
 std::string handshakeMac(
     std::string_view key,
     std::string_view role,
@@ -209,7 +220,8 @@ void dialAuthenticated(
             "all ranks have the same FAIRRING_RAILS_SECRET?)",
             [once,
              expected = handshakeMac(
-                 key, "listener", hello, *listenerNonce, diallerNonce)](
+                 key, "listener", hello, *listenerNonce, diallerNonce),
+             session = sessionKey(key, hello, *listenerNonce, diallerNonce)](
                 std::string text) {
               const auto mac = parseWelcome(text);
               if (!mac) {
@@ -219,7 +231,7 @@ void dialAuthenticated(
                     "its welcome does not show this group's rails key: it is "
                     "not the rank the store named");
               } else {
-                once->report("");
+                once->report("", session);
               }
             });
       });
@@ -274,7 +286,7 @@ void challengeDialler(
                 key, "listener", hello, listenerNonce, proof->nonce)),
             once,
             "welcome",
-            /*lastStep=*/true);
+            sessionKey(key, hello, listenerNonce, proof->nonce));
       });
 }
 

@@ -36,8 +36,10 @@ class Pipe;
 
 namespace fairring::rails {
 
-// Why the handshake failed, or empty once the other end proved itself.
-using Handshaken = std::function<void(const std::string& why)>;
+// Why the handshake failed, or empty once the other end proved itself; then
+// `session` is the pipe's session key (sessionKey below).
+using Handshaken =
+    std::function<void(const std::string& why, const std::string& session)>;
 
 // The dialling side: writes `hello`, answers the listener's challenge, and
 // checks its welcome. `done` runs once, on TensorPipe's loop thread.
@@ -68,6 +70,14 @@ std::string encodeProof(const Proof& proof);
 std::optional<Proof> parseProof(std::string_view text);
 std::string encodeWelcome(std::string_view mac);
 std::optional<std::string> parseWelcome(std::string_view text);
+// The key both ends derive once proven, which no one else can: HMAC-SHA256
+// under the group's key of "fairring-rails session\n" hello "\n" L "\n" D.
+// Each direction's encryption key comes from it (pipe_cipher.h).
+std::string sessionKey(
+    std::string_view key,
+    std::string_view hello,
+    std::string_view listenerNonce,
+    std::string_view diallerNonce);
 // `role`: "dialler" or "listener".
 std::string handshakeMac(
     std::string_view key,

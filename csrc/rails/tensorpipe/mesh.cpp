@@ -74,6 +74,7 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
       spareNames_(site.network.spareInterfaces),
       spareAddresses_(site.network.spareAddresses),
       resends_(site.network.railFailover),
+      encrypt_(site.network.encrypt),
       store_(site.store),
       storePrefix_(site.storePrefix),
       key_(
@@ -149,7 +150,9 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
     return text;
   };
   transports_ = site.network.interfaceName + "; transports " +
-      joined(transportNames) + "; channels " + joined(channelNames);
+      joined(transportNames) + "; channels " + joined(channelNames) +
+      (encrypt_ ? "; authenticated, encrypted (AES-256-GCM)"
+                : "; authenticated");
 
   listener_ = context_->listen(listenUrls(site.network.listenAddress));
   url_ = listener_->url("uv");
@@ -174,8 +177,17 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
       topology_.machine() * (kLanes + 1) + topology_.localRank();
   acceptForever(listener_, accepted);
 
-  // The dials' handshakes: a pipe is used once its listener proved itself.
+  // The dials' handshakes: a pipe is used once its listener proved itself,
+  // and placed, with the session its cipher needs, only then.
   DialHandshakes handshakes;
+  struct Dialled {
+    int peer;
+    int lane;
+    std::shared_ptr<tensorpipe::Pipe> pipe;
+    int deviceIndex;
+    size_t handshake;
+  };
+  std::vector<Dialled> dialled;
   const auto connectTo = [&](int peer,
                              const std::vector<int>& lanes,
                              const std::vector<uint8_t>& bytes) {
@@ -200,21 +212,14 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
     const std::string& peerUrl = record->url;
     for (int lane : lanes) {
       auto pipe = context_->connect(peerUrl);
-      handshakes.dial(
+      const size_t handshake = handshakes.dial(
           pipe,
           encode(Hello{rank, lane, ownDevice.index}),
           key_,
           peer,
           peerUrl);
-      auto connection = std::make_unique<TensorpipeConnection>(
-          std::move(pipe),
-          ownDevice,
-          tensorpipe::Device{ownDevice.type, record->deviceIndex});
-      slots_.place(
-          topology_.machineOf(peer),
-          neighbourIndex(peer),
-          lane,
-          std::move(connection));
+      dialled.push_back(
+          {peer, lane, std::move(pipe), record->deviceIndex, handshake});
     }
   };
   // Rail peers on higher machines (every lane), then the ranks of this
@@ -274,20 +279,28 @@ TensorpipeMesh::TensorpipeMesh(const MeshSite& site)
     }
   }
   for (const auto& entry : accepted->pipes) {
-    auto connection = std::make_unique<TensorpipeConnection>(
-        entry.pipe,
-        ownDevice,
-        tensorpipe::Device{ownDevice.type, entry.hello.deviceIndex});
     slots_.place(
         topology_.machineOf(entry.hello.rank),
         neighbourIndex(entry.hello.rank),
         entry.hello.lane,
-        std::move(connection));
+        connectionTo(
+            entry.pipe, entry.hello.deviceIndex, entry.session, false));
   }
   lock.unlock();
   if (!failure.empty()) {
     shutdown();
     TORCH_CHECK(false, "fairring: rank ", rank, ": rails mesh: ", failure);
+  }
+  for (const auto& dial : dialled) {
+    slots_.place(
+        topology_.machineOf(dial.peer),
+        neighbourIndex(dial.peer),
+        dial.lane,
+        connectionTo(
+            dial.pipe,
+            dial.deviceIndex,
+            handshakes.session(dial.handshake),
+            true));
   }
   // Every pipe expected here is in, and established: TensorPipe reads no
   // message before a pipe's own connections have come through the listener,

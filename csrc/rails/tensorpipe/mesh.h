@@ -119,8 +119,13 @@ class TensorpipeMesh final : public Mesh {
   size_t neighbourIndex(int rank) const;
   // "rank R's rails listener <where>", for the log.
   std::string listenerName(const std::string& where) const;
+  // A proven pipe as a connection: sealed with its session's keys where
+  // the rails encrypt. `dialler`: this rank dialled it.
   std::unique_ptr<TensorpipeConnection> connectionTo(
-      const std::shared_ptr<tensorpipe::Pipe>& pipe, int deviceIndex) const;
+      const std::shared_ptr<tensorpipe::Pipe>& pipe,
+      int deviceIndex,
+      const std::string& session,
+      bool dialler) const;
   // One side of a switch: what it gives, and what it gets.
   struct SwitchCall {
     int peer;
@@ -132,6 +137,8 @@ class TensorpipeMesh final : public Mesh {
   };
   struct Switched {
     std::vector<std::shared_ptr<tensorpipe::Pipe>> pipes; // by lane
+    std::vector<std::string> sessions; // by lane
+    bool dialled = false;
     ReceivedCounts peerReceived;
     int peerDevice = 0;
   };
@@ -144,6 +151,7 @@ class TensorpipeMesh final : public Mesh {
   const std::vector<std::string> spareNames_; // and their addresses:
   const std::vector<std::string> spareAddresses_;
   const bool resends_;
+  const bool encrypt_; // FAIRRING_RAILS_ENCRYPT: every connection sealed
   const c10::intrusive_ptr<c10d::Store> store_;
   const std::string storePrefix_;
   const std::string key_; // the group's rails key (rails/auth/rails_key.h)

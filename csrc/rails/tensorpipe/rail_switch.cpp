@@ -25,9 +25,15 @@
 namespace fairring::rails {
 
 std::unique_ptr<TensorpipeConnection> TensorpipeMesh::connectionTo(
-    const std::shared_ptr<tensorpipe::Pipe>& pipe, int deviceIndex) const {
+    const std::shared_ptr<tensorpipe::Pipe>& pipe,
+    int deviceIndex,
+    const std::string& session,
+    bool dialler) const {
   return std::make_unique<TensorpipeConnection>(
-      pipe, ownDevice_, tensorpipe::Device{ownDevice_.type, deviceIndex});
+      pipe,
+      ownDevice_,
+      tensorpipe::Device{ownDevice_.type, deviceIndex},
+      encrypt_ ? std::make_unique<PipeCipher>(session, dialler) : nullptr);
 }
 
 void TensorpipeMesh::detach(int machine) {
@@ -114,6 +120,7 @@ TensorpipeMesh::Switched TensorpipeMesh::acceptSwitch(
   lock.lock();
   Switched switched;
   switched.pipes.resize(kLanes + 1);
+  switched.sessions.resize(kLanes + 1);
   if (!complete || !error.empty()) {
     const auto taken = accepted->pipes;
     lock.unlock(); // closing may run their callbacks here, which lock
@@ -135,6 +142,7 @@ TensorpipeMesh::Switched TensorpipeMesh::acceptSwitch(
   }
   for (const auto& entry : accepted->pipes) {
     switched.pipes[entry.hello.lane] = entry.pipe;
+    switched.sessions[entry.hello.lane] = entry.session;
     switched.peerReceived = entry.hello.received;
     switched.peerDevice = entry.hello.deviceIndex;
   }
@@ -169,7 +177,10 @@ TensorpipeMesh::Switched TensorpipeMesh::dialSwitch(const SwitchCall& call) {
       peer,
       " published ",
       why.empty() ? "an implausible device index" : why);
-  Switched switched{{}, record->received, record->deviceIndex};
+  Switched switched;
+  switched.peerReceived = record->received;
+  switched.peerDevice = record->deviceIndex;
+  switched.dialled = true;
   DialHandshakes handshakes;
   for (int lane = 0; lane <= kControlLane; ++lane) {
     auto pipe = context_->connect(record->url);
@@ -194,6 +205,9 @@ TensorpipeMesh::Switched TensorpipeMesh::dialSwitch(const SwitchCall& call) {
     }
     TORCH_CHECK(false, "rail switch ", call.generation, ": ", failure);
   }
+  for (size_t lane = 0; lane < switched.pipes.size(); ++lane) {
+    switched.sessions.push_back(handshakes.session(lane));
+  }
   return switched;
 }
 
@@ -215,8 +229,12 @@ ReceivedCounts TensorpipeMesh::reconnect(
       ? acceptSwitch(call, interface)
       : dialSwitch(call);
   std::vector<std::unique_ptr<TensorpipeConnection>> made;
-  for (const auto& pipe : switched.pipes) {
-    made.push_back(connectionTo(pipe, switched.peerDevice));
+  for (size_t lane = 0; lane < switched.pipes.size(); ++lane) {
+    made.push_back(connectionTo(
+        switched.pipes[lane],
+        switched.peerDevice,
+        switched.sessions[lane],
+        switched.dialled));
   }
   slots_.apply(
       ConnectionSlots::Event::kInstall,
