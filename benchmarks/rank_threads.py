@@ -6,12 +6,14 @@ device-wait polls, the completion workers, the rails' loop, the inner groups' wo
 GPU's would be host threads of the engine; each rank makes its engine with one all-reduce, then
 reports its threads and CPU time over an idle window (nothing in flight), then over a busy one
 (all-reduces back to back, each checked), then its threads after an idle window again (the
-completion workers beyond the first leave after 2 s). On CPU ranks share the machine's cores, so
-the busy figures are a share of those; the idle ones are what a rank burns while it waits for the
-next step, which should be near zero.
+completion workers beyond the first leave after 2 s). The engine launches ahead, as a CUDA engine
+does by default (FAIRRING_CUDA_WAIT=stream: its follower thread and the device's signal waits
+counted); `--host-waits` measures the engine that launches each step when the network delivered.
+On CPU ranks share the machine's cores, so the busy figures are a share of those; the idle ones
+are what a rank burns while it waits for the next step, which should be near zero.
 
     python benchmarks/rank_threads.py                  # 2 x 8, 3 s idle windows
-    python benchmarks/rank_threads.py --layout 2x2 --idle-s 2
+    python benchmarks/rank_threads.py --layout 2x2 --idle-s 2 --host-waits
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import resource
 import statistics
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -36,9 +39,10 @@ from benchmarks.reference import all_ranks_reduced, assert_matches, rank_tensor
 ENV = {
     "FAIRRING_SHM_DISABLE": "1",
     "FAIRRING_SLICE_SIZE": "256KiB",
-    "FAIRRING_TEST_EMULATED_DEVICE": "seed=1,jitter_us=0",
     "FAIRRING_RAILS_TRANSPORT": "tensorpipe",
 }
+LAUNCHING_AHEAD = "seed=1,jitter_us=0,caller_stream"  # the caller's stream waits, not the host
+HOST_WAITS = "seed=1,jitter_us=0"
 NUMEL = 1 << 20  # 4 MiB of float32: 16 slices
 
 
@@ -63,11 +67,20 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def wait_for_callers_stream() -> None:
+    """Where the engine launches ahead, `wait()` held the caller's stream: read the result after it."""
+    if "caller_stream" in os.environ["FAIRRING_TEST_EMULATED_DEVICE"]:
+        from fairring import _C
+
+        assert _C._testing.caller_stream_synchronize(timeout=timedelta(seconds=60)), "the caller's stream stayed held"
+
+
 def measure(idle_s: float, busy_ops: int) -> tuple[dict[str, float], dict[str, int]]:
     """One rank's threads and CPU per wall second: made, idle, busy, idle again; its threads by name."""
     rank = dist.get_rank()
     tensor = rank_tensor(rank, (NUMEL,), torch.float32, seed=1)
     dist.all_reduce(tensor)  # the engine, made
+    wait_for_callers_stream()
     assert_matches(tensor, all_ranks_reduced((NUMEL,), torch.float32, seed=1))
     figures: dict[str, float] = {"threads_made": threads()}
     dist.barrier()
@@ -83,6 +96,7 @@ def measure(idle_s: float, busy_ops: int) -> tuple[dict[str, float], dict[str, i
         work = dist.all_reduce(tensor, async_op=True)
         peak = max(peak, threads())
         work.wait()
+        wait_for_callers_stream()
         assert_matches(tensor, all_ranks_reduced((NUMEL,), torch.float32, seed=2 + op))
     figures["busy_cpu_per_s"] = (cpu_seconds() - start_cpu) / (time.monotonic() - start_wall)
     figures["busy_wall_s"] = time.monotonic() - start_wall
@@ -98,11 +112,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--layout", default="2x8", help="machines x ranks per machine (default 2x8)")
     parser.add_argument("--idle-s", type=float, default=3.0, help="each idle window, seconds (default 3)")
     parser.add_argument("--busy-ops", type=int, default=8, help="4 MiB all-reduces in the busy window (default 8)")
+    parser.add_argument(
+        "--host-waits", action="store_true", help="the engine launches each step when the network delivered"
+    )
     args = parser.parse_args(argv)
     machines, local = (int(part) for part in args.layout.split("x"))
-    with RankPool(Layout(machines, local), InitSpec(extra_env=ENV)) as ranks:
+    device = HOST_WAITS if args.host_waits else LAUNCHING_AHEAD
+    spec = InitSpec(extra_env={**ENV, "FAIRRING_TEST_EMULATED_DEVICE": device})
+    with RankPool(Layout(machines, local), spec) as ranks:
         outcomes = ranks.run(measure, args.idle_s, args.busy_ops, timeout=600)
-    print(f"{args.layout} on the emulated device, {os.cpu_count()} CPUs, {args.busy_ops} all-reduces of 4 MiB:")
+    how = "the host waits" if args.host_waits else "launching ahead"
+    print(f"{args.layout} on the emulated device ({how}), {os.cpu_count()} CPUs, {args.busy_ops} all-reduces of 4 MiB:")
     print("figure (per rank)             min      median   max")
     for key in outcomes[0][0]:
         values = [figures[key] for figures, _ in outcomes]
