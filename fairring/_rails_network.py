@@ -14,7 +14,7 @@ import torch
 
 from . import _C
 from ._config import Config
-from ._interfaces import InterfaceAddress, choose_rail_interface, host_addresses
+from ._interfaces import InterfaceAddress, RailInterface, choose_rail_interface, host_addresses
 from ._nixl import choose_ucx_settings, nixl_library
 from ._transports import RailsTransports, host_facts, rails_transports
 
@@ -66,6 +66,14 @@ def spare_interfaces(
     return list(spares.values())
 
 
+def rails_line(rank: int, machine: int, machines: int, rail: int, interface: RailInterface, carried: str) -> str:
+    """What a rank says of its rails at INFO: where they listen, why there, and what carries them."""
+    return (
+        f"rank {rank} (machine {machine} of {machines}, rail {rail}): rails on {interface.name} "
+        f"{interface.address} ({interface.reason}); {carried}"
+    )
+
+
 def rails_network(config: Config, topology: _C.Topology) -> _C.RailsNetwork:
     """The rails' network for this rank of `topology`, logged at INFO the first time it is chosen."""
     addresses = host_addresses()
@@ -85,11 +93,8 @@ def rails_network(config: Config, topology: _C.Topology) -> _C.RailsNetwork:
     if spares:
         carried += f"; failover to {', '.join(f'{s.name} {s.address}' for s in spares)}"
     if topology.serves_engine:
-        line = (
-            f"rank {topology.rank} (machine {topology.machine} of {topology.num_machines}, rail "
-            f"{topology.local_rank}): rails on {interface.name} {interface.address} ({interface.reason}); "
-            f"{carried}"
-        )
+        where = (topology.rank, topology.machine, topology.num_machines, topology.local_rank)
+        line = rails_line(*where, interface, carried)
         # Every group of a process chooses alike: say it once, not once per group.
         logger.log(logging.DEBUG if line in _logged else logging.INFO, line)
         _logged.add(line)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from documented_logs import assert_reads_as_documented
 from test_timeline import write_trace
 
 import fairring.bench.__main__ as bench
@@ -91,6 +92,21 @@ def test_dispatch_study_puts_autos_choice_next_to_both_paths(tmp_path: Path) -> 
     # What the table says auto took is what its decision routes to.
     assert took == ["engine" if auto[0] <= size < auto[1] else "gloo" for size in LADDER]
     assert lines[start + 2 + len(LADDER)].strip().startswith("this sweep's own choice:")
+
+
+@pytest.mark.timeout(300)
+def test_the_summary_deploying_md_shows_is_what_its_command_logs(tmp_path: Path) -> None:
+    available, reason = netns_available()
+    if not available:
+        pytest.skip(f"network namespaces unavailable: {reason}")
+    arguments = ["--sizes", "4MiB,16MiB", "--link", "1gbit", "--set", "FAIRRING_LOG_LEVEL=INFO"]
+    arguments += ["--set", "FAIRRING_FLAT_THRESHOLD=auto", "--set", "FAIRRING_AUTO_CACHE=off"]
+    documented_command = " ".join((ROOT / "docs" / "deploying.md").read_text().split())
+    assert f"(`python -m fairring.bench {' '.join(arguments)}`)" in documented_command
+    run, records = run_bench([*arguments, "--plots", str(tmp_path)], tmp_path / "r.json")
+    assert all(record["correct"] is True for record in records)
+    [said] = [line for line in run.stderr.splitlines() if "what fairring did for this group" in line]
+    assert_reads_as_documented(said, "docs/deploying.md", "what fairring did for this group")
 
 
 @pytest.mark.timeout(300)

@@ -12,6 +12,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from documented_logs import claims, documented_log_lines, misreadings, unclaimed
 
 from fairring import _config as config
 from fairring._sizes import parse_size
@@ -579,3 +580,44 @@ def test_the_unmeasured_check_flags_a_layout_with_rows() -> None:
     assert unmeasured_layout_errors(text.replace(body, "\n- Real clusters, more than 4 machines.\n")) == [
         "'more than 4 machines' but 8 x 1 has a row"
     ]
+
+
+# --- every log line the docs show is made by a test (tests/documented_logs.py) ---------------------------
+
+
+def test_every_log_line_the_docs_show_is_checked_against_a_line_a_test_made() -> None:
+    lines = documented_log_lines()
+    assert len(lines) >= 4, lines  # the rails' line twice, the failover warning, the summary
+    missing = unclaimed(lines, claims())
+    assert not missing, "no test makes these documented log lines: " + ", ".join(
+        f"{line.doc}:{line.number}" for line in missing
+    )
+
+
+def test_the_log_line_check_flags_an_unclaimed_line_and_a_reworded_one(tmp_path: Path) -> None:
+    doc = tmp_path / "guide.md"
+    doc.write_text(
+        "Example:\n\n"
+        "    2026-12-01 09:14:02.315 host3:4120 [rank 3] fairring INFO: rank 3 (machine 1 of 2, rail 1):\n"
+        "    rails on eth1 10.0.0.3 (FAIRRING_SOCKET_IFNAME 'eth' matches eth0, eth1);\n"
+        "    rails transports uv | fork safety: ...\n\n"
+        "    2026-12-01 09:14:02.315 host3:4120 [rank 3] fairring WARNING: interface eth1 is down: rank 3 moves ...\n"
+    )
+    rails, warning = documented_log_lines([doc])
+    # A wrapped line is one line, whose continuation counts.
+    assert (rails.level, rails.number, warning.number) == ("INFO", 3, 7) and "rails on" in rails.fixed_parts()
+    assert "rails transports uv | fork safety:" in rails.fixed_parts()
+    # Claimed by a text of the line and its doc's path only.
+    claimed = {(str(doc), "rails on eth")}
+    assert unclaimed([rails, warning], claimed) == [warning]
+    assert unclaimed([rails, warning], {("docs/other.md", "rails on eth")}) == [rails, warning]
+    # Values differ freely; fixed text and the level may not.
+    made = "rank 0 (machine 0 of 4, rail 0): rails on ib0 10.9.9.9 (FAIRRING_SOCKET_IFNAME 'ib' matches ib0, ib1, ib2)"
+    assert misreadings(made + "; rails transports uv | fork safety: safe: set", rails) == []
+    assert misreadings(made + "; rails transports uv, ibv | fork safety: safe", rails) != []
+    prefix = "2026-12-07 11:00:00.000 vm:1 [rank 3] fairring "
+    assert misreadings(prefix + "WARNING: interface eth0 is down: rank 1 moves its rails", warning) == []
+    assert misreadings(prefix + "INFO: interface eth0 is down: rank 1 moves its rails", warning) == [
+        "level INFO, documented WARNING"
+    ]
+    assert misreadings(prefix + "WARNING: interface eth0 went down: rank 1 moves", warning) != []

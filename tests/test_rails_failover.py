@@ -16,8 +16,10 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
+from documented_logs import assert_reads_as_documented
 from test_emulated_device import EMULATED_ENV
 
 from benchmarks.failover_driver import all_reduces, all_reduces_for, bytes_sent, difference, prepare, rails
@@ -87,6 +89,11 @@ def run_through(ranks: RankPool, seconds: float, during: Callable[[], None]) -> 
     return result["times"]
 
 
+def has_infiniband() -> bool:
+    devices = Path("/sys/class/infiniband")
+    return devices.is_dir() and any(devices.iterdir())
+
+
 def after(seconds: float, action: Callable[[], None]) -> Callable[[], None]:
     def delayed() -> None:
         time.sleep(seconds)
@@ -99,7 +106,7 @@ def after(seconds: float, action: Callable[[], None]) -> Callable[[], None]:
 def test_a_rail_whose_nic_goes_down_moves_to_the_other_nic_and_back(
     cluster: NetnsCluster, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    with pool(cluster, timeout_s=20) as ranks:
+    with pool(cluster, timeout_s=20, FAIRRING_LOG_LEVEL="INFO") as ranks:
         described = ranks.run(prepare, SIZE)
         assert all("failover to eth" in text for text in described), described
         before = sent_during(cluster, ranks)
@@ -125,8 +132,16 @@ def test_a_rail_whose_nic_goes_down_moves_to_the_other_nic_and_back(
         assert f"rank {4 - rank} through eth0" in moved[rank], moved[rank]
     for rank in (0, 2):
         assert "0 switch(es)" in back[rank], back[rank]
-    warnings = [line for line in capfd.readouterr().err.splitlines() if "interface eth1 is down" in line]
+    logged = capfd.readouterr().err.splitlines()
+    warnings = [line for line in logged if "interface eth1 is down" in line]
     assert len(warnings) == 1 and "rank 3 moves its rails' connections to rank(s) 1 to eth0" in warnings[0], warnings
+    assert_reads_as_documented(warnings[0], "docs/configuration.md", "is down: rank")
+    # The docs' example of the rails' INFO line is this layout's (2 hosts x 2 ranks, two NICs each).
+    [chosen] = [line for line in logged if "rank 3 (machine 1 of 2, rail 1): rails on eth1 " in line]
+    if has_infiniband():
+        print("the rails' line names this machine's InfiniBand devices, not networking.md's; not compared")
+    else:
+        assert_reads_as_documented(chosen, "docs/networking.md", "rails on eth1")
 
 
 @pytest.mark.timeout(180)

@@ -7,8 +7,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+from documented_logs import assert_reads_as_documented
 
-from fairring._config import ConfigError, load_transport_settings, parse_ib_hca
+from fairring._config import ConfigError, load_config, load_transport_settings, parse_ib_hca
 from fairring._infiniband import (
     ForkFacts,
     HostFacts,
@@ -21,6 +22,8 @@ from fairring._infiniband import (
     probe_host,
     read_import_state,
 )
+from fairring._interfaces import InterfaceAddress, choose_rail_interface
+from fairring._rails_network import rails_line
 from fairring._transports import (
     RailsTransports,
     decide,
@@ -158,6 +161,18 @@ def test_an_active_infiniband_device_gives_ibv_over_uv() -> None:
     assert result.transports == ("ibv", "uv") and result.ib_device == "mlx5_0"
     assert "mlx5_0 port 1 (InfiniBand, ACTIVE), the first device libibverbs lists" in result.reason("ibv")
     assert result.reason("uv").startswith("registered: pipes connect over TCP first")
+
+
+@pytest.mark.timeout(10)
+def test_the_infiniband_machines_line_in_the_docs_is_what_the_code_writes() -> None:
+    """No machine here has InfiniBand: deploying.md's line for one is the code's, fed a described machine
+    (8 IPoIB interfaces, two ACTIVE HCAs), for rail 1 of machine 1 of 4."""
+    env = {"FAIRRING_SOCKET_IFNAME": "ib"}
+    addresses = [InterfaceAddress(f"ib{index}", "ipv4", f"10.{index}.0.9") for index in range(8)]
+    interface = choose_rail_interface(load_config(env), 1, addresses)
+    line = rails_line(9, 1, 4, 1, interface, decision(env, host(IB0, IB1)).describe())
+    assert line.startswith("rank 9 (machine 1 of 4, rail 1): rails on ib1 10.1.0.9 ("), line
+    assert_reads_as_documented(line, "docs/deploying.md", "rails on ib1")
 
 
 @pytest.mark.timeout(10)
