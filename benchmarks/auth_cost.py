@@ -4,24 +4,32 @@
     (cd /tmp/unauthenticated && $PWD/.venv/bin/python setup.py build_ext --inplace)
     PYTHONPATH=. .venv/bin/python benchmarks/auth_cost.py --baseline /tmp/unauthenticated [--rounds 3]
     PYTHONPATH=. .venv/bin/python benchmarks/auth_cost.py --encrypt [--rounds 3]
+    PYTHONPATH=. .venv/bin/python benchmarks/auth_cost.py --baseline /tmp/unauthenticated --encrypt --link 1gbit
 
 The first compares this checkout with a build without authentication; the second, this checkout
-with FAIRRING_RAILS_ENCRYPT=0 and =1. Each round runs, for each side in turn (which goes first
-alternates): benchmarks/group_cost.py --groups 4 --all-reduce (a group's creation, and its first
-all-reduce, which makes the engine: its rails, and so every handshake), then 4 CPU ranks, 2 machines
-x 2 ranks on loopback, timing engine all-reduces of 16 and 64 MiB (each result checked). Prints each
-figure's median over the rounds per side, and their ratio.
+with FAIRRING_RAILS_ENCRYPT=0 and =1; both options together run all three. Each round runs, for
+each side in turn (which goes first rotates): benchmarks/group_cost.py --groups 4 --all-reduce (a
+group's creation, and its first all-reduce, which makes the engine: its rails, and so every
+handshake), then 4 CPU ranks, 2 machines x 2 ranks on loopback, timing engine all-reduces of 16 and
+64 MiB (each result checked). Prints each figure's median over the rounds per side, and its ratio
+to the first side's.
+
+With --link RATE (e.g. 1gbit; needs root for network namespaces) a round runs instead, for each side,
+`python -m fairring.bench --link RATE --sizes 16MiB,64MiB` (2 hosts x 2 ranks whose NICs tc shapes
+to RATE; fairring's and Gloo's all-reduces, each checked) and takes both medians per size.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -101,39 +109,60 @@ def run_build(root: Path, extra_env: dict[str, str]) -> dict[str, float]:
     return figures
 
 
+def run_bench(root: Path, extra_env: dict[str, str], link: str) -> dict[str, float]:
+    """fairring's and Gloo's median all-reduce at each size over shaped NICs, with `root`'s fairring."""
+    env = {**os.environ, "PYTHONPATH": str(root), **extra_env}
+    sizes = ",".join(f"{mib}MiB" for mib in SIZES_MIB)
+    with tempfile.TemporaryDirectory() as folder:
+        records = Path(folder) / "records.json"
+        command = [sys.executable, "-m", "fairring.bench", "--link", link, "--sizes", sizes, "-n", "5", "-w", "2"]
+        printed([*command, "--json", str(records), "--plots", folder], env)
+        figures = {}
+        for record in json.loads(records.read_text())["records"]:
+            if record["correct"] is not True:
+                raise AssertionError(f"a wrong result: {record}")
+            mib = record["bytes"] // 2**20
+            figures[f"{record['backend']} {mib}MiB_ms"] = record["median_s"] * 1000
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", type=Path, help="a checkout built in place without authentication")
-    parser.add_argument("--encrypt", action="store_true", help="FAIRRING_RAILS_ENCRYPT=0 against =1 instead")
+    parser.add_argument("--encrypt", action="store_true", help="FAIRRING_RAILS_ENCRYPT=0 against =1 (a third side)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--link", help="time the bench over NICs shaped to this rate instead (e.g. 1gbit)")
     parser.add_argument("--steady", action="store_true", help=argparse.SUPPRESS)  # one build's timings
     args = parser.parse_args()
     if args.steady:
         for key, value in steady().items():
             print(f"{key} {value:.3f}")
         return
+    sides: dict[str, tuple[Path, dict[str, str]]] = {}
+    if args.baseline is not None:
+        sides["unauthenticated"] = (args.baseline.resolve(), {})
     if args.encrypt:
-        sides = {
-            "plain": (HERE.parent, {"FAIRRING_RAILS_ENCRYPT": "0"}),
-            "encrypted": (HERE.parent, {"FAIRRING_RAILS_ENCRYPT": "1"}),
-        }
+        sides["plain" if args.baseline is None else "authenticated"] = (HERE.parent, {"FAIRRING_RAILS_ENCRYPT": "0"})
+        sides["encrypted"] = (HERE.parent, {"FAIRRING_RAILS_ENCRYPT": "1"})
     elif args.baseline is not None:
-        sides = {"unauthenticated": (args.baseline.resolve(), {}), "authenticated": (HERE.parent, {})}
+        sides["authenticated"] = (HERE.parent, {})
     else:
-        parser.error("give --baseline or --encrypt")
-    before_name, after_name = sides
+        parser.error("give --baseline, --encrypt, or both")
+    names = list(sides)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
     for round_index in range(args.rounds):
-        order = list(sides) if round_index % 2 == 1 else list(sides)[::-1]
-        for name in order:
-            runs[name].append(run_build(*sides[name]))
+        # Each side goes first in turn: drift over the run falls on every side alike.
+        for name in names[round_index % len(names) :] + names[: round_index % len(names)]:
+            root, extra_env = sides[name]
+            runs[name].append(run_bench(root, extra_env, args.link) if args.link else run_build(root, extra_env))
             print(f"round {round_index + 1} {name}: {runs[name][-1]}", flush=True)
-    print(f"\nmedian of {args.rounds} rounds, 2 machines x 2 ranks, CPU, loopback")
-    print(f"{'':28}{before_name:>16}{after_name:>16}{'ratio':>8}")
-    for key in runs[after_name][0]:
-        before = statistics.median(run[key] for run in runs[before_name])
-        after = statistics.median(run[key] for run in runs[after_name])
-        print(f"{key:28}{before:16.1f}{after:16.1f}{after / before:8.3f}")
+    where = f"NICs shaped to {args.link}" if args.link else "loopback"
+    print(f"\nmedian of {args.rounds} rounds, 2 machines x 2 ranks, CPU, {where}; ratios to {names[0]}")
+    print(f"{'':28}" + "".join(f"{name:>16}" for name in names) + "".join(f"{'ratio':>8}" for _ in names[1:]))
+    for key in runs[names[0]][0]:
+        medians = [statistics.median(run[key] for run in runs[name]) for name in names]
+        ratios = "".join(f"{median / medians[0]:8.3f}" for median in medians[1:])
+        print(f"{key:28}" + "".join(f"{median:16.1f}" for median in medians) + ratios)
 
 
 if __name__ == "__main__":
