@@ -11,8 +11,14 @@ it waited for inside (a peer's shards, a local peer's part), so where a
 stage starts late, what came before it was late. On loopback the CPUs, not a
 network, are the limit: what shows is fairring's own cost.
 
+With --emulated the engine runs on the emulated device as the CUDA engine does
+by default: it launches every step ahead of the network and wait() makes the
+caller's (emulated) stream wait, not the host. An op is then done when that
+stream is, and a column says when wait() returned.
+
     python benchmarks/op_breakdown.py                                   # all three, 256 KiB to 4 MiB
     python benchmarks/op_breakdown.py --collective all_gather --sizes 4MiB --iters 50
+    python benchmarks/op_breakdown.py --emulated --collective all_reduce
 
 Per-stage CPU profiles (`perf record -a -g` while this runs, `perf report
 --sort comm,sym`) name the code: the stage threads are fr-rs-stage,
@@ -28,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
@@ -39,9 +46,20 @@ from fairring._sizes import format_size, parse_size
 from fairring.bench.collectives import COLLECTIVES
 from fairring.bench.timeline import STAGES, engine_slices, load_events
 
+# The emulated device launching ahead: Gloo's local steps stand for NCCL's, no jitter.
+EMULATED = {"FAIRRING_TEST_EMULATED_DEVICE": "seed=1,jitter_us=0,caller_stream", "FAIRRING_SHM_DISABLE": "1"}
+
+
+def wait_for_callers_stream() -> None:
+    """Where wait() held the emulated caller's stream, the op is done when that stream is."""
+    if "caller_stream" in os.environ.get("FAIRRING_TEST_EMULATED_DEVICE", ""):
+        from fairring import _C
+
+        assert _C._testing.caller_stream_synchronize(timeout=timedelta(seconds=60)), "the caller's stream stayed held"
+
 
 def time_ops(collective: str, sizes: list[int], iters: int, warmup: int) -> dict[int, dict[str, list]]:
-    """Per size: fairring's ops as (issued, returned) wall-clock seconds, and Gloo's op times."""
+    """Per size: fairring's ops as (issued, done, wait returned) wall-clock seconds, and Gloo's op times."""
     gloo = dist.new_group(backend="gloo")
     timed: dict[int, dict[str, list]] = {}
     for nbytes in sizes:
@@ -53,12 +71,14 @@ def time_ops(collective: str, sizes: list[int], iters: int, warmup: int) -> dict
                 issued = time.time()
                 COLLECTIVES[collective].issue(buffers, group).wait()
                 returned = time.time()
+                wait_for_callers_stream()
+                done = time.time()
                 if iteration < warmup:
                     continue
                 if group is gloo:
-                    gloo_s.append(returned - issued)
+                    gloo_s.append(done - issued)
                 else:
-                    windows.append((issued, returned))
+                    windows.append((issued, done, returned))
         timed[nbytes] = {"windows": windows, "gloo_s": gloo_s}
     return timed
 
@@ -73,11 +93,11 @@ def spans_by_rank(folder: Path) -> dict[int, list[dict]]:
     return spans
 
 
-def breakdown(window: tuple[float, float], spans: list[dict]) -> dict[str, float]:
-    """One rank's op: each stage's first start and last end, and the op's end, in ms since its issue."""
-    issued, returned = window
-    inside = [span for span in spans if issued <= span["start"] <= returned]
-    row = {"op": (returned - issued) * 1e3}
+def breakdown(window: tuple[float, float, float], spans: list[dict]) -> dict[str, float]:
+    """One rank's op: each stage's first start and last end, the op's end and wait()'s, in ms since its issue."""
+    issued, done, returned = window
+    inside = [span for span in spans if issued <= span["start"] <= done]
+    row = {"op": (done - issued) * 1e3, "wait": (returned - issued) * 1e3}
     for stage in STAGES:
         mine = [span for span in inside if span["stage"] == stage]
         if mine:
@@ -86,10 +106,13 @@ def breakdown(window: tuple[float, float], spans: list[dict]) -> dict[str, float
     return row
 
 
-def report(collective: str, results: list[dict], folder: Path) -> None:
+def report(collective: str, results: list[dict], folder: Path, where: str) -> None:
     spans = spans_by_rank(folder)
-    print(f"\n{collective}, 2 machines x 2 ranks on loopback; ms since issue, the median op of the slowest rank")
-    print(f"{'size':>8} {'gloo':>7} {'fairring':>8} {'vs gloo':>7}  " + "  ".join(f"{s:>15}" for s in STAGES))
+    print(
+        f"\n{collective}, 2 machines x 2 ranks on loopback, {where}; ms since issue, the median op of the slowest rank"
+    )
+    columns = f"{'size':>8} {'gloo':>7} {'fairring':>8} {'vs gloo':>7} {'wait()':>7}  "
+    print(columns + "  ".join(f"{s:>15}" for s in STAGES))
     for nbytes in results[0]:
         per_rank = []
         for rank, result in enumerate(results):
@@ -104,7 +127,7 @@ def report(collective: str, results: list[dict], folder: Path) -> None:
         ]
         ratio = gloo_ms / slowest["op"]
         print(
-            f"{format_size(nbytes):>8} {gloo_ms:7.2f} {slowest['op']:8.2f} {ratio:6.2f}x  "
+            f"{format_size(nbytes):>8} {gloo_ms:7.2f} {slowest['op']:8.2f} {ratio:6.2f}x {slowest['wait']:7.2f}  "
             + "  ".join(f"{s:>15}" for s in stages)
         )
 
@@ -116,10 +139,12 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--set", action="append", default=[], metavar="VAR=VALUE", help="environment for the ranks")
+    parser.add_argument("--emulated", action="store_true", help="the emulated device, launching ahead as CUDA does")
     args = parser.parse_args()
     sizes = [parse_size("--sizes", size) for size in args.sizes.split(",")]
     collectives = list(COLLECTIVES) if args.collective == "all" else [args.collective]
-    env = dict(item.split("=", 1) for item in args.set)
+    env = {**(EMULATED if args.emulated else {}), **dict(item.split("=", 1) for item in args.set)}
+    where = "the emulated device launching ahead" if args.emulated else "CPU"
     # As torchrun runs ranks that share a machine's cores (and `python -m fairring.bench` does).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     for collective in collectives:
@@ -127,7 +152,7 @@ def main() -> None:
             spec = InitSpec(extra_env={**env, "FAIRRING_TIMELINE": folder})
             with RankPool(Layout(2, 2), spec) as pool:
                 results = pool.run(time_ops, collective, sizes, args.iters, args.warmup)
-            report(collective, results, Path(folder))
+            report(collective, results, Path(folder), where)
 
 
 if __name__ == "__main__":

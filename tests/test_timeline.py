@@ -146,27 +146,13 @@ def test_covered_time_merges_overlapping_intervals() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_the_op_breakdown_finds_every_stage_of_an_op() -> None:
+@pytest.mark.parametrize("device", [[], ["--emulated"]], ids=["cpu", "emulated_launching_ahead"])
+def test_the_op_breakdown_finds_every_stage_of_an_op(device: list[str]) -> None:
     """benchmarks/op_breakdown.py (make op-breakdown) reads the timeline's spans back per op: every stage of
     a small all-gather has a start and an end after its issue (a span it failed to match prints nan)."""
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "op_breakdown.py"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(script),
-            "--collective",
-            "all_gather",
-            "--sizes",
-            "64KiB",
-            "--iters",
-            "3",
-            "--warmup",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=110,
-    )
+    arguments = ["--collective", "all_gather", "--sizes", "64KiB", "--iters", "3", "--warmup", "1", *device]
+    result = subprocess.run([sys.executable, str(script), *arguments], capture_output=True, text=True, timeout=110)
     assert result.returncode == 0, result.stderr[-2000:]
     row = next(line for line in result.stdout.splitlines() if line.strip().startswith("64KiB"))
     spans = re.findall(r"(\d+\.\d+|nan)-\s*(\d+\.\d+|nan)", row)
