@@ -191,6 +191,17 @@ def make_flat_group(threshold: str) -> dist.ProcessGroup:
             os.environ["FAIRRING_FLAT_THRESHOLD"] = previous
 
 
+def wait_for_emulated_callers_stream() -> None:
+    """Runs on a rank: where the emulated device holds the caller's stream (`caller_stream`: wait() made
+    that stream wait for the op, not the host), returns once the stream is done, as a reader of the result
+    on a GPU would synchronize; elsewhere returns at once."""
+    if "caller_stream" not in os.environ.get("FAIRRING_TEST_EMULATED_DEVICE", ""):
+        return
+    from fairring import _C
+
+    assert _C._testing.caller_stream_synchronize(timeout=timedelta(seconds=60)), "the caller's stream stayed held"
+
+
 # What the fork server imports, once (benchmarks/rank_preload.py): torch and its lazy imports take seconds of
 # CPU, a fork milliseconds.
 FORK_SERVER_PRELOAD = ["benchmarks.rank_preload"]

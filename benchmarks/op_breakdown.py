@@ -34,28 +34,19 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import InitSpec, Layout, RankPool
+from benchmarks.harness import InitSpec, Layout, RankPool, wait_for_emulated_callers_stream
 from fairring._sizes import format_size, parse_size
 from fairring.bench.collectives import COLLECTIVES
 from fairring.bench.timeline import STAGES, engine_slices, load_events
 
 # The emulated device launching ahead: Gloo's local steps stand for NCCL's, no jitter.
 EMULATED = {"FAIRRING_TEST_EMULATED_DEVICE": "seed=1,jitter_us=0,caller_stream", "FAIRRING_SHM_DISABLE": "1"}
-
-
-def wait_for_callers_stream() -> None:
-    """Where wait() held the emulated caller's stream, the op is done when that stream is."""
-    if "caller_stream" in os.environ.get("FAIRRING_TEST_EMULATED_DEVICE", ""):
-        from fairring import _C
-
-        assert _C._testing.caller_stream_synchronize(timeout=timedelta(seconds=60)), "the caller's stream stayed held"
 
 
 def time_ops(collective: str, sizes: list[int], iters: int, warmup: int) -> dict[int, dict[str, list]]:
@@ -71,7 +62,7 @@ def time_ops(collective: str, sizes: list[int], iters: int, warmup: int) -> dict
                 issued = time.time()
                 COLLECTIVES[collective].issue(buffers, group).wait()
                 returned = time.time()
-                wait_for_callers_stream()
+                wait_for_emulated_callers_stream()
                 done = time.time()
                 if iteration < warmup:
                     continue

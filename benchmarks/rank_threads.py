@@ -24,7 +24,6 @@ import resource
 import statistics
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -32,7 +31,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import InitSpec, Layout, RankPool
+from benchmarks.harness import InitSpec, Layout, RankPool, wait_for_emulated_callers_stream
 from benchmarks.reference import all_ranks_reduced, assert_matches, rank_tensor
 
 # Gloo local steps (the emulated NCCL), slices of 256 KiB, no jitter: the engine's own cost.
@@ -67,20 +66,12 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def wait_for_callers_stream() -> None:
-    """Where the engine launches ahead, `wait()` held the caller's stream: read the result after it."""
-    if "caller_stream" in os.environ["FAIRRING_TEST_EMULATED_DEVICE"]:
-        from fairring import _C
-
-        assert _C._testing.caller_stream_synchronize(timeout=timedelta(seconds=60)), "the caller's stream stayed held"
-
-
 def measure(idle_s: float, busy_ops: int) -> tuple[dict[str, float], dict[str, int]]:
     """One rank's threads and CPU per wall second: made, idle, busy, idle again; its threads by name."""
     rank = dist.get_rank()
     tensor = rank_tensor(rank, (NUMEL,), torch.float32, seed=1)
     dist.all_reduce(tensor)  # the engine, made
-    wait_for_callers_stream()
+    wait_for_emulated_callers_stream()
     assert_matches(tensor, all_ranks_reduced((NUMEL,), torch.float32, seed=1))
     figures: dict[str, float] = {"threads_made": threads()}
     dist.barrier()
@@ -96,7 +87,7 @@ def measure(idle_s: float, busy_ops: int) -> tuple[dict[str, float], dict[str, i
         work = dist.all_reduce(tensor, async_op=True)
         peak = max(peak, threads())
         work.wait()
-        wait_for_callers_stream()
+        wait_for_emulated_callers_stream()
         assert_matches(tensor, all_ranks_reduced((NUMEL,), torch.float32, seed=2 + op))
     figures["busy_cpu_per_s"] = (cpu_seconds() - start_cpu) / (time.monotonic() - start_wall)
     figures["busy_wall_s"] = time.monotonic() - start_wall
