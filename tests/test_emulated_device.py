@@ -367,7 +367,7 @@ def test_a_delegated_all_reduce_does_not_wait_for_the_engine_on_its_callers_thre
     """Behind an engine op of 8 slices whose receive copies take 100 ms each, a small all-reduce for the
     delegate (below the threshold) takes its place in the launch order and its issue returns at once; the
     negative control, which waits on the caller's thread for the engine's launches, takes most of the op."""
-    device = "seed=17,receive_delay_ms=100"
+    device = "seed=17,receive_delay_ms=100,nccl_delegate"
     with RankPool(Layout(2, 2), emulated(device, FAIRRING_FLAT_THRESHOLD="64KiB")) as ranks:
         outcomes = ranks.run(delegated_behind_engine_ops, in_turn)
     for outcome in outcomes:
@@ -429,8 +429,9 @@ def test_no_delegated_collective_waits_for_the_engine_on_its_callers_thread(in_t
     """Issue 62, item 3: behind an engine op whose 16 receive copies take 100 ms each, a broadcast, a
     reduce-scatter, an all-gather and an all-to-all for the delegate each take their turn in the launch
     order, and each issue returns at once; the negative control, which waits on the caller's thread for
-    the engine's launches, holds the first of them for most of the op."""
-    device = "seed=29,receive_delay_ms=100"
+    the engine's launches, holds the first of them for most of the op. The delegate is the model of
+    ProcessGroupNCCL (`nccl_delegate`), which refuses a second thread inside it at once."""
+    device = "seed=29,receive_delay_ms=100,nccl_delegate"
     with RankPool(Layout(2, 2), emulated(device, FAIRRING_FLAT_THRESHOLD="64KiB")) as ranks:
         outcomes = ranks.run(every_delegated_kind_behind_an_engine_op, in_turn)
     for outcome in outcomes:

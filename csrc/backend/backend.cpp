@@ -33,6 +33,8 @@ namespace {
 
 // Backend::setLaunchInTurnForTests.
 std::atomic<bool> launchInTurnEnabled{true};
+// Backend::setBlockFollowsLaunchesForTests.
+std::atomic<bool> blockFollowsLaunches{true};
 
 constexpr const char* kSameCollectives =
     "; every rank must issue the same collectives in the same order, "
@@ -214,7 +216,7 @@ c10::intrusive_ptr<c10d::Work> Backend::handOut(
 Backend::BlockMembership Backend::joinBlock(
     const Operation& op, const Runner& runner, bool captured) {
   if (runner.delegate != nullptr && runner.delegate->supportsCoalescing() &&
-      coalescingBlockOpen()) {
+      blockFollowsLaunches && coalescingBlockOpen()) {
     // NCCL's coalescing state is its group's, not a thread's: a launch made
     // in its turn on a stage thread while the block is open would join the
     // block, and two threads would be inside ProcessGroupNCCL at once. So
@@ -383,6 +385,10 @@ c10::intrusive_ptr<c10d::Work> Backend::launchedInTurn(
 
 void Backend::setLaunchInTurnForTests(bool enabled) {
   launchInTurnEnabled = enabled;
+}
+
+void Backend::setBlockFollowsLaunchesForTests(bool enabled) {
+  blockFollowsLaunches = enabled;
 }
 
 uint64_t Backend::nextCollective(std::string signature) {

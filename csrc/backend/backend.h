@@ -143,6 +143,11 @@ class Backend final : public c10d::Backend {
   // the caller's thread for the engine's launches again (followEngineLaunches)
   // instead of taking their turn. Process-wide; never set outside tests.
   static void setLaunchInTurnForTests(bool enabled);
+  // A test's negative control: with false, a native coalescing block's
+  // first member no longer waits for the launches in turn issued before it,
+  // so a stage thread may launch one into the delegate while the block is
+  // open. Process-wide; never set outside tests.
+  static void setBlockFollowsLaunchesForTests(bool enabled);
   // A test's negative control: with false, a failure of the group leaves
   // the CUDA delegate running, as before (its pending kernels wait for
   // NCCL's watchdog). Process-wide; never set outside tests.

@@ -64,8 +64,10 @@ namespace fairring {
 //                       stream behind them, then wait for an op that failed)
 //   nccl_delegate       the delegate keeps ProcessGroupNCCL's contract since
 //                       torch 2.8: a synchronous operation ends before it
-//                       returns, and returns no Work
-//                       (device/nccl_delegate_model.h)
+//                       returns, and returns no Work; it coalesces, one
+//                       block for the group, and refuses a call from a
+//                       second thread while one is inside or a block is
+//                       open (device/nccl_delegate_model.h)
 //
 // It also carries the tests' model of CUDA graph capture (device/capture.h):
 // the caller's fences recorded during a capture are captured ones.

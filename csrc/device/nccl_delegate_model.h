@@ -9,8 +9,11 @@ namespace fairring {
 // synchronous operation (its options' asyncOp false) has ended when the call
 // returns, as NCCL's kernel is then queued on the caller's current stream,
 // and returns no Work. Point-to-point operations, which have no asyncOp, and
-// everything else are Gloo's. So CI catches code that needs a delegate's
-// Work where NCCL gives none (docs/design.md, "ProcessGroupNCCL's contract").
+// everything else are Gloo's. It coalesces as NCCL does, one block for the
+// group whichever thread issues, and refuses a second thread inside it at
+// once or into an open block. So CI catches code that needs a delegate's
+// Work where NCCL gives none, or that enters NCCL from two threads
+// (docs/design.md, "ProcessGroupNCCL's contract").
 //
 // `gloo` itself unless FAIRRING_TEST_EMULATED_DEVICE asks for the model
 // (nccl_delegate, device/emulated.h).

@@ -390,6 +390,14 @@ void bindTesting(py::module_& testing) {
       "issued before it (process-wide).");
 
   testing.def(
+      "set_block_follows_launches_enabled",
+      &fairring::Backend::setBlockFollowsLaunchesForTests,
+      py::arg("enabled"),
+      "The negative control's switch: with False, a native coalescing "
+      "block's first member does not wait for the launches in turn issued "
+      "before it (process-wide).");
+
+  testing.def(
       "set_delegate_aborted_on_failure",
       &fairring::Backend::setDelegateAbortedOnFailureForTests,
       py::arg("enabled"),
