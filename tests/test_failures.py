@@ -303,6 +303,63 @@ def test_a_failed_group_aborts_its_cuda_delegate_and_an_ended_one_shuts_it_down(
         assert ("cuda abort" in seen["failed"]) == aborted_on_failure, (rank, seen)
 
 
+def mixed_traffic_until_a_rank_dies(victim: int, aborted_on_failure: bool) -> dict[str, object]:
+    """Engine all-reduces, each beside a delegated broadcast, until one fails; the victim kills itself
+    mid-stream. A survivor's first error, and its CUDA delegate's stops (a stand-in for NCCL's group that
+    records them) until it is aborted, or for a second without the abort."""
+    from fairring import _C
+
+    _C._testing.set_delegate_aborted_on_failure(aborted_on_failure)
+    recorded = _C._testing.record_cuda_delegate(dist.group.WORLD._get_backend(torch.device("cpu")))
+    rank = dist.get_rank()
+    tensor, small = torch.ones(1 << 20), torch.ones(1000)
+    for _ in range(3):  # the engine is made, and both paths warm
+        dist.all_reduce(tensor)
+        dist.broadcast(small, src=0)
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    outcome: dict[str, object] = {"first": "no error in 60 s"}
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < 60:
+            works = [dist.all_reduce(tensor, async_op=True), dist.broadcast(small, src=0, async_op=True)]
+            for work in works:
+                work.wait()
+    except RuntimeError as error:
+        outcome["first"] = str(error)
+    failed = time.monotonic()
+    deadline = failed + (FAULT_TIMEOUT.total_seconds() if aborted_on_failure else 1)
+    while "cuda abort" not in recorded.events() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    outcome["stops"] = recorded.events()
+    outcome["abort_after_failure_s"] = time.monotonic() - failed
+    _C._testing.set_delegate_aborted_on_failure(True)
+    return outcome
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "aborted_on_failure", [pytest.param(True, id="aborted"), pytest.param(False, id="negative_control")]
+)
+def test_a_killed_rank_during_mixed_traffic_aborts_every_survivors_cuda_delegate(aborted_on_failure: bool) -> None:
+    """Issue 62, item 4: a rank killed while engine all-reduces and delegated broadcasts are in flight. Every
+    survivor's ops fail naming it, and its CUDA delegate (NCCL's group, whose kernels launched before the
+    failure could wait for the dead rank until NCCL's watchdog) is aborted within the group's timeout.
+    Negative control: without the abort, nothing stops it."""
+    layout = Layout(2, 2)
+    victim = layout.world_size - 1
+    with RankPool(layout, InitSpec(timeout=FAULT_TIMEOUT)) as ranks:
+        with pytest.raises(RankFailure) as failure:
+            ranks.run(mixed_traffic_until_a_rank_dies, victim, aborted_on_failure, timeout=120)
+    outcomes = failure.value.results
+    assert set(outcomes) == set(range(victim)), failure.value
+    for rank, outcome in outcomes.items():
+        assert "rank 3 (machine 1 of 2)" in str(outcome["first"]), (rank, outcome)
+        assert ("cuda abort" in outcome["stops"]) == aborted_on_failure, (rank, outcome)
+        if aborted_on_failure:
+            assert float(outcome["abort_after_failure_s"]) < FAULT_TIMEOUT.total_seconds(), (rank, outcome)
+
+
 @pytest.mark.timeout(300)
 def test_a_machine_whose_link_goes_down_is_named_by_every_rank(tmp_path: Path) -> None:
     available, reason = netns_available()
