@@ -310,31 +310,33 @@ def mixed_traffic_until_a_rank_dies(victim: int, aborted_on_failure: bool) -> di
     from fairring import _C
 
     _C._testing.set_delegate_aborted_on_failure(aborted_on_failure)
-    recorded = _C._testing.record_cuda_delegate(dist.group.WORLD._get_backend(torch.device("cpu")))
-    rank = dist.get_rank()
-    tensor, small = torch.ones(1 << 20), torch.ones(1000)
-    for _ in range(3):  # the engine is made, and both paths warm
-        dist.all_reduce(tensor)
-        dist.broadcast(small, src=0)
-    if rank == victim:
-        os.kill(os.getpid(), signal.SIGKILL)
-    outcome: dict[str, object] = {"first": "no error in 60 s"}
-    started = time.monotonic()
     try:
-        while time.monotonic() - started < 60:
-            works = [dist.all_reduce(tensor, async_op=True), dist.broadcast(small, src=0, async_op=True)]
-            for work in works:
-                work.wait()
-    except RuntimeError as error:
-        outcome["first"] = str(error)
-    failed = time.monotonic()
-    deadline = failed + (FAULT_TIMEOUT.total_seconds() if aborted_on_failure else 1)
-    while "cuda abort" not in recorded.events() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    outcome["stops"] = recorded.events()
-    outcome["abort_after_failure_s"] = time.monotonic() - failed
-    _C._testing.set_delegate_aborted_on_failure(True)
-    return outcome
+        recorded = _C._testing.record_cuda_delegate(dist.group.WORLD._get_backend(torch.device("cpu")))
+        rank = dist.get_rank()
+        tensor, small = torch.ones(1 << 20), torch.ones(1000)
+        for _ in range(3):  # the engine is made, and both paths warm
+            dist.all_reduce(tensor)
+            dist.broadcast(small, src=0)
+        if rank == victim:
+            os.kill(os.getpid(), signal.SIGKILL)
+        outcome: dict[str, object] = {"first": "no error in 60 s"}
+        started = time.monotonic()
+        try:
+            while time.monotonic() - started < 60:
+                works = [dist.all_reduce(tensor, async_op=True), dist.broadcast(small, src=0, async_op=True)]
+                for work in works:
+                    work.wait()
+        except RuntimeError as error:
+            outcome["first"] = str(error)
+        failed = time.monotonic()
+        deadline = failed + (FAULT_TIMEOUT.total_seconds() if aborted_on_failure else 1)
+        while "cuda abort" not in recorded.events() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        outcome["stops"] = recorded.events()
+        outcome["abort_after_failure_s"] = time.monotonic() - failed
+        return outcome
+    finally:
+        _C._testing.set_delegate_aborted_on_failure(True)
 
 
 @pytest.mark.timeout(180)

@@ -24,6 +24,7 @@ from test_emulated_device import EMULATED_ENV
 
 from benchmarks.failover_driver import all_reduces, all_reduces_for, bytes_sent, difference, prepare, rails
 from benchmarks.harness import InitSpec, Layout, RankFailure, RankPool
+from fairring._infiniband import SYSFS_INFINIBAND
 from fairring.bench.netns import NetnsCluster, netns_available
 from nixl_support import RAILS_TRANSPORTS, rails_env
 
@@ -90,7 +91,7 @@ def run_through(ranks: RankPool, seconds: float, during: Callable[[], None]) -> 
 
 
 def has_infiniband() -> bool:
-    devices = Path("/sys/class/infiniband")
+    devices = Path("/") / SYSFS_INFINIBAND
     return devices.is_dir() and any(devices.iterdir())
 
 
