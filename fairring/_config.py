@@ -92,7 +92,7 @@ AUTO = "auto"
 # A threshold to measure, as the C++ Config holds it (csrc/config.h, kMeasuredThreshold).
 MEASURED_THRESHOLD = -1
 # Seconds the measurement may take (FAIRRING_AUTO_BUDGET): on 2 x 2, 4 x 2 and 8 x 1 hosts at
-# 1 Gbit/s the sweep to 16 MiB fits (docs/benchmarks.md, "Choosing the path by measuring").
+# 1 Gbit/s it holds 16 MiB and some smaller sizes (docs/benchmarks.md, "Choosing the path by measuring").
 DEFAULT_AUTO_BUDGET_S = 5.0
 # Shards shorter than this cost more per byte than they carry (FAIRRING_MIN_SHARD_SIZE): on 4 x 2
 # hosts, shards below 64 KiB cost at 1 Gbit/s and below 512 KiB at 10 Gbit/s, where these CPUs

@@ -1,20 +1,21 @@
 """FAIRRING_FLAT_THRESHOLD=auto: time the engine against the delegate, check them, pick its sizes.
 
 At a group's first all-reduce the engine could take, every rank runs the same
-sweep: float32 all-reduces of each size of a ladder, the largest first, on the
-engine and on the delegate's own all-reduce, a few back to back on each after
-an untimed one. Both paths reduce the same random inputs, and their results
-must agree within what a different summation order explains; one int32
-all-reduce must agree exactly. Reduce-scatters and all-gathers are measured
-apart, each at the group's first of its kind the engine could take, the same
-way (sizes are of the N-chunk tensor, on a ladder twice the all-reduce's; an
-all-gather's results must agree exactly). After each size the ranks share their timings
-and differences through the CPU group, so every rank sees the same table and
-makes the same decision: the run of sizes in which the engine saves the most
-time, won at both ends and nowhere slower beyond noise (a threshold, and a
-ceiling where the engine lost above it), or never. The sweep stops early once
-the engine has won clearly at two sizes in a row and at the largest, and
-before a size its time limit would not hold.
+sweep: float32 all-reduces of sizes on a ladder, on the engine and on the
+delegate's own all-reduce, a few back to back on each after an untimed one.
+16 MiB first; where the engine does not win there, the sizes above it, up the
+ladder until it wins; then the rest, smallest up. Both paths reduce the same
+random inputs, and their results must agree within what a different summation
+order explains; one int32 all-reduce must agree exactly. Reduce-scatters and
+all-gathers are measured apart, each at the group's first of its kind the
+engine could take, the same way (sizes are of the N-chunk tensor, on a ladder
+twice the all-reduce's; an all-gather's results must agree exactly). After
+each size the ranks share their timings and differences through the CPU
+group, so every rank sees the same table and makes the same decision: the run
+of sizes in which the engine saves the most time, won at both ends and nowhere
+slower beyond noise (a threshold, and a ceiling where the engine lost above
+it), or never. The sweep stops early once the engine has won clearly at two
+sizes in a row and at 16 MiB, and before a size its time limit would not hold.
 """
 
 from __future__ import annotations
@@ -28,20 +29,26 @@ import torch
 
 from ._config import ENGINE_OFF_THRESHOLD
 from ._known_variables import TEST_SWITCH_PREFIX
-from ._sizes import KiB, format_size
+from ._sizes import KiB, MiB, format_size
 
 logger = logging.getLogger("fairring")
 
-# float32 sizes from 4 KiB to 16 MiB by 4x: 16 MiB is as large as the sweep goes within its
-# default time limit on 1 Gbit/s hosts (8 x 1: 2 s of the 5); larger all-reduces go as it does.
-LADDER = tuple(4 * KiB * 4**step for step in range(7))
+# The most bytes one size of the sweep allocates for its input (a rank holds about four such
+# tensors while it measures): the bench's largest default size.
+SWEEP_LARGEST = 256 * MiB
+# float32 sizes from 4 KiB by 4x. The sweep starts at the seventh, 16 MiB: as large a start as
+# its default time limit holds on 1 Gbit/s hosts (8 x 1: 4-4.5 s of the 5, docs/benchmarks.md,
+# "Choosing the path by measuring"). Where the engine does not win there, it climbs while the
+# limit allows: on a 2 x 2 on one H200 at 10 Gbit/s, reduce-scatters and all-gathers lost at
+# 16 MiB and won by 1.4x at 64 MiB, a crossover a sweep that stopped at 16 MiB never saw
+# (docs/benchmarks.md, "On a GPU"). Sizes above the largest measured go as it does.
+LADDER = tuple(4 * KiB * 4**step for step in range(9))
+START = 6
 # A reduce-scatter or an all-gather of S bytes puts on a machine's NICs what an all-reduce of S / 2
 # does, so their ladder is twice as large: the same wire time at every step, the same time limit.
-# With the all-reduce's, a 2 x 2 on one H200 at 10 Gbit/s saw the engine lose at 16 MiB and win by
-# 1.4x at 64 MiB, and auto never chose it (docs/benchmarks.md, "On a GPU").
-CHUNKED_LADDER = tuple(2 * nbytes for nbytes in LADDER)
+CHUNKED_LADDER = tuple(2 * nbytes for nbytes in LADDER if 2 * nbytes <= SWEEP_LARGEST)
 REPS = 3
-# Faster by this much at two sizes in a row from 256 KiB up and at the largest, the engine wins
+# Faster by this much at two sizes in a row from 256 KiB up and at the start, the engine wins
 # the sizes between too: the sweep stops there.
 CLEAR_WIN = 1.25
 CLEAR_FROM = 256 * KiB
@@ -167,16 +174,35 @@ def ladder(collective: str) -> tuple[int, ...]:
     return LADDER if collective == "all_reduce" else CHUNKED_LADDER
 
 
-def measured_text(ascending: Sequence[SizeTiming], sizes: Sequence[int] = LADDER) -> str:
-    """The sizes of `sizes` measured besides the largest, which always is: "4KiB to 16MiB", "4KiB to
-    1MiB and 16MiB"."""
-    largest = format_size(sizes[-1])
-    if not ascending:
-        return largest
-    first, last = format_size(ascending[0].nbytes), format_size(ascending[-1].nbytes)
-    if ascending[-1].nbytes == sizes[-2]:
-        return f"{first} to {largest}"
-    return f"{first} and {largest}" if len(ascending) == 1 else f"{first} to {last} and {largest}"
+def measured_text(measured: Sequence[int], sizes: Sequence[int] = LADDER) -> str:
+    """The sizes of the ladder `sizes` measured, as runs of its steps: "4KiB to 16MiB", "4KiB to
+    1MiB and 16MiB to 64MiB"."""
+    runs: list[list[int]] = []
+    for nbytes in sorted(measured):
+        if runs and sizes.index(nbytes) == sizes.index(runs[-1][-1]) + 1:
+            runs[-1].append(nbytes)
+        else:
+            runs.append([nbytes])
+    texts = [format_size(run[0]) + ("" if len(run) == 1 else f" to {format_size(run[-1])}") for run in runs]
+    return " and ".join(texts)
+
+
+def foresee(steps: dict[int, float], nbytes: int) -> float:
+    """Seconds the sweep's step at `nbytes` will take, from those measured (`steps`, by size).
+
+    A step costs a fixed part (its ops' latency, its barriers) plus a part per byte: between two
+    measured sizes, linear in bytes; below them all, in proportion to the smallest; above them all,
+    GROWTH times the largest, as if only bytes counted there.
+    """
+    below = [size for size in steps if size < nbytes]
+    above = [size for size in steps if size > nbytes]
+    if not above:
+        return GROWTH * steps[max(below)]
+    high = min(above)
+    if not below:
+        return steps[high] * nbytes / high
+    low = max(below)
+    return steps[low] + (steps[high] - steps[low]) * (nbytes - low) / (high - low)
 
 
 def float_bound(world_size: int) -> float:
@@ -234,38 +260,68 @@ class Sweep:
         if disagreement is not None:
             return self._refused(disagreement)
         started = time.perf_counter()
-        # The largest size first: it decides the buckets that carry most bytes, so the time limit
-        # may leave out sizes between, never it. Then the rest, smallest up.
-        top = self._ladder[-1]
-        largest, disagreement, elapsed = self._time_size(top, started)
+        # The large sizes first: they decide the buckets that carry most bytes, so the time limit
+        # may leave out sizes between, never the start. Then the rest, smallest up.
+        steps: dict[int, float] = {}  # each size's seconds, to foresee the next one's
+        high, disagreement, stopped = self._climb(started, budget_s, steps)
         if disagreement is not None:
             return self._refused(disagreement)
+        start = high[0]
         ascending: list[SizeTiming] = []
-        cost = elapsed * self._ladder[0] / top
-        stopped, unmeasured = "", None
-        for nbytes in self._ladder[:-1]:
-            if elapsed + GROWTH * cost > budget_s:
-                stopped = f"; {format_size(nbytes)} to below {format_size(top)} not measured: "
+        unmeasured = None
+        for nbytes in self._ladder[:START]:
+            if sum(steps.values()) + foresee(steps, nbytes) > budget_s:
+                stopped += f"; {format_size(nbytes)} to below {format_size(start.nbytes)} not measured: "
                 stopped += f"they would pass the {budget_s:g} s limit"
                 unmeasured = nbytes
                 break
-            timing, disagreement, now = self._time_size(nbytes, started)
+            timing, disagreement = self._time_step(nbytes, started, steps)
             if disagreement is not None:
                 return self._refused(disagreement)
-            cost, elapsed = now - elapsed, now
             ascending.append(timing)
-            if clear_win(ascending) and largest.speedup >= CLEAR_WIN:
-                stopped = f"; stopped once the engine won clearly at two sizes in a row and at {format_size(top)}"
+            if clear_win(ascending) and all(timing.speedup >= CLEAR_WIN for timing in high):
+                stopped += "; stopped once the engine won clearly at two sizes in a row and at "
+                stopped += format_size(start.nbytes)
                 break
-        sizes = [*ascending, largest]
+        sizes = [*ascending, *high]
         threshold, ceiling = choose_sizes(sizes)
-        if unmeasured is not None and threshold < unmeasured < ceiling and not largest.engine_s < largest.delegate_s:
-            # The sizes the limit left out lie between a win and the largest, which the engine did
+        if unmeasured is not None and threshold < unmeasured < ceiling and not start.engine_s < start.delegate_s:
+            # The sizes the limit left out lie between a win and the start, which the engine did
             # not win: where the paths cross between is unknown, so they go to the delegate.
             ceiling = unmeasured
         verdict = explain(threshold, ceiling, sizes, self._delegate)
-        reason = f"{verdict} (measured {measured_text(ascending, self._ladder)} in {elapsed:.1f} s{stopped})"
+        measured = measured_text([timing.nbytes for timing in sizes], self._ladder)
+        reason = f"{verdict} (measured {measured} in {sum(steps.values()):.1f} s{stopped})"
         return Decision(threshold, reason, "measured", sizes, ceiling=ceiling)
+
+    def _climb(
+        self, started: float, budget_s: float, steps: dict[int, float]
+    ) -> tuple[list[SizeTiming], Disagreement | None, str]:
+        """The start and, while the engine does not win and the limit allows, each size above it:
+        their timings, the disagreement that ended them, what the limit left out."""
+        high: list[SizeTiming] = []
+        for nbytes in self._ladder[START:]:
+            if high and sum(steps.values()) + foresee(steps, nbytes) > budget_s:
+                return (
+                    high,
+                    None,
+                    f"; {format_size(nbytes)} and above not measured: they would pass the {budget_s:g} s limit",
+                )
+            timing, disagreement = self._time_step(nbytes, started, steps)
+            if disagreement is not None:
+                return high, disagreement, ""
+            high.append(timing)
+            if timing.engine_s < timing.delegate_s:
+                break
+        return high, None, ""
+
+    def _time_step(
+        self, nbytes: int, started: float, steps: dict[int, float]
+    ) -> tuple[SizeTiming, Disagreement | None]:
+        """One size of the sweep, its seconds (the slowest rank's, from `started`) added to `steps`."""
+        timing, disagreement, elapsed = self._time_size(nbytes, started)
+        steps[nbytes] = elapsed - sum(steps.values())
+        return timing, disagreement
 
     def verify(self, cached: Decision) -> tuple[Decision | None, str]:
         """Checks an earlier job's decision at the sizes on either side of each of its bounds, before
@@ -302,12 +358,14 @@ class Sweep:
         return replace(cached, reason=reason), ""
 
     def _check_sizes(self, cached: Decision) -> list[int]:
-        """The ladder's sizes on either side of each bound of `cached`, and its largest where the
-        engine's run reaches it or never starts; none where a bound is not one of the ladder's."""
+        """The ladder's sizes on either side of each bound of `cached`, and the largest it measured
+        (the start, where it holds no table) where the engine's run reaches it or never starts;
+        none where a bound is not one of the ladder's."""
         bounds = [bound for bound in (cached.threshold, cached.ceiling) if bound != NO_CEILING]
-        if any(bound not in self._ladder for bound in bounds):
+        largest = max((timing.nbytes for timing in cached.sizes), default=self._ladder[START])
+        if any(bound not in self._ladder for bound in [*bounds, largest]):
             return []
-        sizes = {self._ladder[-1]} if len(bounds) < 2 else set()
+        sizes = {largest} if len(bounds) < 2 else set()
         for bound in bounds:
             index = self._ladder.index(bound)
             sizes.update(self._ladder[max(index - 1, 0) : index + 1])
@@ -349,7 +407,7 @@ class Sweep:
         engine, engine_s = self._path(source, on_engine=True, reps=1 + REPS)
         delegate, delegate_s = self._path(source, on_engine=False, reps=1 + REPS)
         engine_s, delegate_s = engine_s[1:], delegate_s[1:]
-        largest = (engine - delegate).abs().max().item()
+        largest = (engine - delegate).abs_().max().item()
         table = self._exchange([*engine_s, *delegate_s, largest, time.perf_counter() - started])
         # Each iteration takes as long as its slowest rank; the fastest of those, as a busy core or
         # a stalled link only ever adds time (the median of 3 let two such iterations decide).

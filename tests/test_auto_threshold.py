@@ -29,13 +29,14 @@ from fairring._dispatch import (
     CHUNKED_LADDER,
     LADDER,
     NO_CEILING,
+    START,
     SizeTiming,
     Sweep,
     choose_sizes,
     explain,
     float_bound,
 )
-from fairring._sizes import KiB, MiB
+from fairring._sizes import KiB, MiB, format_size
 from fairring.bench.netns import NetnsCluster, netns_available
 
 LAYOUT = Layout(machines=2, ranks_per_machine=2)
@@ -60,6 +61,17 @@ def all_reduce_checked(numel: int, seed: int, group: dist.ProcessGroup | None = 
     expected = sum(rank_tensor(rank, (numel,), torch.float64, seed=seed) for rank in range(world))
     dist.all_reduce(tensor, group=group)
     torch.testing.assert_close(tensor.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def swept_in_order(sizes: list[int], ladder: tuple[int, ...] = CHUNKED_LADDER) -> bool:
+    """`sizes` are what a sweep measures: the start and the steps above it up to where it stopped; below,
+    the ladder from the bottom, until clear wins (or the budget) stop it, which on a loaded machine can
+    come before 4 MiB."""
+    high = [nbytes for nbytes in sizes if nbytes >= ladder[START]]
+    below = [nbytes for nbytes in sizes if nbytes < ladder[START]]
+    return (
+        bool(high and below) and high == list(ladder[START : START + len(high)]) and below == list(ladder[: len(below)])
+    )
 
 
 def first_use_measures() -> dict:
@@ -110,10 +122,7 @@ def test_first_all_reduce_measures_then_routes_and_caches(cache: Path) -> None:
         assert all(result["decided"] == decided for result in first)
         assert decided["source"] == "measured"
         sizes = [row["bytes"] for row in decided["sizes"]]
-        # The largest always; below it, the ladder from the bottom, until clear wins (or the
-        # budget) stop the sweep, which on a loaded machine can come before 4 MiB.
-        below_top = [nbytes for nbytes in sizes if nbytes != LADDER[-1]]
-        assert LADDER[-1] in sizes and below_top == list(LADDER[: len(below_top)]) and below_top, sizes
+        assert swept_in_order(sizes, LADDER), sizes
         threshold, ceiling = decided["threshold"], decided["ceiling"]
         sweep = [SizeTiming(r["bytes"], r["engine_s"], r["delegate_s"]) for r in decided["sizes"]]
         assert (threshold, ceiling) == choose_sizes(sweep)
@@ -238,7 +247,7 @@ def test_reduce_scatter_and_all_gather_are_measured_apart(cache: Path) -> None:
     scatter = first["after_scatter"]
     assert scatter["all_reduce"] is None and scatter["all_gather"] is None, "measured a kind not yet used"
     for decided in (scatter["reduce_scatter"], first["gather"]):
-        assert decided["source"] == "measured" and CHUNKED_LADDER[-1] in [row["bytes"] for row in decided["sizes"]]
+        assert decided["source"] == "measured" and swept_in_order([row["bytes"] for row in decided["sizes"]])
         sweep = [SizeTiming(r["bytes"], r["engine_s"], r["delegate_s"]) for r in decided["sizes"]]
         assert (decided["threshold"], decided["ceiling"]) == choose_sizes(sweep)
     entries = [json.loads(path.read_text()) for path in cache.glob("auto-threshold-*.json")]
@@ -317,13 +326,11 @@ def test_explanations() -> None:
     assert band == "engine 1.48x gloo from 16KiB to below 64KiB; outside, gloo"
     off = explain(*OFF, timings({4 * KiB: 0.5, 16 * KiB: 0.9}), "nccl")
     assert off == "nccl at every size: the engine was at best 0.90x nccl (16KiB)"
-    # What was measured besides 16 MiB, which always is.
-    assert [dispatch.measured_text(timings(dict.fromkeys(LADDER[:count], 1.0))) for count in (0, 1, 3, 6)] == [
-        "16MiB",
-        "4KiB and 16MiB",
-        "4KiB to 64KiB and 16MiB",
-        "4KiB to 16MiB",
-    ]
+    # What was measured, as runs of the ladder's steps.
+    below = [dispatch.measured_text([*LADDER[:count], 16 * MiB]) for count in (0, 1, 3, 6)]
+    assert below == ["16MiB", "4KiB and 16MiB", "4KiB to 64KiB and 16MiB", "4KiB to 16MiB"]
+    above = [dispatch.measured_text([*LADDER[:count], 16 * MiB, 64 * MiB]) for count in (0, 2, 6)]
+    assert above == ["16MiB to 64MiB", "4KiB to 16KiB and 16MiB to 64MiB", "4KiB to 64MiB"]
 
 
 class ScriptedCluster:
@@ -368,8 +375,10 @@ class ScriptedCluster:
     def sweep(self, budget_s: float = 5.0) -> dispatch.Decision:
         return self._sweep().measure(budget_s)
 
-    def verify(self, threshold: int, ceiling: int = NO_CEILING) -> tuple[dispatch.Decision | None, str]:
-        return self._sweep().verify(dispatch.Decision(threshold, "cached", "cache", ceiling=ceiling))
+    def verify(
+        self, threshold: int, ceiling: int = NO_CEILING, sizes: list[SizeTiming] | None = None
+    ) -> tuple[dispatch.Decision | None, str]:
+        return self._sweep().verify(dispatch.Decision(threshold, "cached", "cache", sizes or [], ceiling=ceiling))
 
     def _sweep(self) -> Sweep:
         return Sweep(self.run, self.exchange, torch.device("cpu"), 0, self.world_size, "gloo", self._collective)
@@ -402,10 +411,21 @@ def test_sweep_keeps_to_its_time_limit_but_never_skips_the_largest(monkeypatch: 
     cluster = ScriptedCluster(monkeypatch, bandwidth(1.05))
     decision = cluster.sweep(budget_s=0.2)
     measured = [timing.nbytes for timing in decision.sizes]
-    assert measured == [*LADDER[:4], 16 * MiB] and cluster.now <= 0.2
-    assert "1MiB to below 16MiB not measured: they would pass the 0.2 s limit" in decision.reason
+    assert measured == [*LADDER[:5], 16 * MiB] and cluster.now <= 0.2
+    assert "4MiB to below 16MiB not measured: they would pass the 0.2 s limit" in decision.reason
     # Won at both ends of the sizes left out: the engine takes them.
     assert (decision.threshold, decision.ceiling) == (4 * KiB, NO_CEILING)
+
+
+def test_sizes_whose_time_is_latency_fit_the_limit_as_they_take_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on 4 hosts x 2 at 1 Gbit/s: 16 MiB takes most of the limit, and below 1 MiB an op's 30 ms barely
+    grow with its size. Each step is foreseen between what the last one and 16 MiB took: 64 KiB and 256 KiB
+    fit, 1 MiB would not. Foreseen as 4x the step before (the sweep before), the limit cut them after 16 KiB."""
+    cluster = ScriptedCluster(monkeypatch, lambda nbytes, on_engine: 0.03 + nbytes / 4e7)
+    decision = cluster.sweep(budget_s=5.0)
+    assert [timing.nbytes for timing in decision.sizes] == [*LADDER[:4], 16 * MiB]
+    assert "1MiB to below 16MiB not measured: they would pass the 5 s limit" in decision.reason
+    assert cluster.now - 2 * 0.03 <= 5.0, cluster.now  # the untimed integer check's two ops aside
 
 
 @pytest.mark.parametrize("just_below", [(3e-3, 3.06e-3), (1.5e-3, 3e-3)], ids=["tie", "clear win"])
@@ -415,9 +435,40 @@ def test_sizes_the_limit_left_out_below_a_loss_go_to_the_delegate(
     """The engine wins small and loses at 16 MiB; the limit leaves out 64 KiB to 4 MiB, where the
     paths cross somewhere, however clearly the engine won below them."""
     seconds = {4 * KiB: (1e-3, 2e-3), 16 * KiB: just_below, 16 * MiB: (0.03, 0.02)}
-    decision = ScriptedCluster(monkeypatch, table(seconds)).sweep(budget_s=0.29)
+    decision = ScriptedCluster(monkeypatch, table(seconds)).sweep(budget_s=0.245)
     assert [timing.nbytes for timing in decision.sizes] == [4 * KiB, 16 * KiB, 16 * MiB]
     assert (decision.threshold, decision.ceiling) == (4 * KiB, 64 * KiB)
+
+
+def test_where_the_engine_loses_at_16_mib_the_sweep_climbs_to_where_it_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As FSDP's collectives on 2 x 2 on one H200 at 10 Gbit/s: the delegate ahead at 16 MiB, the engine
+    1.4x at 64 MiB. The sweep goes up until the engine wins, no further, then measures below: the engine
+    takes 64 MiB and up (a sweep that stopped at 16 MiB gave every size to the delegate)."""
+    cluster = ScriptedCluster(monkeypatch, table({16 * MiB: (0.02, 0.018), 64 * MiB: (0.05, 0.07)}))
+    decision = cluster.sweep()
+    order = list(dict.fromkeys(cluster.sizes_run))
+    assert order[:3] == [INTEGER_CHECK, 16 * MiB, 64 * MiB] and order[3] == 4 * KiB and 256 * MiB not in order
+    assert (decision.threshold, decision.ceiling) == (64 * MiB, NO_CEILING)
+    assert decision.reason.startswith("engine 1.40x gloo from 64MiB; below, gloo (measured 4KiB to 64MiB in")
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
+def test_the_climb_stops_at_the_ladders_top_and_at_the_time_limit(
+    monkeypatch: pytest.MonkeyPatch, collective: str
+) -> None:
+    steps = dispatch.ladder(collective)
+    loses = ScriptedCluster(monkeypatch, bandwidth(0.9, latency_s=1e-5), collective=collective)
+    decision = loses.sweep(budget_s=60)
+    assert max(loses.sizes_run) == steps[-1] <= dispatch.SWEEP_LARGEST and steps[-1] >= 128 * MiB
+    assert decision.threshold == ENGINE_OFF_THRESHOLD
+    assert f"(measured {format_size(steps[0])} to {format_size(steps[-1])} in" in decision.reason
+    # 8 collectives of the start take 0.14-0.28 s: the next size up, 4x that, would pass 0.6 s.
+    limited = ScriptedCluster(monkeypatch, bandwidth(0.9, latency_s=1e-5), collective=collective)
+    decision = limited.sweep(budget_s=0.6)
+    assert max(limited.sizes_run) == steps[START]
+    assert (
+        f"; {format_size(steps[START + 1])} and above not measured: they would pass the 0.6 s limit" in decision.reason
+    )
 
 
 def test_sweep_refuses_an_engine_off_by_more_than_summation_order(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -434,7 +485,7 @@ def test_each_kind_is_swept_and_checked_alike(monkeypatch: pytest.MonkeyPatch, c
     cluster = ScriptedCluster(monkeypatch, bandwidth(1.5), world_size=3, collective=collective)
     decision = cluster.sweep()
     # Twice the all-reduce's sizes: the same bytes on the NICs at each step.
-    assert [timing.nbytes for timing in decision.sizes] == list(CHUNKED_LADDER)
+    assert [timing.nbytes for timing in decision.sizes] == list(CHUNKED_LADDER[: START + 1])
     assert not decision.disagreed and decision.threshold == CHUNKED_LADDER[0]
     assert "(measured 8KiB to 32MiB in" in decision.reason
     # Off by less than summation order explains: a reduction passes, an all-gather does not.
@@ -513,6 +564,19 @@ def test_a_cached_decision_that_no_longer_holds_is_measured_again(
     # Elsewhere the engine is as the decision says: ahead inside its run, behind outside.
     inside = {n: 1.1 if threshold <= n < ceiling else 0.9 for n in LADDER}
     assert ScriptedCluster(monkeypatch, speedups({**inside, **now})).verify(threshold, ceiling) == (None, found)
+
+
+def test_a_decision_from_above_the_start_is_checked_where_its_sweep_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The engine from 64 MiB, where the climb found it winning: checked at 16 and 64 MiB.
+    holds = ScriptedCluster(monkeypatch, speedups({16 * MiB: 0.9, 64 * MiB: 1.4}))
+    kept, _ = holds.verify(64 * MiB)
+    assert kept is not None and sorted(set(holds.sizes_run)) == [16 * MiB, 64 * MiB]
+    # The delegate everywhere after a climb to 256 MiB: checked at 256 MiB, where the engine now wins.
+    climbed = timings(dict.fromkeys([*LADDER[:START], 16 * MiB, 64 * MiB, 256 * MiB], 0.9))
+    changed = ScriptedCluster(monkeypatch, speedups({256 * MiB: 1.3}))
+    found = changed.verify(ENGINE_OFF_THRESHOLD, sizes=climbed)
+    assert found == (None, "the engine 1.30x gloo at 256MiB, which it gives gloo")
+    assert set(changed.sizes_run) == {256 * MiB}
 
 
 def test_one_busy_moment_does_not_throw_a_cached_decision_away(monkeypatch: pytest.MonkeyPatch) -> None:
