@@ -260,6 +260,29 @@ def lines(summary: dict[str, Any], table: Any, percent: Any) -> list[str]:
         out += ["", f"{overlap['what']}, {overlap['part']}:", ""]
         header = ["backend", "ms for all", "vs baseline", "of bound", "correct"]
         out += table(header, [cells(row) for row in overlap["rows"]])
+    out += ["", default_reading(parts)]
     for left_out in summary.get("left_out", []):
         out += ["", left_out]
     return out
+
+
+def default_reading(parts: dict[str, Any]) -> str:
+    """What the parts say for the default threshold (issue 63): the smallest size from which the engine is at
+    least as fast as the baseline at every larger size of every part and collective, or where it never is."""
+    wins_from = {
+        f"{collective} on {name}": found["engine_at_least_as_fast_from"]
+        for name, part in parts.items()
+        for collective, found in part["collectives"].items()
+    }
+    never = [where for where, size in wins_from.items() if size is None]
+    if never:
+        return (
+            "For the default threshold: the engine is slower than the baseline at the largest size measured in "
+            + ", ".join(never)
+            + "; no threshold makes it no slower everywhere measured."
+        )
+    largest = max(wins_from.values())
+    return (
+        f"For the default threshold: from {format_size(largest)} (inclusive) the engine is at least as fast as "
+        "the baseline at every size measured of every part and collective above."
+    )

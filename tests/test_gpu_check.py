@@ -331,3 +331,9 @@ def test_the_versus_report_names_nccl_tuning_and_each_part() -> None:
     assert "NCCL's socket settings: NCCL's defaults (its all-reduce at 64MiB: NCCL's defaults: 41.0 ms)" in text
     assert "all_gather, 2x8 at 25gbit (machines x ranks, NIC rate):" in text
     assert "from 4MiB up." in text and "2x4 at 25gbit left out" in text
+    assert "For the default threshold: from 4MiB (inclusive) the engine is at least as fast" in text
+    # One collective of one part that the engine loses at its largest size: no threshold is offered.
+    lost = {**found, "engine_at_least_as_fast_from": None}
+    summary["parts"]["2x4 at 10gbit"] = {"collectives": {"all_gather": found, "reduce_scatter": lost}}
+    text = "\n".join(versus_nccl.lines(summary, table, percent))
+    assert "slower than the baseline at the largest size measured in reduce_scatter on 2x4 at 10gbit;" in text
