@@ -46,9 +46,8 @@ def measure_flat_threshold(
     folder = config.auto_cache if topology.rank == 0 else None  # rank 0's cache decides
     key = _dispatch_cache.cache_key(config, topology, network, device, collective) if folder is not None else None
     cached = _cached(store, topology.rank, folder, key, f"{device.type}/{collective}")
-    sweep = Sweep(
-        run, _exchange_over(cpu_group, topology), device, topology.rank, topology.world_size, delegate, collective
-    )
+    exchange = _exchange_over(cpu_group, topology)
+    sweep = Sweep(run, exchange, device, topology.rank, topology.world_size, delegate, collective, topology.local_size)
     try:
         # A cached decision is checked before it is trusted: the network may have changed under its key.
         decision, found = (None, "") if cached is None else sweep.verify(cached)

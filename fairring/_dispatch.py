@@ -33,9 +33,11 @@ from ._sizes import KiB, MiB, format_size
 
 logger = logging.getLogger("fairring")
 
-# The most bytes one size of the sweep allocates for its input (a rank holds about four such
-# tensors while it measures): the bench's largest default size.
+# The most bytes one size of the sweep allocates for its input: the bench's largest default size.
 SWEEP_LARGEST = 256 * MiB
+# A rank holds about this many tensors of the size it measures: the input, each path's result, and
+# the next result or their difference. The climb takes a size only where every rank has room for them.
+TENSORS_HELD = 4
 # float32 sizes from 4 KiB by 4x. The sweep starts at the seventh, 16 MiB: as large a start as
 # its default time limit holds on 1 Gbit/s hosts (8 x 1: 4-4.5 s of the 5, docs/benchmarks.md,
 # "Choosing the path by measuring"). Where the engine does not win there, it climbs while the
@@ -205,6 +207,18 @@ def foresee(steps: dict[int, float], nbytes: int) -> float:
     return steps[low] + (steps[high] - steps[low]) * (nbytes - low) / (high - low)
 
 
+def host_available_bytes(meminfo: str = "/proc/meminfo") -> int:
+    """The kernel's estimate of the memory a process may take without swapping; unknown: unbounded."""
+    try:
+        with open(meminfo) as lines:
+            for line in lines:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * KiB
+    except OSError:
+        pass
+    return ENGINE_OFF_THRESHOLD
+
+
 def float_bound(world_size: int) -> float:
     """Largest difference two summation orders of `world_size` values in [-1, 1) can make in float32.
 
@@ -237,6 +251,7 @@ class Sweep:
         world_size: int,
         delegate: str,
         collective: str = "all_reduce",
+        ranks_per_host: int = 1,
     ) -> None:
         if collective not in COLLECTIVES:
             raise ValueError(f"fairring: cannot measure {collective!r}; one of {', '.join(COLLECTIVES)}")
@@ -248,6 +263,7 @@ class Sweep:
         self._rank = rank
         self._world_size = world_size
         self._delegate = delegate
+        self._ranks_per_host = ranks_per_host
         from . import _C
 
         corrupt = _C.test_switch(CORRUPT_ENGINE_RESULT.removeprefix(TEST_SWITCH_PREFIX))
@@ -301,12 +317,12 @@ class Sweep:
         their timings, the disagreement that ended them, what the limit left out."""
         high: list[SizeTiming] = []
         for nbytes in self._ladder[START:]:
+            left_out = f"; {format_size(nbytes)} and above not measured: "
             if high and sum(steps.values()) + foresee(steps, nbytes) > budget_s:
-                return (
-                    high,
-                    None,
-                    f"; {format_size(nbytes)} and above not measured: they would pass the {budget_s:g} s limit",
-                )
+                return high, None, left_out + f"they would pass the {budget_s:g} s limit"
+            short = self._ranks_short_of(TENSORS_HELD * nbytes) if high else ""
+            if short:
+                return high, None, left_out + f"rank(s) {short} had less than {format_size(TENSORS_HELD * nbytes)} free"
             timing, disagreement = self._time_step(nbytes, started, steps)
             if disagreement is not None:
                 return high, disagreement, ""
@@ -314,6 +330,20 @@ class Sweep:
             if timing.engine_s < timing.delegate_s:
                 break
         return high, None, ""
+
+    def _ranks_short_of(self, needed: int) -> str:
+        """The ranks with less than `needed` bytes free where they measure, as "2, 5"; every rank asks alike,
+        so all take the same next step (a rank that ran out alone would leave the others in a collective)."""
+        table = self._exchange([float(self._free_bytes())])
+        return ", ".join(str(rank) for rank, free in enumerate(table[:, 0].tolist()) if free < needed)
+
+    def _free_bytes(self) -> int:
+        """Bytes this rank may still take where it measures: its GPU's free memory and the caching allocator's
+        free blocks, or its share of the host's available memory."""
+        if self._device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self._device)
+            return free + torch.cuda.memory_reserved(self._device) - torch.cuda.memory_allocated(self._device)
+        return host_available_bytes() // self._ranks_per_host
 
     def _time_step(
         self, nbytes: int, started: float, steps: dict[int, float]

@@ -333,6 +333,9 @@ def test_explanations() -> None:
     assert above == ["16MiB to 64MiB", "4KiB to 16KiB and 16MiB to 64MiB", "4KiB to 64MiB"]
 
 
+FREE_ASKED = -1.0
+
+
 class ScriptedCluster:
     """A world of `world_size` ranks with the same input, on a clock that each collective advances.
 
@@ -347,6 +350,7 @@ class ScriptedCluster:
         error: float = 0.0,
         world_size: int = 4,
         collective: str = "all_reduce",
+        free_bytes: dict[int, int] | None = None,
     ) -> None:
         self.now = 0.0
         self.world_size = world_size
@@ -354,7 +358,10 @@ class ScriptedCluster:
         self._seconds = seconds
         self._error = error
         self._collective = collective
+        self._free_bytes = free_bytes
         monkeypatch.setattr(dispatch.time, "perf_counter", lambda: self.now)
+        if free_bytes is not None:  # each rank's free memory, as the exchange shares it
+            monkeypatch.setattr(Sweep, "_free_bytes", lambda sweep: FREE_ASKED)
 
     def run(self, output: torch.Tensor, input: torch.Tensor, on_engine: bool) -> None:
         nbytes = max(output.numel(), input.numel()) * output.element_size()
@@ -370,6 +377,8 @@ class ScriptedCluster:
             output.add_(self._error)
 
     def exchange(self, row: list[float]) -> torch.Tensor:
+        if self._free_bytes is not None and row == [FREE_ASKED]:
+            return torch.tensor([[self._free_bytes[rank]] for rank in range(self.world_size)], dtype=torch.float64)
         return torch.tensor([row] * self.world_size, dtype=torch.float64)
 
     def sweep(self, budget_s: float = 5.0) -> dispatch.Decision:
@@ -469,6 +478,20 @@ def test_the_climb_stops_at_the_ladders_top_and_at_the_time_limit(
     assert (
         f"; {format_size(steps[START + 1])} and above not measured: they would pass the 0.6 s limit" in decision.reason
     )
+
+
+def test_the_climb_takes_a_size_only_where_every_rank_has_room_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 2 has room for 64 MiB's tensors, not 256 MiB's: every rank stops the climb at 64 MiB, from one
+    shared table (a rank that ran out alone would leave the others waiting in a collective), naming it."""
+    free = {rank: 8 << 30 for rank in range(4)} | {2: 512 * MiB}
+    cluster = ScriptedCluster(monkeypatch, bandwidth(0.9, latency_s=1e-5), free_bytes=free)
+    decision = cluster.sweep(budget_s=60)
+    assert max(cluster.sizes_run) == 64 * MiB and decision.threshold == ENGINE_OFF_THRESHOLD
+    assert "; 256MiB and above not measured: rank(s) 2 had less than 1GiB free" in decision.reason
+    # With room on every rank, the same sweep climbs to the top.
+    roomy = ScriptedCluster(monkeypatch, bandwidth(0.9, latency_s=1e-5), free_bytes={**free, 2: 8 << 30})
+    roomy.sweep(budget_s=60)
+    assert max(roomy.sizes_run) == 256 * MiB
 
 
 def test_sweep_refuses_an_engine_off_by_more_than_summation_order(monkeypatch: pytest.MonkeyPatch) -> None:
