@@ -602,6 +602,17 @@ def test_a_decision_from_above_the_start_is_checked_where_its_sweep_measured(mon
     assert set(changed.sizes_run) == {256 * MiB}
 
 
+def test_a_check_leaves_out_a_size_a_rank_has_no_room_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decision whose sweep climbed to 256 MiB, read by a job whose rank 1 has less free: the check keeps
+    it without timing 256 MiB on any rank, and says why."""
+    climbed = timings(dict.fromkeys([*LADDER[:START], 16 * MiB, 64 * MiB, 256 * MiB], 0.9))
+    free = {rank: 8 << 30 for rank in range(4)} | {1: 512 * MiB}
+    cluster = ScriptedCluster(monkeypatch, speedups({}), free_bytes=free)
+    kept, found = cluster.verify(ENGINE_OFF_THRESHOLD, sizes=climbed)
+    assert kept is not None and found == "" and 256 * MiB not in cluster.sizes_run
+    assert "checked now at no size in 0.0 s; 256MiB not checked: rank(s) 1 had less than 1GiB free: kept" in kept.reason
+
+
 def test_one_busy_moment_does_not_throw_a_cached_decision_away(monkeypatch: pytest.MonkeyPatch) -> None:
     """The engine's first timing at 4 KiB is a busy moment's (0.5x gloo), the next its usual 1.1x: kept, since a
     verdict must repeat (the code before, which trusted one timing, replaced it); the two timings ran."""
