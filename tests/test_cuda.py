@@ -479,3 +479,24 @@ def test_the_cuda_engine_is_made_at_init_with_device_id() -> None:
         assert footprint is not None and footprint["staging_bytes"] > 0, outcome
         assert footprint["added_device_bytes"] >= footprint["staging_bytes"], outcome
         assert outcome["allocated_by_first_all_reduce"] == 0, outcome
+
+
+def auto_counts_free_gpu_memory() -> None:
+    from fairring._dispatch import Sweep
+
+    device = torch.device("cuda", 0)
+    sweep = Sweep(lambda *_: None, lambda row: torch.tensor([row]), device, 0, 1, "nccl")
+    held = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+    before = sweep._free_bytes()
+    del held  # back to torch's caching allocator, not to the driver: still this rank's to take
+    after = sweep._free_bytes()
+    free, total = torch.cuda.mem_get_info(device)
+    assert abs(after - before - (256 << 20)) <= 16 << 20, (before, after)
+    assert free <= after <= total, (free, after, total)
+
+
+def test_autos_climb_counts_the_gpus_free_memory_and_torchs_cached_blocks() -> None:
+    """What the climb of FAIRRING_CUDA_ENGINE=auto asks of each rank before a size (fairring/_dispatch.py):
+    the driver's free memory plus the caching allocator's free blocks, where a tensor torch freed stays."""
+    with RankPool(Layout(1, 1)) as ranks:
+        ranks.run(auto_counts_free_gpu_memory)
