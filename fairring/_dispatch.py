@@ -229,14 +229,13 @@ def float_bound(world_size: int) -> float:
 
 
 def rank_input(rank: int, nbytes: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """This rank's input at one size: reproducible, and different on every rank."""
-    generator = torch.Generator().manual_seed(1_000_003 * rank + nbytes)
+    """This rank's input at one size: reproducible, and different on every rank. Drawn on its device, so
+    that a GPU's 256 MiB are not drawn by the host and copied within the time limit."""
+    generator = torch.Generator(device=device).manual_seed(1_000_003 * rank + nbytes)
     numel = nbytes // torch.empty((), dtype=dtype).element_size()
     if dtype.is_floating_point:
-        values = torch.rand(numel, generator=generator, dtype=dtype) * 2 - 1
-    else:
-        values = torch.randint(-(1 << 20), 1 << 20, (numel,), generator=generator, dtype=dtype)
-    return values.to(device)
+        return torch.rand(numel, generator=generator, dtype=dtype, device=device).mul_(2).sub_(1)
+    return torch.randint(-(1 << 20), 1 << 20, (numel,), generator=generator, dtype=dtype, device=device)
 
 
 class Sweep:

@@ -495,8 +495,22 @@ def auto_counts_free_gpu_memory() -> None:
     assert free <= after <= total, (free, after, total)
 
 
+def auto_draws_inputs_on_the_gpu() -> None:
+    from fairring._dispatch import rank_input
+
+    device = torch.device("cuda", 0)
+    first, again = (rank_input(0, 1 << 20, torch.float32, device) for _ in range(2))
+    assert first.device == device and torch.equal(first, again), "not reproducible"
+    assert -1 <= first.min().item() and first.max().item() < 1 and first.unique().numel() > 200_000
+    assert not torch.equal(first, rank_input(1, 1 << 20, torch.float32, device)), "two ranks drew alike"
+    integers = rank_input(0, 256 << 10, torch.int32, device)
+    assert integers.device == device and integers.abs().max().item() <= 1 << 20
+
+
 def test_autos_climb_counts_the_gpus_free_memory_and_torchs_cached_blocks() -> None:
     """What the climb of FAIRRING_CUDA_ENGINE=auto asks of each rank before a size (fairring/_dispatch.py):
-    the driver's free memory plus the caching allocator's free blocks, where a tensor torch freed stays."""
+    the driver's free memory plus the caching allocator's free blocks, where a tensor torch freed stays;
+    and its inputs, drawn on the GPU."""
     with RankPool(Layout(1, 1)) as ranks:
         ranks.run(auto_counts_free_gpu_memory)
+        ranks.run(auto_draws_inputs_on_the_gpu)
