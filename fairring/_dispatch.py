@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ._config import ENGINE_OFF_THRESHOLD
+from ._free_memory import gpu_free_bytes, host_available_bytes
 from ._known_variables import TEST_SWITCH_PREFIX
 from ._sizes import KiB, MiB, format_size
 
@@ -207,18 +208,6 @@ def foresee(steps: dict[int, float], nbytes: int) -> float:
     return steps[low] + (steps[high] - steps[low]) * (nbytes - low) / (high - low)
 
 
-def host_available_bytes(meminfo: str = "/proc/meminfo") -> int:
-    """The kernel's estimate of the memory a process may take without swapping; unknown: unbounded."""
-    try:
-        with open(meminfo) as lines:
-            for line in lines:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * KiB
-    except OSError:
-        pass
-    return ENGINE_OFF_THRESHOLD
-
-
 def float_bound(world_size: int) -> float:
     """Largest difference two summation orders of `world_size` values in [-1, 1) can make in float32.
 
@@ -340,8 +329,7 @@ class Sweep:
         """Bytes this rank may still take where it measures: its GPU's free memory and the caching allocator's
         free blocks, or its share of the host's available memory."""
         if self._device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self._device)
-            return free + torch.cuda.memory_reserved(self._device) - torch.cuda.memory_allocated(self._device)
+            return gpu_free_bytes(self._device)
         return host_available_bytes() // self._ranks_per_host
 
     def _time_step(

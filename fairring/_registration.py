@@ -28,6 +28,7 @@ from ._config import (
 )
 from ._dispatch import Decision, Run
 from ._errors import dist_error_like
+from ._free_memory import gpu_cached_bytes
 from ._infiniband import fork_safety_set_by_fairring
 from ._interfaces import GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, SOCKET_IFNAME
 from ._known_variables import warn_unknown_variables
@@ -259,8 +260,7 @@ def check_device_memory(config: Config, topology: _C.Topology, device: torch.dev
     """The CUDA engine's staging must fit in what the GPU has free when it is made; say what to change if not."""
     staging = plan_of(config.slice_size, config, topology, "cuda")["staging_capacity"]
     free, total = torch.cuda.mem_get_info(device)
-    # The caching allocator's free blocks are this process's too: it releases them and retries before it fails.
-    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    cached = gpu_cached_bytes(device)
     if staging > free + cached:
         memory = format_size(config.total_memory)
         raise ConfigError(

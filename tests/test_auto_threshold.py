@@ -36,6 +36,7 @@ from fairring._dispatch import (
     explain,
     float_bound,
 )
+from fairring._free_memory import host_available_bytes
 from fairring._sizes import KiB, MiB, format_size
 from fairring.bench.netns import NetnsCluster, netns_available
 
@@ -492,6 +493,14 @@ def test_the_climb_takes_a_size_only_where_every_rank_has_room_for_it(monkeypatc
     roomy = ScriptedCluster(monkeypatch, bandwidth(0.9, latency_s=1e-5), free_bytes={**free, 2: 8 << 30})
     roomy.sweep(budget_s=60)
     assert max(roomy.sizes_run) == 256 * MiB
+
+
+def test_a_hosts_room_is_the_kernels_available_memory(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       32000000 kB\nMemFree:         1000000 kB\nMemAvailable:   20000000 kB\n")
+    assert host_available_bytes(str(meminfo)) == 20_000_000 * KiB
+    # Unknown (no /proc): nothing is left out for memory's sake.
+    assert host_available_bytes(str(tmp_path / "absent")) >= dispatch.SWEEP_LARGEST * dispatch.TENSORS_HELD
 
 
 def test_sweep_refuses_an_engine_off_by_more_than_summation_order(monkeypatch: pytest.MonkeyPatch) -> None:
