@@ -308,9 +308,9 @@ class Sweep:
             left_out = f"; {format_size(nbytes)} and above not measured: "
             if high and sum(steps.values()) + foresee(steps, nbytes) > budget_s:
                 return high, None, left_out + f"they would pass the {budget_s:g} s limit"
-            short = self._ranks_short_of(TENSORS_HELD * nbytes) if high else ""
+            short = self._short_of_room(nbytes) if high else ""
             if short:
-                return high, None, left_out + f"rank(s) {short} had less than {format_size(TENSORS_HELD * nbytes)} free"
+                return high, None, left_out + short
             timing, disagreement = self._time_step(nbytes, started, steps)
             if disagreement is not None:
                 return high, disagreement, ""
@@ -319,11 +319,14 @@ class Sweep:
                 break
         return high, None, ""
 
-    def _ranks_short_of(self, needed: int) -> str:
-        """The ranks with less than `needed` bytes free where they measure, as "2, 5"; every rank asks alike,
-        so all take the same next step (a rank that ran out alone would leave the others in a collective)."""
+    def _short_of_room(self, nbytes: int) -> str:
+        """Which ranks lack room for the tensors of a size, as "rank(s) 2 had less than 1GiB free", or "" where
+        none does; every rank asks alike, so all take the same next step (a rank that ran out alone would leave
+        the others in a collective)."""
+        needed = TENSORS_HELD * nbytes
         table = self._exchange([float(self._free_bytes())])
-        return ", ".join(str(rank) for rank, free in enumerate(table[:, 0].tolist()) if free < needed)
+        short = ", ".join(str(rank) for rank, free in enumerate(table[:, 0].tolist()) if free < needed)
+        return f"rank(s) {short} had less than {format_size(needed)} free" if short else ""
 
     def _free_bytes(self) -> int:
         """Bytes this rank may still take where it measures: its GPU's free memory and the caching allocator's
@@ -362,11 +365,10 @@ class Sweep:
         unchecked = ""
         for nbytes, engine_takes in list(expected.items()):
             # Above the start, as the climb: only where every rank has room for the size.
-            short = self._ranks_short_of(TENSORS_HELD * nbytes) if nbytes > self._ladder[START] else ""
+            short = self._short_of_room(nbytes) if nbytes > self._ladder[START] else ""
             if short:
                 del expected[nbytes]
-                unchecked += f"; {format_size(nbytes)} not checked: rank(s) {short} had less than "
-                unchecked += f"{format_size(TENSORS_HELD * nbytes)} free"
+                unchecked += f"; {format_size(nbytes)} not checked: {short}"
                 continue
             timing, disagreement, _ = self._time_size(nbytes, started)
             if disagreement is None and against(timing, engine_takes):
